@@ -1,0 +1,57 @@
+// RunConfig validation and serialization (see config.h).
+#include "engine/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+void RunConfig::validate() const {
+  SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
+  SPOTRAIN_CHECK(epochs > 0 || steps > 0, "--epochs or --steps must be positive");
+  SPOTRAIN_CHECK(epochs >= 0 && steps >= 0, "--epochs and --steps must not be negative");
+  SPOTRAIN_CHECK(std::isfinite(lr) && lr >= 0.f, "--lr must not be negative, got ", lr);
+  SPOTRAIN_CHECK(momentum >= 0.f && momentum < 1.f, "--momentum must be in [0, 1), got ", momentum);
+  SPOTRAIN_CHECK(weight_decay >= 0.f, "--weight-decay must not be negative, got ", weight_decay);
+  SPOTRAIN_CHECK(label_smoothing >= 0.f && label_smoothing < 1.f,
+                 "--label-smoothing must be in [0, 1), got ", label_smoothing);
+  SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
+  SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
+  SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
+  SPOTRAIN_CHECK(log_every >= 1, "--log-every must be at least 1");
+  SPOTRAIN_CHECK(precision == "fp32" || precision == "tf32",
+                 "--precision ", precision, " is not available in this build yet; use fp32");
+}
+
+std::string RunConfig::to_json() const {
+  nlohmann::json j{{"model", model},
+                   {"data", data},
+                   {"train_limit", train_limit},
+                   {"test_limit", test_limit},
+                   {"augment", augment},
+                   {"epochs", epochs},
+                   {"steps", steps},
+                   {"batch_size", batch_size},
+                   {"lr", lr},
+                   {"momentum", momentum},
+                   {"nesterov", nesterov},
+                   {"weight_decay", weight_decay},
+                   {"decay_bn_and_bias", decay_bn_and_bias},
+                   {"label_smoothing", label_smoothing},
+                   {"warmup_epochs", warmup_epochs},
+                   {"lr_schedule", lr_schedule},
+                   {"zero_init_residual", zero_init_residual},
+                   {"grad_checkpoint", grad_checkpoint},
+                   {"precision", precision},
+                   {"seed", seed},
+                   {"deterministic", deterministic},
+                   {"device", device},
+                   {"threads", threads},
+                   {"workers", workers}};
+  return j.dump();
+}
+
+}  // namespace spotrain

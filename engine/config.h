@@ -1,0 +1,47 @@
+// The run configuration: every setting of `spotrain train` in one plain struct, filled by
+// the CLI (flags or --config file) and validated once before anything heavy starts.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace spotrain {
+
+struct RunConfig {
+  // model and data
+  std::string model = "resnet20";
+  std::string data = "fashion-mnist";  // fashion-mnist[:DIR] | synthetic
+  int64_t train_limit = 0;             // use only the first N training samples (0 = all)
+  int64_t test_limit = 0;              // evaluate on the first N test samples (0 = all)
+  bool augment = true;                 // pad-and-crop + flip for training
+  // schedule
+  int64_t epochs = 3;
+  int64_t steps = 0;  // when > 0 overrides epochs: train exactly this many steps
+  int64_t batch_size = 128;
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  bool nesterov = false;
+  float weight_decay = 5e-4f;
+  bool decay_bn_and_bias = false;
+  float label_smoothing = 0.0f;
+  float warmup_epochs = 0.0f;
+  std::string lr_schedule = "cosine";
+  bool zero_init_residual = false;
+  std::string grad_checkpoint = "none";
+  std::string precision = "fp32";
+  // execution
+  uint64_t seed = 0;
+  bool deterministic = false;
+  std::string device = "auto";
+  int threads = 0;
+  int workers = 1;
+  // output
+  int log_every = 50;
+  std::string metrics;  // JSONL file ("" = none)
+  bool eval_each_epoch = true;
+
+  // Throws Error naming the first bad setting.
+  void validate() const;
+  std::string to_json() const;
+};
+
+}  // namespace spotrain

@@ -1,0 +1,105 @@
+// Model (see model.h): flat parameter buffers and initialization.
+#include "engine/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/philox.h"
+
+namespace spotrain {
+
+Model::Model(std::unique_ptr<Layer> net, Backend& be) : net_(std::move(net)), be_(be) {
+  net_->collect_params(params_);
+  net_->collect_buffers(buffers_);
+  int64_t total = 0;
+  for (auto* p : params_) {
+    SPOTRAIN_CHECK(by_name_.emplace(p->name, p).second, "duplicate parameter name ", p->name);
+    total += p->value.numel();
+  }
+  // Reverse layer order: the last layer's parameters sit at offset 0.
+  Tensor host_params = Tensor::host({total});
+  int64_t off = 0;
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+    Param* p = *it;
+    offsets_[p] = off;
+    std::memcpy(host_params.data<float>() + off, p->value.raw(), p->value.nbytes());
+    off += p->value.numel();
+  }
+  flat_params_ = be_.from_host(host_params);
+  flat_grads_ = be_.zeros({total});
+  for (auto* p : params_) {
+    int64_t o = offsets_[p];
+    p->value = Tensor::view(flat_params_, o, p->value.shape());
+    p->grad = Tensor::view(flat_grads_, o, p->grad.shape());
+  }
+  for (auto* b : buffers_) b->value = be_.from_host(b->value);
+  be_.weights_changed();
+}
+
+Param* Model::find_param(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+Buffer* Model::find_buffer(const std::string& name) const {
+  for (auto* b : buffers_)
+    if (b->name == name) return b;
+  return nullptr;
+}
+
+int64_t Model::offset_of(const Param* p) const { return offsets_.at(p); }
+
+void Model::initialize(uint64_t seed) {
+  Tensor host = Tensor::host({num_params()});
+  float* h = host.data<float>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param* p = params_[i];
+    float* v = h + offsets_[p];
+    int64_t n = p->value.numel();
+    Philox rng(seed, uint32_t(i), 0x1417u);
+    switch (p->init) {
+      case Param::Init::kaiming_fan_out: {
+        float std = std::sqrt(2.f / float(p->fan));
+        for (int64_t j = 0; j < n; ++j) v[j] = rng.normal() * std;
+        break;
+      }
+      case Param::Init::uniform_fan_in: {
+        float bound = 1.f / std::sqrt(float(p->fan));
+        for (int64_t j = 0; j < n; ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
+        break;
+      }
+      case Param::Init::ones:
+        for (int64_t j = 0; j < n; ++j) v[j] = 1.f;
+        break;
+      case Param::Init::zeros:
+        for (int64_t j = 0; j < n; ++j) v[j] = 0.f;
+        break;
+    }
+  }
+  Tensor dev = be_.from_host(host);
+  be_.copy(dev, flat_params_);
+  be_.weights_changed();
+}
+
+Tensor Model::forward(const Tensor& x, bool training) {
+  Context ctx{be_, training, false};
+  return net_->forward(x, ctx);
+}
+
+void Model::backward(const Tensor& dlogits) {
+  Context ctx{be_, true, false};
+  net_->backward(dlogits, ctx);
+}
+
+std::string Model::summary() const {
+  std::ostringstream os;
+  int64_t n = 0;
+  for (auto* p : params_) n += p->value.numel();
+  os << params_.size() << " parameter tensors, " << n << " parameters ("
+     << double(n) * 4 / (1 << 20) << " MiB fp32)";
+  return os.str();
+}
+
+}  // namespace spotrain

@@ -1,0 +1,56 @@
+// Model: a layer graph plus its parameters laid out in one flat fp32 buffer (and one flat
+// gradient buffer) in REVERSE layer order, so the optimizer, the all-reduce buckets and
+// checkpoints all see one array and the last layer's gradients come first.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/layer.h"
+
+namespace spotrain {
+
+class Model {
+ public:
+  // Takes the graph; moves every parameter into flat buffers on the backend's device.
+  Model(std::unique_ptr<Layer> net, Backend& be);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Fills parameters the torchvision way (Kaiming normal fan-out for convolutions, uniform
+  // +-1/sqrt(fan_in) for Linear, ones/zeros for BN), drawn from Philox(seed, param index).
+  void initialize(uint64_t seed);
+
+  Tensor forward(const Tensor& x, bool training);
+  // Fills every parameter's gradient (overwriting).
+  void backward(const Tensor& dlogits);
+  void clear_stash() { net_->clear_stash(); }
+
+  Layer& net() { return *net_; }
+  Backend& backend() { return be_; }
+  const std::vector<Param*>& params() const { return params_; }     // forward order
+  const std::vector<Buffer*>& buffers() const { return buffers_; }  // forward order
+  Param* find_param(const std::string& name) const;
+  Buffer* find_buffer(const std::string& name) const;
+  Tensor& flat_params() { return flat_params_; }  // (P) fp32
+  Tensor& flat_grads() { return flat_grads_; }    // (P) fp32
+  int64_t num_params() const { return flat_params_.numel(); }
+  // Offset of a parameter in the flat buffers.
+  int64_t offset_of(const Param* p) const;
+  // Tells the backend that parameter values changed (after an optimizer step or a load).
+  void parameters_changed() { be_.weights_changed(); }
+  // One line per layer with parameter counts.
+  std::string summary() const;
+
+ private:
+  std::unique_ptr<Layer> net_;
+  Backend& be_;
+  std::vector<Param*> params_;
+  std::vector<Buffer*> buffers_;
+  std::map<std::string, Param*> by_name_;
+  std::map<const Param*, int64_t> offsets_;
+  Tensor flat_params_, flat_grads_;
+};
+
+}  // namespace spotrain

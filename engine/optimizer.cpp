@@ -1,0 +1,40 @@
+// Sgd (see optimizer.h): builds weight-decay segments over the flat buffer, then one
+// backend call per step.
+#include "engine/optimizer.h"
+
+#include <algorithm>
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+Sgd::Sgd(Model& model, const SgdOptions& opt) : model_(model), opt_(opt) {
+  SPOTRAIN_CHECK(opt.momentum >= 0.f && opt.momentum < 1.f, "--momentum must be in [0, 1), got ",
+                 opt.momentum);
+  SPOTRAIN_CHECK(opt.weight_decay >= 0.f, "--weight-decay must not be negative, got ",
+                 opt.weight_decay);
+  SPOTRAIN_CHECK(!opt.nesterov || opt.momentum > 0.f, "--nesterov needs a positive --momentum");
+  momentum_ = model.backend().zeros({model.num_params()});
+  // Segments in flat-buffer order, merging neighbours with the same decay.
+  std::vector<std::pair<int64_t, const Param*>> order;
+  for (auto* p : model.params()) order.emplace_back(model.offset_of(p), p);
+  std::sort(order.begin(), order.end());
+  for (auto& [off, p] : order) {
+    float wd = (p->no_decay && !opt.decay_bn_and_bias) ? 0.f : opt.weight_decay;
+    int64_t n = p->value.numel();
+    if (!segments_.empty() && segments_.back().weight_decay == wd &&
+        segments_.back().offset + segments_.back().count == off)
+      segments_.back().count += n;
+    else
+      segments_.push_back(SgdSegment{off, n, wd});
+  }
+}
+
+void Sgd::step(float lr, float grad_scale) {
+  SgdHyper h{lr, opt_.momentum, opt_.nesterov, grad_scale};
+  model_.backend().sgd_step(model_.flat_params(), model_.flat_grads(), momentum_, segments_, h);
+  model_.parameters_changed();
+  ++steps_;
+}
+
+}  // namespace spotrain

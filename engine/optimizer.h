@@ -1,0 +1,37 @@
+// SGD with momentum, Nesterov and weight decay over the model's flat fp32 buffers
+// (PyTorch torch.optim.SGD semantics), optionally excluding BN and bias parameters from
+// weight decay. The momentum buffer is flat too, so checkpoints save one array.
+#pragma once
+#include <vector>
+
+#include "engine/model.h"
+
+namespace spotrain {
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  bool nesterov = false;
+  float weight_decay = 5e-5f;
+  bool decay_bn_and_bias = false;  // false: BN scale/shift and biases get no weight decay
+};
+
+class Sgd {
+ public:
+  Sgd(Model& model, const SgdOptions& opt);
+  // One update with learning rate lr; gradients are multiplied by grad_scale first.
+  void step(float lr, float grad_scale = 1.f);
+  Tensor& momentum() { return momentum_; }  // (P) fp32, same layout as the flat parameters
+  const SgdOptions& options() const { return opt_; }
+  const std::vector<SgdSegment>& segments() const { return segments_; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+ private:
+  Model& model_;
+  SgdOptions opt_;
+  Tensor momentum_;
+  std::vector<SgdSegment> segments_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace spotrain

@@ -1,0 +1,59 @@
+// The training loop: data -> forward -> loss -> backward -> SGD step -> LR schedule ->
+// progress line and metrics, with evaluation on the test set after every epoch.
+#pragma once
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "io/dataset.h"
+
+namespace spotrain {
+
+struct EvalResult {
+  double loss = 0, top1 = 0, top5 = 0;  // top-k as fractions
+  int64_t samples = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0, train_top1 = 0;
+  EvalResult test;
+  double images_per_sec = 0;
+  double seconds = 0;
+};
+
+// "fashion-mnist", "fashion-mnist:DIR" or "synthetic" -> train and test datasets.
+struct DataPair {
+  std::shared_ptr<io::Dataset> train, test;
+  std::string kind;  // "fashion-mnist" | "synthetic"
+};
+DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
+                   uint64_t seed);
+
+class Trainer {
+ public:
+  explicit Trainer(const RunConfig& cfg);
+  ~Trainer();
+  TrainResult run();
+  EvalResult evaluate(const io::Dataset& data, int64_t batch_size);
+  Model& model() { return *model_; }
+  Backend& backend() { return *backend_; }
+
+ private:
+  RunConfig cfg_;
+  DataPair data_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Sgd> sgd_;
+  FILE* metrics_ = nullptr;
+};
+
+// Evaluates `model` over a whole dataset with fixed (non-random) transforms.
+EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
+                          int64_t batch_size);
+
+}  // namespace spotrain

@@ -1,0 +1,151 @@
+// `spotrain bench` (see bench.h).
+#include "examples/resnet50/bench.h"
+
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/philox.h"
+#include "layers/resnet.h"
+
+namespace spotrain {
+
+namespace {
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  double pos = q * double(v.size() - 1);
+  size_t i = size_t(pos);
+  double f = pos - double(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+size_t peak_rss_bytes() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;
+}
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
+  SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
+  SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
+  SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
+  SPOTRAIN_CHECK(o.precision == "fp32" || o.precision == "tf32",
+                 "--precision ", o.precision, " is not available in this build yet; use fp32");
+  BackendOptions bo;
+  bo.threads = o.threads;
+  auto be = make_backend(o.device, bo);
+  ResNetOptions ro;
+  ro.arch = o.model;
+  ro.num_classes = o.num_classes;
+  ro.in_channels = o.channels;
+  ro.grad_checkpoint = o.grad_checkpoint;
+  Model model(build_resnet(ro), *be);
+  model.initialize(o.seed);
+  Sgd sgd(model, SgdOptions{});
+
+  // One synthetic batch generated once, as NVIDIA's reference scripts do.
+  Tensor images = Tensor::host({o.batch_size, o.channels, o.image_size, o.image_size}, DType::f32,
+                               Layout::nhwc);
+  Philox rng(o.seed, 0xBE7C);
+  float* px = images.data<float>();
+  for (int64_t i = 0; i < images.numel(); ++i) px[i] = rng.normal();
+  std::vector<int32_t> labels(o.batch_size);
+  for (auto& l : labels) l = int32_t(rng.below(uint32_t(o.num_classes)));
+
+  log_info(str("bench ", o.model, " batch ", o.batch_size, " ", o.image_size, "x", o.image_size,
+               "x", o.channels, " ", o.precision, " on ", be->name(), "; ", model.summary()));
+  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    double t0 = now();
+    Tensor x = be->upload_images(images);
+    be->synchronize();
+    double t1 = now();
+    Tensor logits = model.forward(x, true);
+    Tensor dlogits;
+    LossResult l = be->softmax_xent(logits, labels.data(), 0.f, 1.f, &dlogits);
+    be->synchronize();
+    double t2 = now();
+    model.backward(dlogits);
+    be->synchronize();
+    double t3 = now();
+    sgd.step(0.01f);
+    be->synchronize();
+    double t4 = now();
+    bool timed = s >= o.warmup;
+    log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
+                 fmt_fixed(t4 - t0, 3), " s, loss ", fmt_fixed(l.loss, 4), ", ",
+                 fmt_fixed(double(o.batch_size) / (t4 - t0), 2), " img/s"));
+    if (!timed) continue;
+    step_s.push_back(t4 - t0);
+    data_s.push_back(t1 - t0);
+    fwd_s.push_back(t2 - t1);
+    bwd_s.push_back(t3 - t2);
+    opt_s.push_back(t4 - t3);
+  }
+  std::vector<double> ips;
+  for (double t : step_s) ips.push_back(double(o.batch_size) / t);
+  double med = percentile(ips, 0.5), p10 = percentile(ips, 0.1), p90 = percentile(ips, 0.9);
+  auto st = be->allocator().stats();
+  size_t rss = peak_rss_bytes();
+  log_info(str("images/s: median ", fmt_fixed(med, 2), "  p10 ", fmt_fixed(p10, 2), "  p90 ",
+               fmt_fixed(p90, 2), "  (", o.steps, " timed steps)"));
+  log_info(str("phases (median s/step): data ", fmt_fixed(percentile(data_s, 0.5), 4), "  forward ",
+               fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
+               "  comm_exposed 0  optimizer ", fmt_fixed(percentile(opt_s, 0.5), 4)));
+  log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
+               " GiB in tensors, ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS"));
+  if (o.price_per_hour > 0) {
+    double secs = 90.0 * 1281167.0 / med;
+    log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
+                 fmt_fixed(secs / 3600.0 * o.price_per_hour, 2), " at $",
+                 fmt_fixed(o.price_per_hour, 2), "/hour"));
+  }
+  if (!o.json.empty()) {
+    nlohmann::json j{{"model", o.model},
+                     {"batch_size", o.batch_size},
+                     {"image_size", o.image_size},
+                     {"precision", o.precision},
+                     {"grad_checkpoint", o.grad_checkpoint},
+                     {"ranks", 1},
+                     {"steps", o.steps},
+                     {"images_per_sec", med},
+                     {"images_per_sec_p10", p10},
+                     {"images_per_sec_p90", p90},
+                     {"peak_memory_bytes", st.peak_bytes},
+                     {"peak_rss_bytes", rss},
+                     {"phases",
+                      {{"data", percentile(data_s, 0.5)},
+                       {"forward", percentile(fwd_s, 0.5)},
+                       {"backward", percentile(bwd_s, 0.5)},
+                       {"comm_exposed", 0.0},
+                       {"optimizer", percentile(opt_s, 0.5)}}},
+                     {"machine", {{"cpu", cpu_model()}, {"backend", be->name()}}}};
+    std::ofstream f(o.json);
+    SPOTRAIN_CHECK(f.good(), "cannot write --json file ", o.json);
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace spotrain

@@ -1,0 +1,112 @@
+// The `spotrain` command line: train, eval and bench subcommands. Errors become one
+// `error:` line on stderr and exit code 1; a bad command line exits 2.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "engine/config.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/trainer.h"
+#include "examples/resnet50/bench.h"
+
+namespace {
+
+void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
+  c.add_option("--model", cfg.model, "resnet18|34|50|101|152, or resnet20|32|44|56|110 (small input)")
+      ->capture_default_str();
+  c.add_option("--data", cfg.data, "fashion-mnist[:DIR] or synthetic")->capture_default_str();
+  c.add_option("--train-limit", cfg.train_limit, "use only the first N training samples (0 = all)");
+  c.add_option("--test-limit", cfg.test_limit, "evaluate on the first N test samples (0 = all)");
+  c.add_flag("--augment,!--no-augment", cfg.augment, "random pad-and-crop and flips for training")
+      ->capture_default_str();
+  c.add_option("--epochs", cfg.epochs, "epochs to train")->capture_default_str();
+  c.add_option("--steps", cfg.steps, "train exactly this many steps (overrides --epochs)");
+  c.add_option("--batch-size", cfg.batch_size, "batch size per rank")->capture_default_str();
+  c.add_option("--lr", cfg.lr, "peak learning rate")->capture_default_str();
+  c.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
+  c.add_flag("--nesterov", cfg.nesterov, "Nesterov momentum");
+  c.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay")->capture_default_str();
+  c.add_flag("--decay-bn-bias", cfg.decay_bn_and_bias,
+             "apply weight decay to BN scale/shift and biases too (excluded by default)");
+  c.add_option("--label-smoothing", cfg.label_smoothing, "label smoothing in [0, 1)")
+      ->capture_default_str();
+  c.add_option("--warmup-epochs", cfg.warmup_epochs, "linear warm-up length in epochs")
+      ->capture_default_str();
+  c.add_option("--lr-schedule", cfg.lr_schedule, "cosine|step|constant (step: x0.1 at 50% and 75%)")
+      ->capture_default_str();
+  c.add_flag("--zero-init-residual", cfg.zero_init_residual, "start each block's last BN gamma at 0");
+  c.add_option("--grad-checkpoint", cfg.grad_checkpoint, "none|block|stage|every:K")
+      ->capture_default_str();
+  c.add_option("--precision", cfg.precision, "fp32|tf32")->capture_default_str();
+  c.add_option("--seed", cfg.seed, "random seed (weights, data order, augmentation)")
+      ->capture_default_str();
+  c.add_flag("--deterministic", cfg.deterministic, "bitwise-reproducible runs");
+  c.add_option("--device", cfg.device, "auto|cpu|cuda")->capture_default_str();
+  c.add_option("--threads", cfg.threads, "compute threads (0 = all cores)");
+  c.add_option("--workers", cfg.workers, "data loader threads")->capture_default_str();
+  c.add_option("--log-every", cfg.log_every, "progress line every N steps")->capture_default_str();
+  c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spotrain: data-parallel ResNet training that survives spot interruptions"};
+  app.require_subcommand(1);
+  app.set_config("--config", "", "read options from a TOML/INI file");
+
+  spotrain::RunConfig cfg;
+  auto* train = app.add_subcommand("train", "train a model");
+  add_train_options(*train, cfg);
+
+  spotrain::BenchOptions bo;
+  auto* bench = app.add_subcommand("bench", "measure training-step throughput on synthetic data");
+  bench->add_option("--model", bo.model, "model")->capture_default_str();
+  bench->add_option("--batch-size", bo.batch_size, "batch size per rank")->capture_default_str();
+  bench->add_option("--image-size", bo.image_size, "square input size")->capture_default_str();
+  bench->add_option("--channels", bo.channels, "input channels")->capture_default_str();
+  bench->add_option("--num-classes", bo.num_classes, "classes")->capture_default_str();
+  bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
+  bench->add_option("--warmup", bo.warmup, "untimed warm-up steps")->capture_default_str();
+  bench->add_option("--threads", bo.threads, "compute threads (0 = all cores)");
+  bench->add_option("--precision", bo.precision, "fp32|tf32")->capture_default_str();
+  bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
+      ->capture_default_str();
+  bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
+  bench->add_option("--data", [](CLI::results_t r) { return r.size() == 1 && r[0] == "synthetic"; },
+                    "synthetic (the only bench input so far)");
+  bench->add_option("--json", bo.json, "write the results as JSON to FILE");
+  bench->add_option("--price-per-hour", bo.price_per_hour,
+                    "USD per hour: estimate the cost of a 90-epoch ImageNet run");
+  bench->add_option("--seed", bo.seed, "random seed");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see spotrain --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    if (*train) {
+      spotrain::Trainer t(cfg);
+      auto r = t.run();
+      spotrain::log_info(spotrain::str("finished ", r.steps, " steps in ",
+                                       spotrain::fmt_duration(r.seconds), "; test top-1 ",
+                                       spotrain::fmt_fixed(100 * r.test.top1, 2), "% top-5 ",
+                                       spotrain::fmt_fixed(100 * r.test.top5, 2), "%"));
+      return 0;
+    }
+    if (*bench) return spotrain::run_bench(bo);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,47 @@
+// Datasets: random-access sources of (uint8 HWC image, label) that the Loader reads from.
+// Fashion-MNIST/MNIST IDX files, deterministic synthetic images, and a first-n subset view.
+// Every get() is thread-safe, so the Loader's worker threads share one Dataset.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace spotrain {
+namespace io {
+
+struct ImageShape {
+  int h = 0, w = 0, c = 0;
+  int64_t numel() const { return int64_t(h) * w * c; }
+};
+
+class Dataset {  // random-access source of (uint8 HWC image, label)
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int num_classes() const = 0;
+  virtual ImageShape image_shape() const = 0;
+  // Writes image `index` (image_shape().numel() bytes, HWC) and its label. Thread-safe.
+  virtual void get(int64_t index, uint8_t* hwc_out, int32_t* label) const = 0;
+  virtual std::string name() const = 0;
+};
+
+// Where `--data fashion-mnist` looks when no DIR is given (Debian package dataset-fashion-mnist).
+constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// Fashion-MNIST / MNIST IDX files, gzip-compressed or plain, read whole into memory.
+// split = "train" (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]) or
+// "test" (t10k-...). Throws Error naming the file on any bad input.
+std::shared_ptr<Dataset> load_idx_dataset(const std::string& dir, const std::string& split,
+                                          int num_classes = 10);
+
+// Random uint8 images and labels uniform in [0, num_classes), a pure function of
+// (seed, index): sample i is the same whatever `size` is. Generated once up front (held in
+// memory up to 1 GiB; larger sets regenerate each sample on demand, with the same pixels).
+std::shared_ptr<Dataset> make_synthetic_dataset(int64_t size, ImageShape shape, int num_classes,
+                                                uint64_t seed);
+
+// Subset view: the first n samples of `base` (0 < n <= base->size()).
+std::shared_ptr<Dataset> take_first(std::shared_ptr<Dataset> base, int64_t n);
+
+}  // namespace io
+}  // namespace spotrain

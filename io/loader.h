@@ -1,0 +1,91 @@
+// Threaded data loader: worker threads read, transform and batch samples in the background
+// while the training step runs, and next() hands the batches out in order. Which samples a
+// batch holds, and their pixels, depend only on (seed, epoch, batch, rank, world).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "io/dataset.h"
+#include "io/sampler.h"
+#include "io/transforms.h"
+
+namespace spotrain {
+namespace io {
+
+struct Batch {
+  Tensor images;                     // (N, C, H, W) logical, Layout::nhwc, fp32, host
+  std::vector<int32_t> labels;       // N
+  std::vector<int64_t> sample_ids;   // N dataset indices
+  int64_t epoch = 0, batch_index = 0;
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 128;   // per rank
+  int rank = 0, world = 1;
+  bool train = true;          // shuffle + drop_last + random transforms; false: eval order, keep the remainder
+  uint64_t seed = 0;
+  int workers = 1;            // decoding threads
+  int prefetch = 2;           // batches prepared ahead (at least `workers` are, so no worker idles)
+  TransformOptions transforms;
+};
+
+// Methods are called from one thread (the training loop); the workers are internal.
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt);
+  ~Loader();  // stops and joins the workers, also mid-epoch
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts producing the epoch's batches in the background, beginning at batch `first_batch`
+  // (for resume mid-epoch). Cancels any epoch in progress.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // Blocks until the next batch is ready; false when the epoch is done. An exception thrown
+  // while producing that batch is rethrown here (as spotrain::Error).
+  bool next(Batch& out);
+  int64_t batches_per_epoch() const { return batches_; }
+  int64_t samples_per_epoch() const { return samples_; }  // this rank's
+  const LoaderOptions& options() const { return opt_; }
+
+ private:
+  struct Plan {  // one start_epoch(): this rank's samples in order, batch b at [b*B, (b+1)*B)
+    int64_t epoch = 0;
+    std::vector<int64_t> order;
+  };
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+  };
+  void worker_loop();
+  void produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, std::vector<uint8_t>& buf);
+
+  std::shared_ptr<const Dataset> data_;
+  LoaderOptions opt_;
+  ImageShape shape_;
+  Sampler sampler_;
+  int64_t batches_ = 0;
+  int64_t samples_ = 0;               // this rank's per epoch
+  int64_t window_ = 1;                // batches in flight or ready, at most
+  std::vector<int64_t> base_order_;   // eval: this rank's slice (fixed for every epoch)
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;   // workers wait for tasks
+  std::condition_variable ready_cv_;  // next() waits for its batch
+  std::shared_ptr<const Plan> plan_;  // guarded by mu_
+  std::atomic<uint64_t> gen_{0};      // bumped by start_epoch (written under mu_)
+  std::atomic<bool> stop_{false};
+  int64_t next_task_ = 0, next_out_ = 0, end_batch_ = 0;  // guarded by mu_
+  std::map<int64_t, Slot> ready_;                         // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace io
+}  // namespace spotrain

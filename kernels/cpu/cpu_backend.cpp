@@ -1,0 +1,326 @@
+// CPU backend: set-up, data movement, elementwise ops, global pooling, linear, loss and the
+// SGD update as OpenMP loops (the arithmetic itself lives in kernels/elementwise.h).
+#include "kernels/cpu/cpu_entries.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "kernels/elementwise.h"
+
+namespace spotrain::cpu {
+
+using namespace dnnl;
+
+CpuBackend::CpuBackend(const BackendOptions& opt) {
+  threads_ = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(threads_);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+  auto v = dnnl::version();
+  return str("cpu (oneDNN ", v->major, ".", v->minor, ".", v->patch, ", ", threads_, " threads)");
+}
+
+// ---- data movement ------------------------------------------------------------------------
+
+Tensor CpuBackend::upload_images(const Tensor& host_nhwc) {
+  SPOTRAIN_CHECK(host_nhwc.ndim() == 4 && host_nhwc.layout() == Layout::nhwc,
+                 "upload_images expects an NHWC batch, got ", host_nhwc.describe());
+  return host_nhwc;  // the first convolution reads NHWC directly
+}
+
+Tensor CpuBackend::to_host(const Tensor& t) {
+  Tensor out(t.shape(), DType::f32, Allocator::host(), Layout::plain);
+  if (t.ndim() == 4 && t.layout() != Layout::plain) {
+    memory src = mem_of(ctx_, t), dst = mem_of(ctx_, out);
+    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+  } else {
+    SPOTRAIN_CHECK(t.dtype() == DType::f32, "to_host: only fp32 is supported, got ", t.describe());
+    std::memcpy(out.raw(), t.raw(), size_t(t.numel()) * 4);
+  }
+  return out;
+}
+
+Tensor CpuBackend::from_host(const Tensor& t) {
+  Tensor out(t.shape(), t.dtype(), allocator(), t.layout(), t.storage_elems());
+  std::memcpy(out.raw(), t.raw(), t.nbytes());
+  return out;
+}
+
+Tensor CpuBackend::zeros(const Shape& shape) {
+  Tensor t(shape, DType::f32, allocator());
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+void CpuBackend::fill(Tensor& t, float value) {
+  float* p = t.data<float>();
+  std::fill(p, p + t.storage_elems(), value);
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
+                 dst.describe());
+  std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+namespace {
+Tensor alloc_same(Allocator& a, const Tensor& like) {
+  return Tensor(like.shape(), like.dtype(), a, like.layout(), like.storage_elems());
+}
+void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  SPOTRAIN_CHECK(a.shape() == b.shape() && a.layout() == b.layout() &&
+                     a.storage_elems() == b.storage_elems(),
+                 op, ": operands differ: ", a.describe(), " vs ", b.describe());
+}
+}  // namespace
+
+Tensor CpuBackend::relu_forward(const Tensor& x) {
+  Tensor y = alloc_same(allocator(), x);
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  int64_t n = x.storage_elems();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = relu_fwd(px[i]);
+  return y;
+}
+
+Tensor CpuBackend::relu_backward(const Tensor& dy, const Tensor& y) {
+  check_same(dy, y, "relu_backward");
+  Tensor dx = alloc_same(allocator(), y);
+  const float* g = dy.data<float>();
+  const float* py = y.data<float>();
+  float* d = dx.data<float>();
+  int64_t n = y.storage_elems();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = relu_bwd(g[i], py[i]);
+  return dx;
+}
+
+Tensor CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
+  check_same(a, b, "add");
+  Tensor y = alloc_same(allocator(), a);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+  int64_t n = a.storage_elems();
+  if (relu) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] = relu_fwd(pa[i] + pb[i]);
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+  }
+  return y;
+}
+
+Tensor CpuBackend::add_backward(const Tensor& dy, const Tensor& y, bool relu) {
+  if (!relu) return dy;
+  return relu_backward(dy, y);
+}
+
+// ---- global average pooling -------------------------------------------------------------------
+
+namespace {
+// Offset of element (n, c, hw) of a 4-D tensor with C channels and HW pixels per channel.
+struct Indexer {
+  Layout layout;
+  int64_t c, hw, cpad;
+  int64_t operator()(int64_t n, int64_t ci, int64_t p) const {
+    switch (layout) {
+      case Layout::nchw16c: return ((n * (cpad / 16) + ci / 16) * hw + p) * 16 + (ci % 16);
+      case Layout::nhwc: return (n * hw + p) * c + ci;
+      case Layout::plain: return (n * c + ci) * hw + p;
+    }
+    return 0;
+  }
+};
+Indexer indexer_of(const Tensor& x) {
+  int64_t c = x.dim(1);
+  return Indexer{x.layout(), c, x.dim(2) * x.dim(3), (c + 15) / 16 * 16};
+}
+}  // namespace
+
+Tensor CpuBackend::global_avgpool_forward(const Tensor& x) {
+  int64_t n = x.dim(0), c = x.dim(1);
+  Indexer ix = indexer_of(x);
+  Tensor y({n, c}, DType::f32, allocator());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  float inv = 1.f / float(ix.hw);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float s = 0.f;
+      for (int64_t p = 0; p < ix.hw; ++p) s += px[ix(i, ch, p)];
+      py[i * c + ch] = s * inv;
+    }
+  return y;
+}
+
+Tensor CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
+  int64_t n = x.dim(0), c = x.dim(1);
+  Indexer ix = indexer_of(x);
+  Tensor dx = alloc_same(allocator(), x);
+  std::memset(dx.raw(), 0, dx.nbytes());  // padded channels stay zero
+  const float* g = dy.data<float>();
+  float* d = dx.data<float>();
+  float inv = 1.f / float(ix.hw);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float v = g[i * c + ch] * inv;
+      for (int64_t p = 0; p < ix.hw; ++p) d[ix(i, ch, p)] = v;
+    }
+  return dx;
+}
+
+// ---- linear ---------------------------------------------------------------------------------------
+
+Tensor CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  SPOTRAIN_CHECK(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1),
+                 "linear: input ", x.describe(), " does not match weights ", w.describe());
+  int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  Tensor y({n, m}, DType::f32, allocator());
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      const float* xr = px + i * k;
+      const float* wr = pw + j * k;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t t = 0; t < k; ++t) s += xr[t] * wr[t];
+      py[i * m + j] = s + pb[j];
+    }
+  return y;
+}
+
+Tensor CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                   Tensor& db, bool need_dx) {
+  int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  const float* g = dy.data<float>();
+  const float* px = x.data<float>();
+  const float* pw = w.data<float>();
+  float* pdw = dw.data<float>();
+  float* pdb = db.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < m; ++j) {
+    float* row = pdw + j * k;
+    std::fill(row, row + k, 0.f);
+    float sb = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      float gij = g[i * m + j];
+      sb += gij;
+      const float* xr = px + i * k;
+#pragma omp simd
+      for (int64_t t = 0; t < k; ++t) row[t] += gij * xr[t];
+    }
+    pdb[j] = sb;
+  }
+  if (!need_dx) return Tensor();
+  Tensor dx({n, k}, DType::f32, allocator());
+  float* pdx = dx.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = pdx + i * k;
+    std::fill(row, row + k, 0.f);
+    for (int64_t j = 0; j < m; ++j) {
+      float gij = g[i * m + j];
+      const float* wr = pw + j * k;
+#pragma omp simd
+      for (int64_t t = 0; t < k; ++t) row[t] += gij * wr[t];
+    }
+  }
+  return dx;
+}
+
+// ---- loss -----------------------------------------------------------------------------------------
+
+LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                                    float grad_scale, Tensor* dlogits) {
+  SPOTRAIN_CHECK(logits.ndim() == 2, "softmax_xent: logits must be (N, classes), got ",
+                 logits.describe());
+  int64_t n = logits.dim(0), m = logits.dim(1);
+  const float* z = logits.data<float>();
+  if (dlogits && !dlogits->defined()) *dlogits = Tensor({n, m}, DType::f32, allocator());
+  float* dz = dlogits ? dlogits->data<float>() : nullptr;
+  double total = 0;
+  int64_t top1 = 0, top5 = 0;
+  float off = smoothing / float(m), on = 1.f - smoothing + off;
+#pragma omp parallel for schedule(static) reduction(+ : total, top1, top5)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* zi = z + i * m;
+    int32_t y = labels[i];
+    float mx = zi[0];
+    for (int64_t j = 1; j < m; ++j) mx = std::max(mx, zi[j]);
+    double se = 0, sum_z = 0;
+    for (int64_t j = 0; j < m; ++j) {
+      se += std::exp(double(zi[j] - mx));
+      sum_z += zi[j];
+    }
+    double lse = std::log(se) + mx;
+    // loss_i = -sum_j q_j log p_j with q = on at y, off elsewhere
+    double li = on * (lse - zi[y]) + off * (double(m) * lse - sum_z) - off * (lse - zi[y]);
+    total += li;
+    int64_t greater = 0;
+    for (int64_t j = 0; j < m; ++j)
+      if (zi[j] > zi[y] || (zi[j] == zi[y] && j < y)) ++greater;
+    top1 += greater == 0;
+    top5 += greater < 5;
+    if (dz) {
+      float scale = grad_scale / float(n);
+      for (int64_t j = 0; j < m; ++j) {
+        float p = float(std::exp(double(zi[j]) - lse));
+        float q = j == y ? on : off;
+        dz[i * m + j] = (p - q) * scale;
+      }
+    }
+  }
+  return LossResult{total / double(n), top1, top5};
+}
+
+// ---- optimizer --------------------------------------------------------------------------------------
+
+void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                          const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* m = momentum.data<float>();
+  for (const auto& s : segments) {
+    float wd = s.weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = s.offset; i < s.offset + s.count; ++i)
+      sgd_update(p[i], g[i], m[i], h.lr, h.momentum, wd, h.nesterov, h.grad_scale);
+  }
+}
+
+}  // namespace spotrain::cpu
+
+namespace spotrain {
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);  // kernels/cuda
+bool cuda_device_available();
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt) {
+  if (device == "cpu") return std::make_unique<cpu::CpuBackend>(opt);
+  if (device == "cuda") return make_cuda_backend(opt);
+  if (device == "auto") {
+    if (cuda_device_available()) return make_cuda_backend(opt);
+    return std::make_unique<cpu::CpuBackend>(opt);
+  }
+  SPOTRAIN_THROW("unknown device '", device, "'; use auto, cpu or cuda");
+}
+
+}  // namespace spotrain

@@ -1,0 +1,97 @@
+// The CPU backend: oneDNN for convolution, batch norm, pooling and inner product (forward
+// and backward, primitives cached per shape), plain OpenMP loops for the rest. Activations
+// stay in oneDNN's blocked nChw16c layout from the first convolution to the global pool.
+#pragma once
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/ops.h"
+
+namespace spotrain::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opt);
+  ~CpuBackend() override;
+
+  Device device() const override { return Device::cpu; }
+  std::string name() const override;
+  Allocator& allocator() override { return Allocator::host(); }
+  int threads() const override { return threads_; }
+
+  Tensor upload_images(const Tensor& host_nhwc) override;
+  Tensor to_host(const Tensor& t) override;
+  Tensor from_host(const Tensor& t) override;
+  Tensor zeros(const Shape& shape) override;
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) override;
+  Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
+                              const ConvParams& p) override;
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                               Tensor& dw) override;
+
+  Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, bool relu, BnSaved& saved) override;
+  Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 float eps, bool relu) override;
+  Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
+                            Tensor& dgamma, Tensor& dbeta) override;
+  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
+                                const BnSaved& saved, float momentum, int64_t n) override;
+
+  Tensor relu_forward(const Tensor& x) override;
+  Tensor relu_backward(const Tensor& dy, const Tensor& y) override;
+  Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) override;
+  Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) override;
+
+  Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
+  Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                          const PoolParams& p) override;
+  Tensor global_avgpool_forward(const Tensor& x) override;
+  Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) override;
+
+  Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) override;
+  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                         Tensor& db, bool need_dx) override;
+
+  LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits) override;
+
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  void weights_changed() override { ++weights_generation_; }
+
+ private:
+  struct ConvEntry;
+  struct BnEntry;
+  struct PoolEntry;
+  ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
+  BnEntry& bn_entry(const Tensor& x, bool relu, float eps);
+  // The weights `w` (canonical, plain) reordered into `md`, cached until weights_changed().
+  memory weights_as(const Tensor& w, const memory::desc& md);
+  // `t` as a memory of descriptor `md`, reordering into a temporary when it differs.
+  memory as_desc(const Tensor& t, const memory::desc& md, Tensor& holder);
+  Tensor alloc_like_desc(const Shape& shape, const memory::desc& md);
+
+  DnnlContext ctx_;
+  int threads_ = 1;
+  uint64_t weights_generation_ = 1;
+  std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
+  std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;
+  std::unordered_map<std::string, std::unique_ptr<PoolEntry>> pool_cache_;
+  struct WeightCopy {
+    memory::desc md;
+    Tensor data;
+    uint64_t generation = 0;
+  };
+  std::unordered_map<const void*, std::vector<WeightCopy>> weight_copies_;
+};
+
+}  // namespace spotrain::cpu

@@ -1,0 +1,144 @@
+// CPU convolution with oneDNN: forward, backward-data and backward-weights primitives cached
+// per shape, weights reordered from canonical OIHW into oneDNN's preferred blocked format
+// once per optimizer step, activations in nChw16c.
+#include "kernels/cpu/cpu_entries.h"
+
+namespace spotrain::cpu {
+
+using namespace dnnl;
+
+
+memory CpuBackend::as_desc(const Tensor& t, const memory::desc& md, Tensor& holder) {
+  memory::desc have = md_of(t);
+  if (have == md) return memory(md, ctx_.eng, t.raw());
+  holder = alloc_for(allocator(), md);
+  memory dst(md, ctx_.eng, holder.raw());
+  memory src(have, ctx_.eng, t.raw());
+  DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+  return dst;
+}
+
+memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md) {
+  auto& copies = weight_copies_[w.raw()];
+  WeightCopy* wc = nullptr;
+  for (auto& c : copies)
+    if (c.md == md) wc = &c;
+  if (!wc) {
+    copies.push_back(WeightCopy{md, alloc_for(allocator(), md), 0});
+    wc = &copies.back();
+  }
+  memory dst(md, ctx_.eng, wc->data.raw());
+  if (wc->generation != weights_generation_) {
+    memory src(md_of(w), ctx_.eng, w.raw());
+    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+    wc->generation = weights_generation_;
+  }
+  return dst;
+}
+
+Tensor CpuBackend::alloc_like_desc(const Shape& shape, const memory::desc& md) {
+  memory::desc blocked(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nChw16c);
+  if (md == blocked) return alloc_blocked(allocator(), shape, DType::f32);
+  memory::desc nhwc(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nhwc);
+  if (md == nhwc) return Tensor(shape, DType::f32, allocator(), Layout::nhwc);
+  SPOTRAIN_THROW("internal: oneDNN chose an unexpected activation format");
+}
+
+CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
+                                              const ConvParams& p) {
+  std::string key = key_of(x) + "|" + key_of(w) + "|" + std::to_string(p.stride) + "," +
+                    std::to_string(p.pad);
+  auto it = conv_cache_.find(key);
+  if (it != conv_cache_.end()) return *it->second;
+  auto e = std::make_unique<ConvEntry>();
+  int64_t n = x.dim(0), oc = w.dim(0), h = x.dim(2), wd = x.dim(3);
+  int64_t oh = (h + 2 * p.pad - p.kh) / p.stride + 1;
+  int64_t ow = (wd + 2 * p.pad - p.kw) / p.stride + 1;
+  auto dt = dnnl_dtype(x.dtype());
+  // The first convolution takes the canonical NHWC image: let oneDNN pick its input
+  // format (a reorder at that one boundary); every later one takes nChw16c as it is.
+  e->src_any = x.layout() == Layout::nchw16c ? md_of(x)
+                                             : memory::desc(dims_of(x), dt, tag::any);
+  e->w_any = memory::desc(dims_of(w), dt, tag::any);
+  e->dst_md = memory::desc({n, oc, oh, ow}, dt, tag::nChw16c);
+  e->strides = {p.stride, p.stride};
+  e->pad = {p.pad, p.pad};
+  DNNL_CHECK({
+    convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct,
+                                e->src_any, e->w_any, e->dst_md, e->strides, e->pad, e->pad);
+    e->fwd_pd = convolution_forward::primitive_desc(d, ctx_.eng);
+    e->fwd = convolution_forward(e->fwd_pd);
+  });
+  auto& ref = *e;
+  conv_cache_.emplace(key, std::move(e));
+  return ref;
+}
+
+Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
+  SPOTRAIN_CHECK(x.ndim() == 4 && w.ndim() == 4 && x.dim(1) == w.dim(1),
+                 "conv2d: input ", x.describe(), " does not match weights ", w.describe());
+  auto& e = conv_entry(x, w, p);
+  Tensor holder;
+  memory src = as_desc(x, e.fwd_pd.src_desc(), holder);
+  memory wm = weights_as(w, e.fwd_pd.weights_desc());
+  auto dd = e.fwd_pd.dst_desc().dims();
+  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()), x.dtype());
+  memory dst = mem_of(ctx_, y);
+  DNNL_CHECK(e.fwd.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm},
+                                       {DNNL_ARG_DST, dst}}));
+  return y;
+}
+
+Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                        const ConvParams& p) {
+  auto& e = conv_entry(x, w, p);
+  if (!e.have_bd) {
+    DNNL_CHECK({
+      convolution_backward_data::desc d(algorithm::convolution_direct, e.src_any, e.w_any,
+                                        e.dst_md, e.strides, e.pad, e.pad);
+      e.bd_pd = convolution_backward_data::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bd = convolution_backward_data(e.bd_pd);
+    });
+    e.have_bd = true;
+  }
+  Tensor holder;
+  memory ddst = as_desc(dy, e.bd_pd.diff_dst_desc(), holder);
+  memory wm = weights_as(w, e.bd_pd.weights_desc());
+  Tensor dx = alloc_like_desc(x.shape(), e.bd_pd.diff_src_desc());
+  memory dsrc(e.bd_pd.diff_src_desc(), ctx_.eng, dx.raw());
+  DNNL_CHECK(e.bd.execute(ctx_.strm, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wm},
+                                      {DNNL_ARG_DIFF_SRC, dsrc}}));
+  return dx;
+}
+
+void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                         Tensor& dw) {
+  SPOTRAIN_CHECK(dw.dtype() == DType::f32 && dw.ndim() == 4, "conv2d: weight gradient must be fp32 OIHW");
+  auto& e = conv_entry(x, dw, p);
+  if (!e.have_bw) {
+    DNNL_CHECK({
+      convolution_backward_weights::desc d(algorithm::convolution_direct, e.src_any, e.w_any,
+                                           e.dst_md, e.strides, e.pad, e.pad);
+      e.bw_pd = convolution_backward_weights::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bw = convolution_backward_weights(e.bw_pd);
+    });
+    e.have_bw = true;
+  }
+  Tensor hx, hdy;
+  memory src = as_desc(x, e.bw_pd.src_desc(), hx);
+  memory ddst = as_desc(dy, e.bw_pd.diff_dst_desc(), hdy);
+  memory plain = mem_of(ctx_, dw);
+  memory::desc want = e.bw_pd.diff_weights_desc();
+  if (want == plain.get_desc()) {
+    DNNL_CHECK(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
+                                        {DNNL_ARG_DIFF_WEIGHTS, plain}}));
+    return;
+  }
+  Tensor tmp = alloc_for(allocator(), want);
+  memory dwm(want, ctx_.eng, tmp.raw());
+  DNNL_CHECK(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
+                                      {DNNL_ARG_DIFF_WEIGHTS, dwm}}));
+  DNNL_CHECK(reorder(dwm, plain).execute(ctx_.strm, dwm, plain));
+}
+
+}  // namespace spotrain::cpu

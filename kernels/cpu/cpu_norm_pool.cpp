@@ -1,0 +1,176 @@
+// CPU batch norm (training, inference, backward; optional fused ReLU) and max pooling with
+// oneDNN on blocked activations. Running statistics are updated by a plain loop.
+#include "kernels/cpu/cpu_entries.h"
+
+namespace spotrain::cpu {
+
+using namespace dnnl;
+
+
+
+CpuBackend::BnEntry& CpuBackend::bn_entry(const Tensor& x, bool relu, float eps) {
+  std::string key = key_of(x) + (relu ? "|r|" : "|n|") + std::to_string(eps);
+  auto it = bn_cache_.find(key);
+  if (it != bn_cache_.end()) return *it->second;
+  auto e = std::make_unique<BnEntry>();
+  auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+  if (relu) flags = flags | normalization_flags::fuse_norm_relu;
+  DNNL_CHECK({
+    batch_normalization_forward::desc d(prop_kind::forward_training, md_of(x), eps, flags);
+    e->fwd_pd = batch_normalization_forward::primitive_desc(d, ctx_.eng);
+    e->fwd = batch_normalization_forward(e->fwd_pd);
+  });
+  auto& ref = *e;
+  bn_cache_.emplace(key, std::move(e));
+  return ref;
+}
+
+Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, float eps, bool relu,
+                                           BnSaved& saved) {
+  SPOTRAIN_CHECK(x.ndim() == 4 && gamma.numel() == x.dim(1), "batchnorm: input ", x.describe(),
+                 " has ", x.dim(1), " channels, parameters have ", gamma.numel());
+  auto& e = bn_entry(x, relu, eps);
+  int64_t c = x.dim(1);
+  Tensor y = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
+                                           : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  saved.mean = Tensor({c}, DType::f32, allocator());
+  saved.var = Tensor({c}, DType::f32, allocator());
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, mem_of(ctx_, x)},          {DNNL_ARG_DST, mem_of(ctx_, y)},
+      {DNNL_ARG_SCALE, mem_of(ctx_, gamma)},    {DNNL_ARG_SHIFT, mem_of(ctx_, beta)},
+      {DNNL_ARG_MEAN, mem_of(ctx_, saved.mean)}, {DNNL_ARG_VARIANCE, mem_of(ctx_, saved.var)}};
+  if (relu) {
+    auto wmd = e.fwd_pd.workspace_desc();
+    saved.workspace = alloc_for(allocator(), wmd);
+    args.emplace(DNNL_ARG_WORKSPACE, memory(wmd, ctx_.eng, saved.workspace.raw()));
+  } else {
+    saved.workspace = Tensor();
+  }
+  DNNL_CHECK(e.fwd.execute(ctx_.strm, args));
+  return y;
+}
+
+Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& running_mean,
+                                           const Tensor& running_var, float eps, bool relu) {
+  auto& e = bn_entry(x, relu, eps);
+  if (!e.have_inf) {
+    auto flags = normalization_flags::use_scale | normalization_flags::use_shift |
+                 normalization_flags::use_global_stats;
+    if (relu) flags = flags | normalization_flags::fuse_norm_relu;
+    DNNL_CHECK({
+      batch_normalization_forward::desc d(prop_kind::forward_inference, md_of(x), eps, flags);
+      e.inf_pd = batch_normalization_forward::primitive_desc(d, ctx_.eng);
+      e.inf = batch_normalization_forward(e.inf_pd);
+    });
+    e.have_inf = true;
+  }
+  Tensor y = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
+                                           : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  DNNL_CHECK(e.inf.execute(ctx_.strm, {{DNNL_ARG_SRC, mem_of(ctx_, x)},
+                                       {DNNL_ARG_DST, mem_of(ctx_, y)},
+                                       {DNNL_ARG_SCALE, mem_of(ctx_, gamma)},
+                                       {DNNL_ARG_SHIFT, mem_of(ctx_, beta)},
+                                       {DNNL_ARG_MEAN, mem_of(ctx_, running_mean)},
+                                       {DNNL_ARG_VARIANCE, mem_of(ctx_, running_var)}}));
+  return y;
+}
+
+Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                      const Tensor& beta, const BnSaved& saved, float eps,
+                                      bool relu, Tensor& dgamma, Tensor& dbeta) {
+  auto& e = bn_entry(x, relu, eps);
+  if (!e.have_bwd) {
+    auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+    if (relu) flags = flags | normalization_flags::fuse_norm_relu;
+    DNNL_CHECK({
+      batch_normalization_backward::desc d(prop_kind::backward, md_of(dy), md_of(x), eps, flags);
+      e.bwd_pd = batch_normalization_backward::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bwd = batch_normalization_backward(e.bwd_pd);
+    });
+    e.have_bwd = true;
+  }
+  Tensor dx = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
+                                            : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  Tensor hdy;
+  memory ddst = as_desc(dy, md_of(x), hdy);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, mem_of(ctx_, x)},           {DNNL_ARG_DIFF_DST, ddst},
+      {DNNL_ARG_MEAN, mem_of(ctx_, saved.mean)}, {DNNL_ARG_VARIANCE, mem_of(ctx_, saved.var)},
+      {DNNL_ARG_SCALE, mem_of(ctx_, gamma)},     {DNNL_ARG_SHIFT, mem_of(ctx_, beta)},
+      {DNNL_ARG_DIFF_SRC, mem_of(ctx_, dx)},     {DNNL_ARG_DIFF_SCALE, mem_of(ctx_, dgamma)},
+      {DNNL_ARG_DIFF_SHIFT, mem_of(ctx_, dbeta)}};
+  if (relu)
+    args.emplace(DNNL_ARG_WORKSPACE,
+                 memory(e.fwd_pd.workspace_desc(), ctx_.eng, saved.workspace.raw()));
+  DNNL_CHECK(e.bwd.execute(ctx_.strm, args));
+  return dx;
+}
+
+void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
+                                          const BnSaved& saved, float momentum, int64_t n) {
+  float* rm = running_mean.data<float>();
+  float* rv = running_var.data<float>();
+  const float* m = saved.mean.data<float>();
+  const float* v = saved.var.data<float>();
+  double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
+  for (int64_t c = 0; c < running_mean.numel(); ++c) {
+    rm[c] = (1.f - momentum) * rm[c] + momentum * m[c];
+    rv[c] = (1.f - momentum) * rv[c] + momentum * float(v[c] * unbias);
+  }
+}
+
+Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) {
+  std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
+                    "," + std::to_string(p.pad);
+  auto it = pool_cache_.find(key);
+  if (it == pool_cache_.end()) {
+    auto e = std::make_unique<PoolEntry>();
+    int64_t oh = (x.dim(2) + 2 * p.pad - p.k) / p.stride + 1;
+    int64_t ow = (x.dim(3) + 2 * p.pad - p.k) / p.stride + 1;
+    memory::desc dst({x.dim(0), x.dim(1), oh, ow}, dnnl_dtype(x.dtype()), tag::nChw16c);
+    DNNL_CHECK({
+      pooling_forward::desc d(prop_kind::forward_training, algorithm::pooling_max, md_of(x), dst,
+                              {p.stride, p.stride}, {p.k, p.k}, {p.pad, p.pad}, {p.pad, p.pad});
+      e->fwd_pd = pooling_forward::primitive_desc(d, ctx_.eng);
+      e->fwd = pooling_forward(e->fwd_pd);
+    });
+    it = pool_cache_.emplace(key, std::move(e)).first;
+  }
+  auto& e = *it->second;
+  auto dd = e.fwd_pd.dst_desc().dims();
+  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()));
+  workspace = alloc_for(allocator(), e.fwd_pd.workspace_desc());
+  DNNL_CHECK(e.fwd.execute(
+      ctx_.strm, {{DNNL_ARG_SRC, mem_of(ctx_, x)}, {DNNL_ARG_DST, mem_of(ctx_, y)},
+                  {DNNL_ARG_WORKSPACE, memory(e.fwd_pd.workspace_desc(), ctx_.eng, workspace.raw())}}));
+  return y;
+}
+
+Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                                    const PoolParams& p) {
+  std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
+                    "," + std::to_string(p.pad);
+  auto it = pool_cache_.find(key);
+  SPOTRAIN_CHECK(it != pool_cache_.end(), "internal: maxpool backward before forward");
+  auto& e = *it->second;
+  if (!e.have_bwd) {
+    DNNL_CHECK({
+      pooling_backward::desc d(algorithm::pooling_max, md_of(x), e.fwd_pd.dst_desc(),
+                               {p.stride, p.stride}, {p.k, p.k}, {p.pad, p.pad}, {p.pad, p.pad});
+      e.bwd_pd = pooling_backward::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bwd = pooling_backward(e.bwd_pd);
+    });
+    e.have_bwd = true;
+  }
+  Tensor dx = alloc_blocked(allocator(), x.shape());
+  Tensor hdy;
+  memory ddst = as_desc(dy, e.bwd_pd.diff_dst_desc(), hdy);
+  DNNL_CHECK(e.bwd.execute(
+      ctx_.strm, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, mem_of(ctx_, dx)},
+                  {DNNL_ARG_WORKSPACE, memory(e.fwd_pd.workspace_desc(), ctx_.eng, workspace.raw())}}));
+  return dx;
+}
+
+}  // namespace spotrain::cpu

@@ -1,0 +1,137 @@
+// The one interface layers call for compute. A Backend (CPU: oneDNN + loops; CUDA: cuDNN,
+// cuBLAS and our kernels) implements every op; layers never include a device header.
+// Contract for every op: activations may be in any layout the backend chooses (the layout
+// tag travels with the Tensor); weights passed in are the canonical fp32 master copies
+// (conv OIHW, linear (out, in)); parameter gradients are OVERWRITTEN, input gradients
+// are returned as new tensors.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace spotrain {
+
+struct ConvParams {
+  int kh = 3, kw = 3, stride = 1, pad = 1;  // groups = 1, dilation = 1, symmetric padding
+};
+
+struct PoolParams {
+  int k = 3, stride = 2, pad = 1;
+};
+
+// What batch-norm training forward leaves for backward.
+struct BnSaved {
+  Tensor mean;       // (C) fp32 batch mean
+  Tensor var;        // (C) fp32 biased batch variance
+  Tensor workspace;  // backend-specific (ReLU mask when fused)
+};
+
+// One contiguous run of the flat parameter buffer sharing a weight decay.
+struct SgdSegment {
+  int64_t offset = 0, count = 0;
+  float weight_decay = 0.f;
+};
+
+struct SgdHyper {
+  float lr = 0.1f, momentum = 0.9f;
+  bool nesterov = false;
+  float grad_scale = 1.f;  // gradients are multiplied by this first (1/loss scale)
+};
+
+struct LossResult {
+  double loss = 0;       // mean over the batch (without the gradient scale)
+  int64_t top1 = 0, top5 = 0;  // correct predictions in the batch
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual Allocator& allocator() = 0;
+  // Number of compute threads (CPU) or 0.
+  virtual int threads() const { return 0; }
+
+  // --- data movement -------------------------------------------------------------------
+  // Host NHWC fp32 batch -> the tensor the first layer takes.
+  virtual Tensor upload_images(const Tensor& host_nhwc) = 0;
+  // Any tensor -> host fp32 in canonical order (4-D: plain NCHW; others: plain).
+  virtual Tensor to_host(const Tensor& t) = 0;
+  // Host plain tensor -> device tensor of the same shape and layout (copy on every backend).
+  virtual Tensor from_host(const Tensor& t) = 0;
+  // A zero-filled plain fp32 tensor on this device.
+  virtual Tensor zeros(const Shape& shape) = 0;
+  virtual void fill(Tensor& t, float value) = 0;
+  // dst = src (same shape, device; plain fp32).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+
+  // --- convolution ---------------------------------------------------------------------
+  virtual Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) = 0;
+  virtual Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                      const ConvParams& p) = 0;
+  virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                       Tensor& dw) = 0;
+
+  // --- batch norm (statistics over N, H, W per channel; optional fused ReLU) ------------
+  virtual Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
+                                         const Tensor& beta, float eps, bool relu,
+                                         BnSaved& saved) = 0;
+  virtual Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
+                                         const Tensor& beta, const Tensor& running_mean,
+                                         const Tensor& running_var, float eps, bool relu) = 0;
+  virtual Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& beta, const BnSaved& saved, float eps,
+                                    bool relu, Tensor& dgamma, Tensor& dbeta) = 0;
+  // running = (1 - momentum) * running + momentum * batch (variance made unbiased with n).
+  virtual void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
+                                        const BnSaved& saved, float momentum, int64_t n) = 0;
+
+  // --- elementwise -----------------------------------------------------------------------
+  virtual Tensor relu_forward(const Tensor& x) = 0;
+  virtual Tensor relu_backward(const Tensor& dy, const Tensor& y) = 0;
+  // y = a + b, then ReLU when relu is set (a and b of the same shape and layout).
+  virtual Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) = 0;
+  // Gradient through the optional ReLU of add_forward (y is its output); equals dy otherwise.
+  virtual Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) = 0;
+
+  // --- pooling -----------------------------------------------------------------------------
+  virtual Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) = 0;
+  virtual Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                                  const PoolParams& p) = 0;
+  // (N, C, H, W) -> (N, C) plain.
+  virtual Tensor global_avgpool_forward(const Tensor& x) = 0;
+  virtual Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) = 0;
+
+  // --- linear: y (N, M) = x (N, K) w^T (M, K) + b (M) -----------------------------------------
+  virtual Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) = 0;
+  virtual Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                 Tensor& db, bool need_dx) = 0;
+
+  // --- loss ----------------------------------------------------------------------------------
+  // Mean softmax cross-entropy with label smoothing over logits (N, M) plain; labels on the
+  // host. When dlogits is non-null it receives d(loss * grad_scale)/d(logits).
+  virtual LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                                  float grad_scale, Tensor* dlogits) = 0;
+
+  // --- optimizer ---------------------------------------------------------------------------
+  // SGD with momentum (PyTorch semantics) over flat fp32 buffers, segment by segment.
+  virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                        const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
+  // Called after parameters changed (optimizer step, load): cached weight copies are stale.
+  virtual void weights_changed() = 0;
+  virtual void synchronize() {}
+};
+
+struct BackendOptions {
+  int threads = 0;  // 0: all cores
+  bool deterministic = false;
+};
+
+// Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is
+// present, else cpu). Throws Error for "cuda" when unavailable.
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt);
+
+}  // namespace spotrain

@@ -1,0 +1,112 @@
+// Sequential, Residual and Checkpointed (see containers.h).
+#include "layers/containers.h"
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+// ---- Sequential ----
+
+Layer& Sequential::add(std::unique_ptr<Layer> l) {
+  layers_.push_back(std::move(l));
+  return *layers_.back();
+}
+
+void Sequential::collect_params(std::vector<Param*>& out) {
+  for (auto& l : layers_) l->collect_params(out);
+}
+
+void Sequential::collect_buffers(std::vector<Buffer*>& out) {
+  for (auto& l : layers_) l->collect_buffers(out);
+}
+
+void Sequential::clear_stash() {
+  for (auto& l : layers_) l->clear_stash();
+}
+
+void Sequential::set_needs_input_grad(bool v) {
+  needs_input_grad_ = v;
+  if (!layers_.empty()) layers_.front()->set_needs_input_grad(v);
+}
+
+Tensor Sequential::forward_impl(const Tensor& x, Context& ctx) {
+  Tensor h = x;
+  for (auto& l : layers_) h = l->forward(h, ctx);
+  return h;
+}
+
+Tensor Sequential::backward_impl(const Tensor& dy, Context& ctx) {
+  Tensor g = dy;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    g = (*it)->backward(g, ctx);
+    if (!g.defined()) break;  // the first layer needs no input gradient
+  }
+  return g;
+}
+
+// ---- Residual ----
+
+Residual::Residual(const std::string& name, std::unique_ptr<Layer> main,
+                   std::unique_ptr<Layer> shortcut)
+    : Layer(name), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+
+void Residual::collect_params(std::vector<Param*>& out) {
+  main_->collect_params(out);
+  if (shortcut_) shortcut_->collect_params(out);
+}
+
+void Residual::collect_buffers(std::vector<Buffer*>& out) {
+  main_->collect_buffers(out);
+  if (shortcut_) shortcut_->collect_buffers(out);
+}
+
+void Residual::clear_stash() {
+  y_ = Tensor();
+  main_->clear_stash();
+  if (shortcut_) shortcut_->clear_stash();
+}
+
+Tensor Residual::forward_impl(const Tensor& x, Context& ctx) {
+  Tensor out = main_->forward(x, ctx);
+  Tensor identity = shortcut_ ? shortcut_->forward(x, ctx) : x;
+  SPOTRAIN_CHECK(out.shape() == identity.shape(), name_, ": branch shapes differ: ",
+                 out.describe(), " vs ", identity.describe());
+  Tensor y = ctx.be.add_forward(out, identity, /*relu=*/true);
+  if (ctx.training) y_ = y;
+  return y;
+}
+
+Tensor Residual::backward_impl(const Tensor& dy, Context& ctx) {
+  Tensor g = ctx.be.add_backward(dy, y_, /*relu=*/true);
+  y_ = Tensor();
+  Tensor dshort = shortcut_ ? shortcut_->backward(g, ctx) : g;
+  Tensor dmain = main_->backward(g, ctx);
+  if (!needs_input_grad_) return Tensor();
+  return ctx.be.add_forward(dmain, dshort, /*relu=*/false);
+}
+
+// ---- Checkpointed ----
+
+Checkpointed::Checkpointed(std::unique_ptr<Layer> inner)
+    : Layer(inner->name()), inner_(std::move(inner)) {}
+
+Tensor Checkpointed::forward_impl(const Tensor& x, Context& ctx) {
+  Tensor y = inner_->forward(x, ctx);
+  if (ctx.training && !ctx.replay) {
+    x_ = x;
+    inner_->clear_stash();  // keep only the segment's input
+  }
+  return y;
+}
+
+Tensor Checkpointed::backward_impl(const Tensor& dy, Context& ctx) {
+  SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward input");
+  bool was = ctx.replay;
+  ctx.replay = true;  // rebuild the stash; BN must not update running statistics again
+  inner_->forward(x_, ctx);
+  ctx.replay = was;
+  x_ = Tensor();
+  return inner_->backward(dy, ctx);
+}
+
+}  // namespace spotrain

@@ -1,0 +1,74 @@
+// The layer contract. A layer's public forward()/backward() validate their input and call
+// forward_impl()/backward_impl(); what backward needs is stashed explicitly in members, so
+// gradient checkpointing can drop the stash (clear_stash) and replay forward later.
+// Gradients: parameter gradients are OVERWRITTEN by backward (every parameter is used once
+// per step, so no zeroing pass is needed); the input gradient is returned as a new tensor.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "kernels/ops.h"
+
+namespace spotrain {
+
+// A trainable tensor with its torchvision name. After Model::finalize, value and grad are
+// views into the model's flat parameter and gradient buffers.
+struct Param {
+  // How Model::initialize fills the value (torchvision's ResNet initialization).
+  enum class Init { kaiming_fan_out, uniform_fan_in, ones, zeros };
+  std::string name;
+  Init init = Init::zeros;
+  int64_t fan = 1;  // fan_out for kaiming, fan_in for uniform
+  Tensor value;  // fp32 master copy, canonical layout (conv OIHW)
+  Tensor grad;   // same shape
+  bool no_decay = false;  // BN scale/shift and biases (excluded from weight decay on request)
+};
+
+// A non-trainable tensor saved in checkpoints (BN running statistics).
+struct Buffer {
+  std::string name;
+  Tensor value;
+};
+
+// What a pass needs besides its input: the backend and the mode.
+struct Context {
+  Backend& be;
+  bool training = true;
+  bool replay = false;  // re-running forward for gradient checkpointing: no side effects
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  Tensor forward(const Tensor& x, Context& ctx);
+  // Returns the gradient of the input, or an empty Tensor when the input needs none.
+  Tensor backward(const Tensor& dy, Context& ctx);
+
+  virtual void collect_params(std::vector<Param*>& out) { (void)out; }
+  virtual void collect_buffers(std::vector<Buffer*>& out) { (void)out; }
+  virtual void clear_stash() {}
+  // The model's first layer: its input (the image) takes no gradient.
+  virtual void set_needs_input_grad(bool v) { needs_input_grad_ = v; }
+  const std::string& name() const { return name_; }
+  virtual std::string kind() const = 0;
+
+ protected:
+  virtual void validate(const Tensor& x) const { (void)x; }
+  virtual Tensor forward_impl(const Tensor& x, Context& ctx) = 0;
+  virtual Tensor backward_impl(const Tensor& dy, Context& ctx) = 0;
+  std::string name_;
+  bool needs_input_grad_ = true;
+};
+
+// Joins a prefix and a name the torchvision way: "layer1.0" + "conv1".
+inline std::string join_name(const std::string& prefix, const std::string& n) {
+  return prefix.empty() ? n : prefix + "." + n;
+}
+
+}  // namespace spotrain

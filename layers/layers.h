@@ -1,0 +1,125 @@
+// The basic layers of ResNet-class models: Conv2d, BatchNorm2d (optional fused ReLU), ReLU,
+// MaxPool2d, GlobalAvgPool, Linear. Each stashes exactly what its backward needs.
+#pragma once
+#include "layers/layer.h"
+
+namespace spotrain {
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(const std::string& name, int in_ch, int out_ch, int k, int stride, int pad);
+  void collect_params(std::vector<Param*>& out) override { out.push_back(&weight_); }
+  void clear_stash() override { x_ = Tensor(); }
+  std::string kind() const override { return "Conv2d"; }
+  Param& weight() { return weight_; }
+  int in_channels() const { return in_; }
+  int out_channels() const { return out_; }
+
+ protected:
+  void validate(const Tensor& x) const override;
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  int in_, out_;
+  ConvParams p_;
+  Param weight_;  // (out, in, k, k)
+  Tensor x_;      // stash: the input
+};
+
+class BatchNorm2d final : public Layer {
+ public:
+  BatchNorm2d(const std::string& name, int channels, bool fused_relu, float eps = 1e-5f,
+              float momentum = 0.1f);
+  void collect_params(std::vector<Param*>& out) override;
+  void collect_buffers(std::vector<Buffer*>& out) override;
+  void clear_stash() override;
+  std::string kind() const override { return relu_ ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
+  Param& gamma() { return gamma_; }
+  Param& beta() { return beta_; }
+  Buffer& running_mean() { return mean_; }
+  Buffer& running_var() { return var_; }
+  bool fused_relu() const { return relu_; }
+
+ protected:
+  void validate(const Tensor& x) const override;
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  int c_;
+  bool relu_;
+  float eps_, momentum_;
+  Param gamma_, beta_;    // (C) "weight", "bias" in torchvision
+  Buffer mean_, var_;     // (C) running statistics
+  Tensor x_;              // stash: the input
+  BnSaved saved_;         // stash: batch statistics, ReLU mask
+};
+
+class ReLU final : public Layer {
+ public:
+  using Layer::Layer;
+  void clear_stash() override { y_ = Tensor(); }
+  std::string kind() const override { return "ReLU"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  Tensor y_;  // stash: the output
+};
+
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(const std::string& name, int k, int stride, int pad);
+  void clear_stash() override { x_ = Tensor(); ws_ = Tensor(); }
+  std::string kind() const override { return "MaxPool2d"; }
+
+ protected:
+  void validate(const Tensor& x) const override;
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  PoolParams p_;
+  Tensor x_, ws_;
+};
+
+// (N, C, H, W) -> (N, C): the mean over H and W.
+class GlobalAvgPool final : public Layer {
+ public:
+  using Layer::Layer;
+  void clear_stash() override { x_ = Tensor(); }
+  std::string kind() const override { return "GlobalAvgPool"; }
+
+ protected:
+  void validate(const Tensor& x) const override;
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  Tensor x_;
+};
+
+class Linear final : public Layer {
+ public:
+  Linear(const std::string& name, int in_features, int out_features);
+  void collect_params(std::vector<Param*>& out) override;
+  void clear_stash() override { x_ = Tensor(); }
+  std::string kind() const override { return "Linear"; }
+  Param& weight() { return weight_; }
+  Param& bias() { return bias_; }
+
+ protected:
+  void validate(const Tensor& x) const override;
+  Tensor forward_impl(const Tensor& x, Context& ctx) override;
+  Tensor backward_impl(const Tensor& dy, Context& ctx) override;
+
+ private:
+  int in_, out_;
+  Param weight_, bias_;  // (out, in), (out)
+  Tensor x_;
+};
+
+}  // namespace spotrain

@@ -1,0 +1,175 @@
+// ResNet builders (see resnet.h).
+#include "layers/resnet.h"
+
+#include "engine/error.h"
+#include "layers/layers.h"
+
+namespace spotrain {
+
+namespace {
+
+struct Spec {
+  bool bottleneck;
+  std::vector<int> blocks;
+};
+
+bool small_depth(const std::string& arch, int* n) {
+  if (arch.rfind("resnet", 0) != 0) return false;
+  try {
+    size_t used = 0;
+    int depth = std::stoi(arch.substr(6), &used);
+    if (used != arch.size() - 6) return false;
+    if (depth < 8 || (depth - 2) % 6 != 0 || depth == 50 || depth == 152) return false;
+    *n = (depth - 2) / 6;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool imagenet_spec(const std::string& arch, Spec* s) {
+  if (arch == "resnet18") *s = {false, {2, 2, 2, 2}};
+  else if (arch == "resnet34") *s = {false, {3, 4, 6, 3}};
+  else if (arch == "resnet50") *s = {true, {3, 4, 6, 3}};
+  else if (arch == "resnet101") *s = {true, {3, 4, 23, 3}};
+  else if (arch == "resnet152") *s = {true, {3, 8, 36, 3}};
+  else return false;
+  return true;
+}
+
+void conv_bn(Sequential& seq, const std::string& prefix, const char* conv,
+                               const char* bn, int in, int out, int k, int stride, bool relu,
+                               bool zero_gamma = false) {
+  seq.emplace<Conv2d>(join_name(prefix, conv), in, out, k, stride, k / 2);
+  auto& b = seq.emplace<BatchNorm2d>(join_name(prefix, bn), out, relu);
+  if (zero_gamma) b.gamma().init = Param::Init::zeros;
+
+}
+
+// One residual block named `prefix` (e.g. "layer2.0").
+std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, int in, int planes,
+                                  int stride, bool zero_init) {
+  auto main = std::make_unique<Sequential>(prefix);
+  int out;
+  if (bottleneck) {
+    out = planes * 4;
+    conv_bn(*main, prefix, "conv1", "bn1", in, planes, 1, 1, true);
+    conv_bn(*main, prefix, "conv2", "bn2", planes, planes, 3, stride, true);
+    conv_bn(*main, prefix, "conv3", "bn3", planes, out, 1, 1, false, zero_init);
+  } else {
+    out = planes;
+    conv_bn(*main, prefix, "conv1", "bn1", in, planes, 3, stride, true);
+    conv_bn(*main, prefix, "conv2", "bn2", planes, planes, 3, 1, false, zero_init);
+  }
+  std::unique_ptr<Sequential> shortcut;
+  if (stride != 1 || in != out) {
+    std::string d = join_name(prefix, "downsample");
+    shortcut = std::make_unique<Sequential>(d);
+    shortcut->emplace<Conv2d>(join_name(d, "0"), in, out, 1, stride, 0);
+    shortcut->emplace<BatchNorm2d>(join_name(d, "1"), out, false);
+  }
+  return std::make_unique<Residual>(prefix, std::move(main), std::move(shortcut));
+}
+
+// Wraps groups of blocks in Checkpointed segments according to the mode.
+void apply_checkpointing(std::vector<std::unique_ptr<Sequential>>& stages, const std::string& mode) {
+  if (mode == "none") return;
+  int every = 0;
+  if (mode == "block") every = 1;
+  else if (mode.rfind("every:", 0) == 0) {
+    try {
+      every = std::stoi(mode.substr(6));
+    } catch (...) {
+      every = 0;
+    }
+    SPOTRAIN_CHECK(every > 0, "--grad-checkpoint ", mode, ": K must be a positive integer");
+  } else if (mode != "stage") {
+    SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
+  }
+  for (auto& st : stages) {
+    auto blocks = st->release();
+    auto regrouped = std::make_unique<Sequential>(st->name());
+    if (mode == "stage") {
+      auto seg = std::make_unique<Sequential>(st->name());
+      for (auto& b : blocks) seg->add(std::move(b));
+      regrouped->add(std::make_unique<Checkpointed>(std::move(seg)));
+    } else {
+      for (size_t i = 0; i < blocks.size(); i += every) {
+        auto seg = std::make_unique<Sequential>(blocks[i]->name());
+        for (size_t j = i; j < std::min(blocks.size(), i + size_t(every)); ++j)
+          seg->add(std::move(blocks[j]));
+        regrouped->add(std::make_unique<Checkpointed>(std::move(seg)));
+      }
+    }
+    st = std::move(regrouped);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> resnet_arch_names() {
+  return {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet20",
+          "resnet32", "resnet44", "resnet56", "resnet110"};
+}
+
+bool is_small_input_arch(const std::string& arch) {
+  int n;
+  return small_depth(arch, &n);
+}
+
+std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
+  SPOTRAIN_CHECK(opt.num_classes > 0, "number of classes must be positive");
+  SPOTRAIN_CHECK(opt.in_channels > 0, "number of input channels must be positive");
+  auto net = std::make_unique<Sequential>("");
+  std::vector<std::unique_ptr<Sequential>> stages;
+  int n_small = 0;
+  Spec spec;
+  int width;
+  if (small_depth(opt.arch, &n_small)) {
+    conv_bn(*net, "", "conv1", "bn1", opt.in_channels, 16, 3, 1, true);
+    int in = 16;
+    const int planes[3] = {16, 32, 64};
+    for (int s = 0; s < 3; ++s) {
+      std::string sname = "layer" + std::to_string(s + 1);
+      auto st = std::make_unique<Sequential>(sname);
+      for (int b = 0; b < n_small; ++b) {
+        int stride = (b == 0 && s > 0) ? 2 : 1;
+        st->add(make_block(join_name(sname, std::to_string(b)), false, in, planes[s], stride,
+                           opt.zero_init_residual));
+        in = planes[s];
+      }
+      stages.push_back(std::move(st));
+    }
+    width = 64;
+  } else if (imagenet_spec(opt.arch, &spec)) {
+    net->emplace<Conv2d>("conv1", opt.in_channels, 64, 7, 2, 3);
+    net->emplace<BatchNorm2d>("bn1", 64, true);
+    net->emplace<MaxPool2d>("maxpool", 3, 2, 1);
+    int in = 64;
+    for (int s = 0; s < 4; ++s) {
+      int planes = 64 << s;
+      std::string sname = "layer" + std::to_string(s + 1);
+      auto st = std::make_unique<Sequential>(sname);
+      for (int b = 0; b < spec.blocks[s]; ++b) {
+        int stride = (b == 0 && s > 0) ? 2 : 1;
+        st->add(make_block(join_name(sname, std::to_string(b)), spec.bottleneck, in, planes,
+                           stride, opt.zero_init_residual));
+        in = spec.bottleneck ? planes * 4 : planes;
+      }
+      stages.push_back(std::move(st));
+    }
+    width = in;
+  } else {
+    std::string names;
+    for (auto& a : resnet_arch_names()) names += (names.empty() ? "" : ", ") + a;
+    SPOTRAIN_THROW("unknown model '", opt.arch, "'; choose one of ", names);
+  }
+  apply_checkpointing(stages, opt.grad_checkpoint);
+  for (auto& st : stages) net->add(std::move(st));
+  net->emplace<GlobalAvgPool>("avgpool");
+  net->emplace<Linear>("fc", width, opt.num_classes);
+  net->set_needs_input_grad(false);
+  return net;
+}
+
+}  // namespace spotrain

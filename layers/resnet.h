@@ -1,0 +1,27 @@
+// ResNet family builders with torchvision parameter names: ResNet-18/34/50/101/152 (v1.5:
+// stride on the bottleneck's 3x3 conv) and the small-input variant (3x3 stem, no max-pool,
+// three stages of 16/32/64 channels, e.g. resnet20 for 28x28 / 32x32 images).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/containers.h"
+
+namespace spotrain {
+
+struct ResNetOptions {
+  std::string arch = "resnet20";  // resnet18|34|50|101|152 or resnet<6n+2> (20, 32, 44, 56, 110)
+  int num_classes = 10;
+  int in_channels = 1;
+  bool zero_init_residual = false;  // last BN gamma of each block starts at zero
+  // Gradient checkpointing: "none", "block", "stage" or "every:K" (K consecutive blocks).
+  std::string grad_checkpoint = "none";
+};
+
+// Throws Error naming the valid choices for an unknown arch or checkpoint mode.
+std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt);
+std::vector<std::string> resnet_arch_names();
+bool is_small_input_arch(const std::string& arch);
+
+}  // namespace spotrain

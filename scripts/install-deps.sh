@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package spotrain needs to build, train and test.
+# Idempotent: re-running only installs what is missing. Pass --test to add the
+# Python packages used by side-by-side checks (PyTorch, torchvision, h5py).
+set -euo pipefail
+
+pkgs=(build-essential cmake ninja-build pkg-config git
+      libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
+      libturbojpeg0-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libcli11-dev nlohmann-json3-dev dataset-fashion-mnist)
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=(python3 python3-numpy python3-torch python3-torchvision python3-h5py)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[[ $(id -u) -ne 0 ]] && SUDO=sudo
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
