@@ -50,7 +50,8 @@ std::string RunConfig::to_json() const {
                    {"deterministic", deterministic},
                    {"device", device},
                    {"threads", threads},
-                   {"workers", workers}};
+                   {"workers", workers},
+                   {"ckpt_dir", ckpt_dir}};
   return j.dump();
 }
 

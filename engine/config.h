@@ -38,6 +38,7 @@ struct RunConfig {
   int log_every = 50;
   std::string metrics;  // JSONL file ("" = none)
   bool eval_each_epoch = true;
+  std::string ckpt_dir = "runs/spotrain";  // a checkpoint is written here when training ends ("" = none)
 
   // Throws Error naming the first bad setting.
   void validate() const;

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
+#include "checkpoints/checkpoint.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
@@ -92,6 +95,17 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   so.weight_decay = cfg_.weight_decay;
   so.decay_bn_and_bias = cfg_.decay_bn_and_bias;
   sgd_ = std::make_unique<Sgd>(*model_, so);
+  if (!cfg_.ckpt_dir.empty()) {
+    // Fail now, not after hours of training, when checkpoints cannot be written.
+    std::error_code ec;
+    std::filesystem::create_directories(cfg_.ckpt_dir, ec);
+    std::string probe = cfg_.ckpt_dir + "/.write-test";
+    std::ofstream f(probe);
+    SPOTRAIN_CHECK(!ec && f.good(), "checkpoint directory ", cfg_.ckpt_dir,
+                   " is not writable; pass a writable --ckpt-dir");
+    f.close();
+    std::filesystem::remove(probe, ec);
+  }
   if (!cfg_.metrics.empty()) {
     metrics_ = std::fopen(cfg_.metrics.c_str(), "w");
     SPOTRAIN_CHECK(metrics_, "cannot write metrics file ", cfg_.metrics, ": ", std::strerror(errno));
@@ -237,6 +251,20 @@ TrainResult Trainer::run() {
   }
   res.steps = step;
   res.seconds = now_seconds() - t_start;
+  if (!cfg_.ckpt_dir.empty()) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+    res.checkpoint = cfg_.ckpt_dir + "/" + name;
+    CheckpointInfo info;
+    info.config_json = cfg_.to_json();
+    info.model = cfg_.model;
+    info.epoch = epochs;
+    info.global_step = step;
+    info.num_classes = data_.train->num_classes();
+    info.in_channels = data_.train->image_shape().c;
+    save_checkpoint(res.checkpoint, *model_, sgd_.get(), info);
+    log_info(str("checkpoint written: ", res.checkpoint));
+  }
   return res;
 }
 

@@ -24,6 +24,7 @@ struct TrainResult {
   EvalResult test;
   double images_per_sec = 0;
   double seconds = 0;
+  std::string checkpoint;  // path of the checkpoint written at the end ("" = none)
 };
 
 // "fashion-mnist", "fashion-mnist:DIR" or "synthetic" -> train and test datasets.

@@ -4,6 +4,12 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoints/checkpoint.h"
+#include "layers/resnet.h"
 
 #include "engine/config.h"
 #include "engine/error.h"
@@ -48,6 +54,56 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--workers", cfg.workers, "data loader threads")->capture_default_str();
   c.add_option("--log-every", cfg.log_every, "progress line every N steps")->capture_default_str();
   c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
+  c.add_option("--ckpt-dir", cfg.ckpt_dir, "write a checkpoint here when training ends (\"\" = none)")
+      ->capture_default_str();
+}
+
+struct EvalOptions {
+  std::string ckpt, data, device = "auto";
+  int64_t batch_size = 256, test_limit = 0;
+  int threads = 0;
+};
+
+// `spotrain eval`: top-1 / top-5 of a checkpoint over a whole test set.
+int run_eval(const EvalOptions& o) {
+  namespace fs = std::filesystem;
+  std::string path = o.ckpt;
+  if (fs::is_directory(path)) {  // newest ckpt-*.h5 in the directory
+    std::string best;
+    for (auto& e : fs::directory_iterator(path)) {
+      auto n = e.path().filename().string();
+      if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".h5" && n > best) best = n;
+    }
+    SPOTRAIN_CHECK(!best.empty(), "no ckpt-*.h5 checkpoint in ", path);
+    path = (fs::path(path) / best).string();
+  }
+  auto info = spotrain::read_checkpoint_info(path);
+  auto cfg_json = nlohmann::json::parse(info.config_json, nullptr, false);
+  std::string data = o.data;
+  if (data.empty() && cfg_json.is_object() && cfg_json.contains("data")) data = cfg_json["data"];
+  SPOTRAIN_CHECK(!data.empty(), "pass --data: the checkpoint does not say what it was trained on");
+  SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
+  auto pair = spotrain::open_data(data, 1, o.test_limit, 0);
+  SPOTRAIN_CHECK(pair.test->num_classes() == info.num_classes &&
+                     pair.test->image_shape().c == info.in_channels,
+                 "checkpoint ", path, " was trained for ", info.num_classes, " classes of ",
+                 info.in_channels, "-channel images; --data ", data, " does not match");
+  spotrain::BackendOptions bo;
+  bo.threads = o.threads;
+  auto be = spotrain::make_backend(o.device, bo);
+  spotrain::ResNetOptions ro;
+  ro.arch = info.model;
+  ro.num_classes = info.num_classes;
+  ro.in_channels = info.in_channels;
+  spotrain::Model model(spotrain::build_resnet(ro), *be);
+  spotrain::load_checkpoint_weights(path, model);
+  auto r = spotrain::evaluate_model(model, *pair.test, pair.kind, o.batch_size);
+  spotrain::log_info(spotrain::str("eval ", path, " (", info.model, ", step ", info.global_step,
+                                   ") on ", r.samples, " images: top-1 ",
+                                   spotrain::fmt_fixed(100 * r.top1, 2), "% top-5 ",
+                                   spotrain::fmt_fixed(100 * r.top5, 2), "% loss ",
+                                   spotrain::fmt_fixed(r.loss, 4)));
+  return 0;
 }
 
 }  // namespace
@@ -60,6 +116,16 @@ int main(int argc, char** argv) {
   spotrain::RunConfig cfg;
   auto* train = app.add_subcommand("train", "train a model");
   add_train_options(*train, cfg);
+
+  EvalOptions eo;
+  auto* eval = app.add_subcommand("eval", "top-1 / top-5 of a checkpoint over a whole test set");
+  eval->add_option("--ckpt", eo.ckpt, "checkpoint file, or a directory (its newest ckpt-*.h5)")
+      ->required();
+  eval->add_option("--data", eo.data, "fashion-mnist[:DIR] or synthetic (default: as trained)");
+  eval->add_option("--batch-size", eo.batch_size, "batch size")->capture_default_str();
+  eval->add_option("--test-limit", eo.test_limit, "evaluate on the first N images (0 = all)");
+  eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
+  eval->add_option("--threads", eo.threads, "compute threads (0 = all cores)");
 
   spotrain::BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "measure training-step throughput on synthetic data");
@@ -104,6 +170,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench) return spotrain::run_bench(bo);
+    if (*eval) return run_eval(eo);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

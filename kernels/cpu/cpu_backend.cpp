@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -312,12 +313,16 @@ namespace spotrain {
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);  // kernels/cuda
 bool cuda_device_available();
+bool cuda_backend_ready();
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt) {
   if (device == "cpu") return std::make_unique<cpu::CpuBackend>(opt);
   if (device == "cuda") return make_cuda_backend(opt);
   if (device == "auto") {
-    if (cuda_device_available()) return make_cuda_backend(opt);
+    if (cuda_backend_ready() && cuda_device_available()) return make_cuda_backend(opt);
+    if (cuda_device_available())
+      std::fprintf(stderr, "note: a GPU is present but this build's CUDA backend is not ready; "
+                           "training on the CPU\n");
     return std::make_unique<cpu::CpuBackend>(opt);
   }
   SPOTRAIN_THROW("unknown device '", device, "'; use auto, cpu or cuda");

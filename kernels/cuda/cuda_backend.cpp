@@ -21,6 +21,9 @@ bool cuda_device_available() {
 #endif
 }
 
+// Whether this build can train on a GPU; --device auto uses the GPU only then.
+bool cuda_backend_ready() { return false; }
+
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
 #ifdef SPOTRAIN_WITH_CUDA
   SPOTRAIN_THROW("--device cuda: the CUDA backend is not implemented in this version yet; "

@@ -1,0 +1,194 @@
+// HDF5 checkpoint writer and reader (see checkpoint.h).
+#include "checkpoints/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <vector>
+
+#include "engine/error.h"
+
+#define H5_CHECK(call, what)                                                          \
+  ([&]() {                                                                            \
+    auto r_ = (call);                                                                 \
+    if (r_ < 0) SPOTRAIN_THROW("HDF5 call failed: ", #call, " at ", __FILE__, ":", __LINE__, \
+                               " while ", what);                                     \
+    return r_;                                                                        \
+  }())
+
+namespace spotrain {
+
+namespace {
+
+// Owns one HDF5 identifier and closes it with the right function.
+class H5Id {
+ public:
+  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+void write_string_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, value.size() + 1);
+  H5Tset_strpad(type, H5T_STR_NULLTERM);
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), name), H5Aclose);
+  H5_CHECK(H5Awrite(attr, type, value.c_str()), name);
+}
+
+void write_int_attr(hid_t obj, const char* name, int64_t v) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), name),
+            H5Aclose);
+  H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &v), name);
+}
+
+std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5Id type(H5Aget_type(attr), H5Tclose);
+  size_t n = H5Tget_size(type);
+  std::vector<char> buf(n + 1, 0);
+  H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mem, n);
+  H5_CHECK(H5Aread(attr, mem, buf.data()), name);
+  return std::string(buf.data());
+}
+
+int64_t read_int_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  int64_t v = 0;
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v), name);
+  return v;
+}
+
+void write_dataset(hid_t group, const std::string& name, const Tensor& host) {
+  std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
+  H5Id space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  H5Id ds(H5_CHECK(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                              H5P_DEFAULT), name),
+          H5Dclose);
+  H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()), name);
+}
+
+void fsync_path(const std::string& path, bool dir) {
+  int fd = ::open(path.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) SPOTRAIN_THROW("cannot open ", path, " to sync it: ", std::strerror(errno));
+  int r = ::fsync(fd);
+  ::close(fd);
+  if (r != 0) SPOTRAIN_THROW("fsync of ", path, " failed: ", std::strerror(errno));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info) {
+  quiet_hdf5();
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::string tmp = path + ".tmp";
+  Backend& be = model.backend();
+  {
+    H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (file < 0) SPOTRAIN_THROW("cannot create checkpoint ", tmp, ": check the directory is writable");
+    write_int_attr(file, "format_version", kCheckpointFormatVersion);
+    write_string_attr(file, "engine_version", "spotrain 0.1.0");
+    std::time_t now = std::time(nullptr);
+    char ts[64];
+    std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    write_string_attr(file, "created", ts);
+    write_string_attr(file, "config", info.config_json);
+    write_string_attr(file, "model", info.model);
+    write_int_attr(file, "epoch", info.epoch);
+    write_int_attr(file, "global_step", info.global_step);
+    write_int_attr(file, "num_classes", info.num_classes);
+    write_int_attr(file, "in_channels", info.in_channels);
+    H5Id g(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    for (auto* prm : model.params()) write_dataset(g, prm->name, be.to_host(prm->value));
+    for (auto* b : model.buffers()) write_dataset(g, b->name, be.to_host(b->value));
+    if (sgd) {
+      H5Id og(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      write_int_attr(og, "steps", sgd->steps());
+      H5Id mg(H5Gcreate2(og, "momentum", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      Tensor m = be.to_host(sgd->momentum());
+      for (auto* prm : model.params())
+        write_dataset(mg, prm->name,
+                      Tensor::view(m, model.offset_of(prm), prm->value.shape()));
+    }
+    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the checkpoint");
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) SPOTRAIN_THROW("cannot rename ", tmp, " to ", path, ": ", ec.message());
+  fsync_path(p.has_parent_path() ? p.parent_path().string() : ".", true);
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  quiet_hdf5();
+  if (!std::filesystem::exists(path)) SPOTRAIN_THROW("checkpoint ", path, " does not exist");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    SPOTRAIN_THROW("checkpoint ", path, " is not an HDF5 file (truncated or corrupt?)");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file < 0) SPOTRAIN_THROW("cannot open checkpoint ", path, " (truncated or corrupt?)");
+  CheckpointInfo info;
+  info.format_version = int(read_int_attr(file, "format_version", path));
+  if (info.format_version > kCheckpointFormatVersion)
+    SPOTRAIN_THROW("checkpoint ", path, " has format version ", info.format_version,
+                   "; this build reads up to ", kCheckpointFormatVersion);
+  info.config_json = read_string_attr(file, "config", path);
+  info.model = read_string_attr(file, "model", path);
+  info.epoch = read_int_attr(file, "epoch", path);
+  info.global_step = read_int_attr(file, "global_step", path);
+  info.num_classes = int(read_int_attr(file, "num_classes", path));
+  info.in_channels = int(read_int_attr(file, "in_channels", path));
+  return info;
+}
+
+void load_checkpoint_weights(const std::string& path, Model& model) {
+  read_checkpoint_info(path);  // validates the file and its version
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  Backend& be = model.backend();
+  auto load = [&](const std::string& name, Tensor& dst) {
+    std::string dname = "model/" + name;
+    if (H5Lexists(file, "model", H5P_DEFAULT) <= 0 || H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
+      SPOTRAIN_THROW("checkpoint ", path, " has no tensor '", name, "' (another model's checkpoint?)");
+    H5Id ds(H5Dopen2(file, dname.c_str(), H5P_DEFAULT), H5Dclose);
+    H5Id space(H5Dget_space(ds), H5Sclose);
+    int nd = H5Sget_simple_extent_ndims(space);
+    std::vector<hsize_t> dims(std::max(nd, 0));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    Shape s(dims.begin(), dims.end());
+    if (s != dst.shape())
+      SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name, "' has shape ", shape_str(s),
+                     ", the model expects ", shape_str(dst.shape()));
+    Tensor host = Tensor::host(s);
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) < 0)
+      SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", name, "' (corrupt file?)");
+    Tensor dev = be.from_host(host);
+    be.copy(dev, dst);
+  };
+  for (auto* p : model.params()) load(p->name, p->value);
+  for (auto* b : model.buffers()) load(b->name, b->value);
+  model.parameters_changed();
+}
+
+}  // namespace spotrain

@@ -1,0 +1,31 @@
+// HDF5 checkpoints: one file per checkpoint, readable with h5dump/h5py, parameters and BN
+// buffers named the torchvision way under /model, SGD momentum under /optimizer/momentum,
+// the run config (JSON) and the format version as attributes. Written to `PATH.tmp`,
+// flushed, fsynced and renamed, so a crash mid-write never leaves a half file at PATH.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/model.h"
+#include "engine/optimizer.h"
+
+namespace spotrain {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointInfo {
+  int format_version = 0;
+  std::string config_json;  // the RunConfig the checkpoint was trained with
+  std::string model;        // architecture name
+  int64_t epoch = 0, global_step = 0;
+  int num_classes = 0, in_channels = 0;
+};
+
+// Writes model (and momentum when sgd is given) to `path` atomically.
+void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info);
+// Reads the attributes only. Throws Error naming the file when it is not a readable checkpoint.
+CheckpointInfo read_checkpoint_info(const std::string& path);
+// Loads parameters and BN buffers into `model` (shapes must match; names must all exist).
+void load_checkpoint_weights(const std::string& path, Model& model);
+
+}  // namespace spotrain

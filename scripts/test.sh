@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs the dependencies (with the Python packages used by side-by-side checks), builds
+# with the CUDA backend compiled when nvcc is present, and runs the whole CTest suite.
+# GPU tests skip cleanly on machines without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh --test
+./scripts/build.sh -DSPOTRAIN_CUDA="${SPOTRAIN_CUDA:-AUTO}"
+cd build
+ctest --output-on-failure --timeout 900 -j "$(nproc)"

@@ -1,0 +1,176 @@
+// The command line against bad input: each case must print exactly one `error:` line naming
+// the problem and exit non-zero (1 for bad input, 2 for a bad command line), never crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code = -1;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  std::string cmd = std::string(SPOTRAIN_BIN) + " " + args + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+int count_lines_starting(const std::string& s, const std::string& prefix) {
+  int n = 0;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t e = s.find('\n', pos);
+    if (e == std::string::npos) e = s.size();
+    if (s.compare(pos, prefix.size(), prefix) == 0) ++n;
+    pos = e + 1;
+  }
+  return n;
+}
+
+void expect_error(const Run& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.out;
+  EXPECT_EQ(count_lines_starting(r.out, "error: "), 1) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in: " << r.out;
+}
+
+void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(p.c_str(), "wb");
+  gzwrite(f, bytes.data(), unsigned(bytes.size()));
+  gzclose(f);
+}
+
+std::vector<uint8_t> be32(uint32_t v) {
+  return {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+}
+
+// A tiny IDX dataset of n 4x4 images; `mutate` may corrupt it.
+fs::path make_idx(const std::string& name, int n, uint32_t img_magic = 0x803, int bad_label = -1,
+                  int drop_bytes = 0) {
+  fs::path dir = fs::temp_directory_path() / ("spotrain_cli_" + name);
+  fs::create_directories(dir);
+  for (std::string split : {"train", "t10k"}) {
+    std::vector<uint8_t> img = be32(img_magic), lab = be32(0x801);
+    for (auto v : {be32(n), be32(4), be32(4)}) img.insert(img.end(), v.begin(), v.end());
+    auto c = be32(n);
+    lab.insert(lab.end(), c.begin(), c.end());
+    for (int i = 0; i < n * 16; ++i) img.push_back(uint8_t(i * 7));
+    for (int i = 0; i < n; ++i) lab.push_back(uint8_t(i == 1 && bad_label >= 0 ? bad_label : i % 10));
+    img.resize(img.size() - drop_bytes);
+    write_gz(dir / (split + "-images-idx3-ubyte.gz"), img);
+    write_gz(dir / (split + "-labels-idx1-ubyte.gz"), lab);
+  }
+  return dir;
+}
+
+}  // namespace
+
+TEST(Cli, MissingDataset) {
+  expect_error(run("train --data fashion-mnist:/nonexistent/fmnist --steps 1"), 1, "/nonexistent/fmnist");
+}
+
+TEST(Cli, WrongMagic) {
+  auto d = make_idx("magic", 20, 0x1234);
+  expect_error(run("train --data fashion-mnist:" + d.string() + " --steps 1"), 1, "magic");
+}
+
+TEST(Cli, TruncatedFile) {
+  auto d = make_idx("trunc", 20, 0x803, -1, 100);
+  expect_error(run("train --data fashion-mnist:" + d.string() + " --steps 1"), 1, "truncated");
+}
+
+TEST(Cli, LabelOutOfRange) {
+  auto d = make_idx("label", 20, 0x803, 42);
+  expect_error(run("train --data fashion-mnist:" + d.string() + " --steps 1"), 1, "label 42");
+}
+
+TEST(Cli, UnknownModel) {
+  expect_error(run("train --model resnet7 --data synthetic --steps 1"), 1, "unknown model 'resnet7'");
+}
+
+TEST(Cli, ZeroBatchSize) {
+  expect_error(run("train --data synthetic --batch-size 0 --steps 1"), 1, "--batch-size");
+}
+
+TEST(Cli, BatchLargerThanDataset) {
+  auto d = make_idx("small", 20);
+  expect_error(run("train --data fashion-mnist:" + d.string() + " --batch-size 64 --steps 1"), 1,
+               "larger than the");
+}
+
+TEST(Cli, NegativeLearningRate) {
+  expect_error(run("train --data synthetic --lr -0.1 --steps 1"), 1, "--lr");
+}
+
+TEST(Cli, UnknownFlagIsACommandLineError) {
+  expect_error(run("train --no-such-flag 3"), 2, "no-such-flag");
+}
+
+TEST(Cli, MissingSubcommandIsACommandLineError) {
+  Run r = run("");
+  EXPECT_EQ(r.code, 2) << r.out;
+}
+
+TEST(Cli, HelpSucceeds) {
+  Run r = run("train --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--batch-size"), std::string::npos);
+}
+
+TEST(Cli, UnavailableDeviceIsAClearError) {
+  expect_error(run("train --data synthetic --device tpu --steps 1"), 1, "unknown device 'tpu'");
+}
+
+TEST(Cli, TrainsOnTinyDataAndWritesMetrics) {
+  auto d = make_idx("ok", 40);
+  fs::path m = fs::temp_directory_path() / "spotrain_cli_metrics.jsonl";
+  fs::remove(m);
+  fs::path ck = fs::temp_directory_path() / "spotrain_cli_ckpt";
+  fs::remove_all(ck);
+  Run r = run("train --data fashion-mnist:" + d.string() + " --batch-size 8 --epochs 1 --metrics " +
+              m.string() + " --log-every 2 --ckpt-dir " + ck.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(m);
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(f, line)) {
+    ++lines;
+    last = line;
+  }
+  EXPECT_GE(lines, 3);  // 5 steps logged every 2 + the epoch line
+  EXPECT_NE(last.find("\"test_top1\""), std::string::npos) << last;
+  EXPECT_NE(last.find("\"images_per_sec\""), std::string::npos) << last;
+  // The final checkpoint exists and `eval` reproduces the trainer's own test accuracy.
+  ASSERT_TRUE(fs::exists(ck / "ckpt-00000005.h5")) << r.out;
+  std::string top1 = r.out.substr(r.out.rfind("test top-1 ") + 11);
+  top1 = top1.substr(0, top1.find('%'));
+  Run e = run("eval --ckpt " + ck.string() + " --data fashion-mnist:" + d.string());
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("top-1 " + top1 + "%"), std::string::npos) << e.out << " vs " << top1;
+}
+
+TEST(Cli, EvalRejectsMissingAndCorruptCheckpoints) {
+  expect_error(run("eval --ckpt /nonexistent/ckpt.h5 --data synthetic"), 1, "does not exist");
+  fs::path bad = fs::temp_directory_path() / "spotrain_cli_bad.h5";
+  std::ofstream(bad) << "not an hdf5 file";
+  expect_error(run("eval --ckpt " + bad.string() + " --data synthetic"), 1, "not an HDF5 file");
+}
+
+TEST(Cli, UnwritableCheckpointDirectoryFailsAtStart) {
+  expect_error(run("train --data synthetic --steps 1 --ckpt-dir /proc/spotrain"), 1, "not writable");
+}
