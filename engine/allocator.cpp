@@ -1,57 +1,102 @@
 // Caching allocator implementation (see allocator.h).
 #include "engine/allocator.h"
 
-#include <cstdio>
+#include <sys/mman.h>
+
 #include <cstdlib>
-#include <new>
+#include <iterator>
 
 #include "engine/error.h"
 
 namespace spotrain {
 
 namespace {
+// Large host blocks come straight from mmap and go back with munmap, so memory the cache
+// gives up really leaves the process (glibc's heap would keep it resident).
 void* host_alloc(size_t bytes) {
-  void* p = std::aligned_alloc(64, bytes);
-  return p;
+  if (bytes < Allocator::kLargeBlock) return std::aligned_alloc(64, (bytes + 63) & ~size_t(63));
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? nullptr : m;
 }
-void host_free(void* p) { std::free(p); }
+void host_free(void* p, size_t bytes) {
+  if (bytes < Allocator::kLargeBlock) std::free(p);
+  else munmap(p, bytes);
+}
 }  // namespace
 
-Allocator::Allocator(Device device, Raw raw) : device_(device), raw_(raw) {
-  if (!raw_.alloc) raw_ = Raw{host_alloc, host_free};
-}
+Allocator::Allocator(Device device) : Allocator(device, Raw{host_alloc, host_free, true}) {}
+
+Allocator::Allocator(Device device, Raw raw) : device_(device), raw_(raw) {}
 
 Allocator::~Allocator() { release_cached(); }
 
 size_t Allocator::round_size(size_t bytes) {
   if (bytes == 0) bytes = 1;
-  // Small blocks to 512 bytes; large ones to 1/8 of their power of two, so reuse works
-  // for tensors of slightly different sizes without wasting more than 12.5%.
-  if (bytes <= (1u << 20)) return (bytes + 511) & ~size_t(511);
-  size_t p = size_t(1) << (63 - __builtin_clzll(bytes));
-  size_t step = p / 8;
-  return (bytes + step - 1) / step * step;
+  // Small blocks to 512 bytes, large ones to 64 KiB (page-aligned pieces).
+  if (bytes < kLargeBlock) return (bytes + 511) & ~size_t(511);
+  return (bytes + 65535) & ~size_t(65535);
+}
+
+void* Allocator::take_large(size_t sz) {
+  auto it = large_by_size_.lower_bound({sz, nullptr});
+  if (it == large_by_size_.end()) return nullptr;
+  if (!raw_.splittable && it->first != sz) return nullptr;
+  auto [bsize, addr] = *it;
+  large_by_size_.erase(it);
+  large_free_.erase(addr);
+  stats_.cached_bytes -= bsize;
+  if (bsize > sz) {  // keep the tail cached
+    char* rest = addr + sz;
+    large_free_.emplace(rest, bsize - sz);
+    large_by_size_.emplace(bsize - sz, rest);
+    stats_.cached_bytes += bsize - sz;
+  }
+  return addr;
+}
+
+void Allocator::give_large(char* p, size_t sz) {
+  if (raw_.splittable) {
+    auto next = large_free_.find(p + sz);
+    if (next != large_free_.end()) {
+      large_by_size_.erase({next->second, next->first});
+      sz += next->second;
+      large_free_.erase(next);
+    }
+    auto prev = large_free_.lower_bound(p);
+    if (prev != large_free_.begin()) {
+      --prev;
+      if (prev->first + prev->second == p) {
+        large_by_size_.erase({prev->second, prev->first});
+        p = prev->first;
+        sz += prev->second;
+        large_free_.erase(prev);
+      }
+    }
+  }
+  large_free_.emplace(p, sz);
+  large_by_size_.emplace(sz, p);
 }
 
 void* Allocator::allocate(size_t bytes) {
   size_t sz = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* p = nullptr;
-  auto it = free_.find(sz);
-  if (it != free_.end()) {
+  if (sz >= kLargeBlock) {
+    p = take_large(sz);
+  } else if (auto it = small_free_.find(sz); it != small_free_.end()) {
     p = it->second;
-    free_.erase(it);
-  } else {
+    small_free_.erase(it);
+    stats_.cached_bytes -= sz;
+  }
+  if (!p) {
     p = raw_.alloc(sz);
     if (!p) {
       // Give the cache back to the system and try once more before failing.
-      for (auto& kv : free_) raw_.free(kv.second);
-      for (auto& kv : free_) stats_.reserved_bytes -= kv.first;
-      free_.clear();
+      trim_locked(0);
       p = raw_.alloc(sz);
       if (!p)
-        SPOTRAIN_THROW("out of ", device_name(device_), " memory allocating ", sz,
-                       " bytes (", stats_.current_bytes,
+        SPOTRAIN_THROW("out of ", device_name(device_), " memory allocating ", sz, " bytes (",
+                       stats_.current_bytes,
                        " in use); reduce --batch-size or use --grad-checkpoint");
     }
     stats_.reserved_bytes += sz;
@@ -67,16 +112,40 @@ void Allocator::deallocate(void* p, size_t bytes) {
   size_t sz = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.current_bytes -= sz;
-  free_.emplace(sz, p);
+  stats_.cached_bytes += sz;
+  if (sz >= kLargeBlock) give_large(static_cast<char*>(p), sz);
+  else small_free_.emplace(sz, p);
+  if (stats_.cached_bytes > cache_limit_) trim_locked(cache_limit_);
+}
+
+void Allocator::trim_locked(size_t limit) {
+  while (stats_.cached_bytes > limit && !small_free_.empty()) {
+    auto it = std::prev(small_free_.end());
+    raw_.free(it->second, it->first);
+    stats_.reserved_bytes -= it->first;
+    stats_.cached_bytes -= it->first;
+    small_free_.erase(it);
+  }
+  while (stats_.cached_bytes > limit && !large_by_size_.empty()) {
+    auto it = std::prev(large_by_size_.end());  // largest first
+    auto [sz, addr] = *it;
+    raw_.free(addr, sz);
+    stats_.reserved_bytes -= sz;
+    stats_.cached_bytes -= sz;
+    large_free_.erase(addr);
+    large_by_size_.erase(it);
+  }
+}
+
+void Allocator::set_cache_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_limit_ = bytes;
+  trim_locked(bytes);
 }
 
 void Allocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& kv : free_) {
-    raw_.free(kv.second);
-    stats_.reserved_bytes -= kv.first;
-  }
-  free_.clear();
+  trim_locked(0);
 }
 
 AllocatorStats Allocator::stats() const {

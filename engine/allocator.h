@@ -1,12 +1,14 @@
-// Caching allocator: one per device. Freed blocks are kept in size-class free lists and
-// reused, so a training step allocates nothing from the system after the first steps.
-// It reports current and peak bytes in use, the figure `bench` prints as peak memory.
+// Caching allocator: one per device. Freed blocks stay cached and are reused, so after the
+// first steps a training step asks the system for nothing. Small blocks are reused by exact
+// size; large blocks (>= 1 MiB) come from page-aligned regions that are split best-fit and
+// coalesced with free neighbours on release, so the memory held stays close to the true
+// peak of live tensors. It reports current and peak bytes in use (`bench` prints them).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <vector>
+#include <set>
 
 #include "engine/dtype.h"
 
@@ -16,18 +18,21 @@ struct AllocatorStats {
   size_t current_bytes = 0;   // bytes handed out and not yet returned
   size_t peak_bytes = 0;      // maximum of current_bytes since the last reset_peak()
   size_t reserved_bytes = 0;  // bytes held from the system (in use + cached)
+  size_t cached_bytes = 0;    // bytes held but not in use
   size_t system_allocs = 0;   // calls that reached the system allocator
 };
 
 class Allocator {
  public:
-  // Raw system allocation for this device: host memory (64-byte aligned) by default;
-  // a device backend overrides these with its own calls (cudaMalloc / cudaFree).
+  // Raw system memory for this device. `splittable` says any page-aligned sub-range of an
+  // allocation may be freed on its own and neighbouring allocations may be merged (true
+  // for host mmap; a device allocator that must free what it allocated sets it false).
   struct Raw {
     void* (*alloc)(size_t bytes);
-    void (*free)(void* p);
+    void (*free)(void* p, size_t bytes);
+    bool splittable;
   };
-  explicit Allocator(Device device) : Allocator(device, Raw{nullptr, nullptr}) {}
+  explicit Allocator(Device device);  // host memory
   Allocator(Device device, Raw raw);
   ~Allocator();
   Allocator(const Allocator&) = delete;
@@ -37,6 +42,8 @@ class Allocator {
   void deallocate(void* p, size_t bytes);
   // Returns every cached (unused) block to the system.
   void release_cached();
+  // At most this many free bytes stay cached (default: no limit).
+  void set_cache_limit(size_t bytes);
 
   AllocatorStats stats() const;
   void reset_peak();
@@ -45,13 +52,22 @@ class Allocator {
   // The process-wide host allocator.
   static Allocator& host();
 
+  static constexpr size_t kLargeBlock = size_t(1) << 20;
+
  private:
   static size_t round_size(size_t bytes);
+  void* take_large(size_t sz);
+  void give_large(char* p, size_t sz);
+  void trim_locked(size_t limit);
+
   Device device_;
   Raw raw_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // rounded size -> cached block
+  std::multimap<size_t, void*> small_free_;         // size -> block (exact-size reuse)
+  std::map<char*, size_t> large_free_;              // address -> size (for coalescing)
+  std::set<std::pair<size_t, char*>> large_by_size_;  // (size, address) for best fit
   AllocatorStats stats_;
+  size_t cache_limit_ = SIZE_MAX;
 };
 
 }  // namespace spotrain

@@ -114,7 +114,8 @@ int run_bench(const BenchOptions& o) {
                fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
                "  comm_exposed 0  optimizer ", fmt_fixed(percentile(opt_s, 0.5), 4)));
   log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
-               " GiB in tensors, ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS"));
+               " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
+               " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS"));
   if (o.price_per_hour > 0) {
     double secs = 90.0 * 1281167.0 / med;
     log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
