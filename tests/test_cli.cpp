@@ -14,14 +14,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
+struct CmdResult {
   int code = -1;
   std::string out;
 };
 
-Run run(const std::string& args) {
+CmdResult run(const std::string& args) {
   std::string cmd = std::string(SPOTRAIN_BIN) + " " + args + " 2>&1";
-  Run r;
+  CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   size_t n;
@@ -43,7 +43,7 @@ int count_lines_starting(const std::string& s, const std::string& prefix) {
   return n;
 }
 
-void expect_error(const Run& r, int code, const std::string& needle) {
+void expect_error(const CmdResult& r, int code, const std::string& needle) {
   EXPECT_EQ(r.code, code) << r.out;
   EXPECT_EQ(count_lines_starting(r.out, "error: "), 1) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in: " << r.out;
@@ -122,12 +122,12 @@ TEST(Cli, UnknownFlagIsACommandLineError) {
 }
 
 TEST(Cli, MissingSubcommandIsACommandLineError) {
-  Run r = run("");
+  CmdResult r = run("");
   EXPECT_EQ(r.code, 2) << r.out;
 }
 
 TEST(Cli, HelpSucceeds) {
-  Run r = run("train --help");
+  CmdResult r = run("train --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--batch-size"), std::string::npos);
 }
@@ -142,7 +142,7 @@ TEST(Cli, TrainsOnTinyDataAndWritesMetrics) {
   fs::remove(m);
   fs::path ck = fs::temp_directory_path() / "spotrain_cli_ckpt";
   fs::remove_all(ck);
-  Run r = run("train --data fashion-mnist:" + d.string() + " --batch-size 8 --epochs 1 --metrics " +
+  CmdResult r = run("train --data fashion-mnist:" + d.string() + " --batch-size 8 --epochs 1 --metrics " +
               m.string() + " --log-every 2 --ckpt-dir " + ck.string());
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream f(m);
@@ -159,7 +159,7 @@ TEST(Cli, TrainsOnTinyDataAndWritesMetrics) {
   ASSERT_TRUE(fs::exists(ck / "ckpt-00000005.h5")) << r.out;
   std::string top1 = r.out.substr(r.out.rfind("test top-1 ") + 11);
   top1 = top1.substr(0, top1.find('%'));
-  Run e = run("eval --ckpt " + ck.string() + " --data fashion-mnist:" + d.string());
+  CmdResult e = run("eval --ckpt " + ck.string() + " --data fashion-mnist:" + d.string());
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_NE(e.out.find("top-1 " + top1 + "%"), std::string::npos) << e.out << " vs " << top1;
 }
@@ -173,4 +173,16 @@ TEST(Cli, EvalRejectsMissingAndCorruptCheckpoints) {
 
 TEST(Cli, UnwritableCheckpointDirectoryFailsAtStart) {
   expect_error(run("train --data synthetic --steps 1 --ckpt-dir /proc/spotrain"), 1, "not writable");
+}
+
+TEST(Cli, ConfigFileSetsOptionsAndFlagsOverrideIt) {
+  fs::path c = fs::temp_directory_path() / "spotrain_cli_config.toml";
+  std::ofstream(c) << "[train]\nmodel = \"resnet20\"\ndata = \"synthetic\"\ntrain-limit = 64\n"
+                      "steps = 2\nbatch-size = 32\nlog-every = 1\nckpt-dir = \"\"\n";
+  CmdResult r = run("train --config " + c.string() + " --batch-size 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("batch 16"), std::string::npos) << r.out;      // flag wins
+  EXPECT_NE(r.out.find("step 2/2"), std::string::npos) << r.out;      // file's steps
+  EXPECT_NE(r.out.find("64 train"), std::string::npos) << r.out;      // file's limit
+  expect_error(run("train --config /nonexistent/spotrain.toml"), 2, "spotrain.toml");
 }

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -111,7 +113,7 @@ int run_eval(const EvalOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{"spotrain: data-parallel ResNet training that survives spot interruptions"};
   app.require_subcommand(1);
-  app.set_config("--config", "", "read options from a TOML/INI file");
+  app.set_config("--config", "", "read options from a TOML/INI file ([train] / [bench] sections)");
 
   spotrain::RunConfig cfg;
   auto* train = app.add_subcommand("train", "train a model");
@@ -148,8 +150,24 @@ int main(int argc, char** argv) {
                     "USD per hour: estimate the cost of a 90-epoch ImageNet run");
   bench->add_option("--seed", bo.seed, "random seed");
 
+  // `--config FILE` is an option of the whole program (its [train] / [bench] sections hold
+  // each subcommand's keys); accept it after the subcommand too by moving it to the front.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) args.push_back(argv[i]);  // CLI11 wants reverse order
+  for (size_t i = args.size(); i-- > 0;) {
+    std::string a = args[i];
+    if (a.rfind("--config=", 0) == 0) {
+      args.erase(args.begin() + long(i));
+      args.push_back(a);
+    } else if (a == "--config" && i > 0) {
+      std::string v = args[i - 1];
+      args.erase(args.begin() + long(i) - 1, args.begin() + long(i) + 1);
+      args.push_back(v);
+      args.push_back(a);
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

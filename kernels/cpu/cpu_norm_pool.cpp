@@ -164,7 +164,9 @@ Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Ten
     });
     e.have_bwd = true;
   }
-  Tensor dx = alloc_blocked(allocator(), x.shape());
+  // diff_src follows md_of(x): the gradient takes the input's layout (NHWC stays NHWC).
+  Tensor dx = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
+                                            : Tensor(x.shape(), DType::f32, allocator(), x.layout());
   Tensor hdy;
   memory ddst = as_desc(dy, e.bwd_pd.diff_dst_desc(), hdy);
   DNNL_CHECK(e.bwd.execute(
