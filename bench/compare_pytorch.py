@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Side-by-side training-step throughput and peak memory: spotrain vs PyTorch (CPU).
 
-For each case it runs `spotrain bench` and a PyTorch worker (this script re-invoked with
---torch-worker, one subprocess per measurement so peak RSS is separate), both with the same
-thread count, batch, image size and precision, and prints images/s and peak RSS with the
-ratios ours / PyTorch. See bench/README.md for command lines.
+For each case it runs `spotrain bench` and a PyTorch worker per memory layout (this script
+re-invoked with --torch-worker, one subprocess per measurement so peak RSS is separate): the
+default contiguous NCHW format and channels_last, since which one is faster depends on the
+PyTorch build and CPU. All runs use the same thread count, batch, image size and precision.
+It prints images/s and peak RSS for every run, the ratio ours / fastest PyTorch layout, and
+the memory ratio against that same (fastest) PyTorch run. See bench/README.md.
 """
 
 import argparse
@@ -27,6 +29,10 @@ CASES = {
     "resnet50": dict(model="resnet50", image_size=224, channels=3, batch_size=32, num_classes=1000),
     "fmnist": dict(model="resnet20", image_size=28, channels=1, batch_size=128, num_classes=10),
 }
+
+
+# PyTorch memory layouts: CLI name -> short label for the table
+LAYOUTS = {"nchw": "NCHW", "channels_last": "CL"}
 
 
 def log(msg):
@@ -54,13 +60,14 @@ def torch_worker(a):
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    tag = f"torch {a.model} {a.precision}"
+    tag = f"torch {a.model} {a.precision} {a.memory_format}"
 
     model = build(a.model, num_classes=a.num_classes, in_channels=a.channels)
-    model = model.to(memory_format=torch.channels_last)
-    model.train()
     x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size)
-    x = x.contiguous(memory_format=torch.channels_last)
+    if a.memory_format == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    model.train()
     y = torch.randint(0, a.num_classes, (a.batch_size,))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
     crit = torch.nn.CrossEntropyLoss()
@@ -102,6 +109,7 @@ def torch_worker(a):
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "threads": torch.get_num_threads(),
+        "memory_format": a.memory_format,
         "torch_version": torch.__version__,
     }
     print(json.dumps(result), flush=True)
@@ -127,17 +135,23 @@ def run_child(cmd, env, stdout):
 def child_env(threads):
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
+    # Some machines here pin OpenBLAS to an older core type (OPENBLAS_CORETYPE, with
+    # OPENBLAS_L2_SIZE) for old numpy builds; that slows PyTorch's BLAS paths, so both
+    # are unset for the measured processes. Neither affects spotrain (oneDNN).
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OPENBLAS_L2_SIZE", None)
     return env
 
 
-def run_torch(case, a):
+def run_torch(case, a, layout):
     c = CASES[case]
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker",
            "--model", c["model"], "--batch-size", str(c["batch_size"]),
            "--image-size", str(c["image_size"]), "--channels", str(c["channels"]),
            "--num-classes", str(c["num_classes"]), "--steps", str(a.steps),
-           "--warmup", str(a.warmup), "--threads", str(a.threads), "--precision", a.precision]
-    log(f"PyTorch {case} {a.precision}: starting worker")
+           "--warmup", str(a.warmup), "--threads", str(a.threads), "--precision", a.precision,
+           "--memory-format", layout]
+    log(f"PyTorch {case} {a.precision} {layout}: starting worker")
     with tempfile.TemporaryFile(mode="w+") as out:
         rc, rss = run_child(cmd, child_env(a.threads), out)
         out.seek(0)
@@ -206,44 +220,69 @@ def ips_spec(v):
     return ".2f" if v is not None and v < 10 else ".1f"
 
 
-def rows_for(results):
+def fastest_torch(r):
+    """(layout, result) of the PyTorch run with the highest images/s for this case, or (None, {})."""
+    ok = [(l, t) for l, t in r["torch"].items() if t and t.get("images_per_sec")]
+    return max(ok, key=lambda lt: lt[1]["images_per_sec"]) if ok else (None, {})
+
+
+def ratio_cell(v, best_layout):
+    return "n/a" if v is None else f"{v:.2f}x ({LAYOUTS[best_layout]})"
+
+
+def header_for(layouts):
+    return (["case", "precision", "ours img/s"]
+            + [f"torch {LAYOUTS[l]} img/s" for l in layouts]
+            + ["ratio vs best torch", "ours peak RSS (GiB)"]
+            + [f"torch {LAYOUTS[l]} RSS (GiB)" for l in layouts]
+            + ["mem ratio vs fastest torch"])
+
+
+def rows_for(results, layouts):
     rows = []
     for r in results:
-        ours, torch_ = r["ours"] or {}, r["torch"] or {}
-        oi, ti = ours.get("images_per_sec"), torch_.get("images_per_sec")
-        om, tm = ours.get("peak_rss_bytes"), torch_.get("peak_rss_bytes")
-        rows.append([
-            r["case"], r["precision"],
-            fmt(oi, ips_spec(oi)), fmt(ti, ips_spec(ti)), fmt(ratio(oi, ti), ".2f") + ("x" if oi and ti else ""),
-            fmt(om / GIB if om else None, ".2f"), fmt(tm / GIB if tm else None, ".2f"),
-            fmt(ratio(om, tm), ".2f") + ("x" if om and tm else ""),
-        ])
+        ours = r["ours"] or {}
+        oi, om = ours.get("images_per_sec"), ours.get("peak_rss_bytes")
+        runs = [r["torch"].get(l) or {} for l in layouts]
+        tis = [t.get("images_per_sec") for t in runs]
+        tms = [t.get("peak_rss_bytes") for t in runs]
+        best = r.get("best_torch_layout")
+        rows.append(
+            [r["case"], r["precision"], fmt(oi, ips_spec(oi))]
+            + [fmt(ti, ips_spec(ti)) for ti in tis]
+            + [ratio_cell(r.get("images_per_sec_ratio"), best),
+               fmt(om / GIB if om else None, ".2f")]
+            + [fmt(tm / GIB if tm else None, ".2f") for tm in tms]
+            + [ratio_cell(r.get("peak_rss_ratio"), best)])
     return rows
 
 
-HEADER = ["case", "precision", "ours img/s", "torch img/s", "ratio",
-          "ours peak RSS (GiB)", "torch peak RSS (GiB)", "mem ratio"]
-
-
-def print_table(results):
-    rows = rows_for(results)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
+def print_table(results, layouts):
+    header, rows = header_for(layouts), rows_for(results, layouts)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))
-    print(line(HEADER))
+    print(line(header))
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print(line(r))
 
 
-def print_markdown(results, meta):
+def layouts_text(layouts):
+    names = {"nchw": "NCHW (default contiguous)", "channels_last": "channels_last"}
+    return " and ".join(names[l] for l in layouts)
+
+
+def print_markdown(results, meta, layouts):
+    header = header_for(layouts)
     print()
     print(f"<!-- bench/compare_pytorch.py, {meta['date']}: {meta['cpu']}, {meta['threads']} threads, "
           f"{meta['steps']} timed steps after {meta['warmup']} warmup, median; "
-          f"PyTorch {meta['torch_version']}, channels_last -->")
-    print("| " + " | ".join(HEADER) + " |")
-    print("|" + "|".join(["---", "---"] + ["---:"] * (len(HEADER) - 2)) + "|")
-    for r in rows_for(results):
+          f"PyTorch {meta['torch_version']}, layouts run: {layouts_text(layouts)}; "
+          f"ratios are ours / the fastest PyTorch layout (named in brackets) -->")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---", "---"] + ["---:"] * (len(header) - 2)) + "|")
+    for r in rows_for(results, layouts):
         print("| " + " | ".join(r) + " |")
 
 
@@ -274,6 +313,9 @@ def main(argv=None):
                     + " (default: both)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="fp32, or bf16 (PyTorch: torch.autocast('cpu', dtype=torch.bfloat16))")
+    ap.add_argument("--torch-layouts", metavar="LIST", default=",".join(LAYOUTS),
+                    help="comma list of PyTorch memory layouts to measure, each in its own process: "
+                         "nchw (default contiguous format), channels_last (default: both)")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table for docs/PERFORMANCE.md")
     ap.add_argument("--json-out", metavar="FILE", help="write all results as JSON to FILE")
     # hidden worker mode: one PyTorch measurement, JSON on stdout
@@ -283,6 +325,7 @@ def main(argv=None):
     ap.add_argument("--image-size", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--channels", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--num-classes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--memory-format", choices=list(LAYOUTS), default="nchw", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.threads < 1 or a.steps < 1 or a.warmup < 0:
@@ -296,6 +339,12 @@ def main(argv=None):
     bad = [c for c in cases if c not in CASES]
     if bad or not cases:
         ap.error(f"unknown case(s) {', '.join(bad) or '(none)'}; choose from {', '.join(CASES)}")
+    asked = [l.strip() for l in a.torch_layouts.split(",") if l.strip()]
+    bad = [l for l in asked if l not in LAYOUTS]
+    if bad or not asked:
+        ap.error(f"unknown layout(s) {', '.join(bad) or '(none)'} in --torch-layouts; "
+                 f"choose from {', '.join(LAYOUTS)}")
+    layouts = [l for l in LAYOUTS if l in asked]  # fixed column order, no duplicates
 
     failed = False
     binary = find_binary(a.spotrain)
@@ -307,7 +356,8 @@ def main(argv=None):
     results = []
     torch_version = None
     for case in cases:
-        r = {"case": case, "precision": a.precision, **CASES[case], "ours": None, "torch": None}
+        r = {"case": case, "precision": a.precision, **CASES[case], "ours": None,
+             "torch": {l: None for l in layouts}}
         if binary:
             r["ours"], err = run_ours(case, a, binary)
             if err:
@@ -318,28 +368,36 @@ def main(argv=None):
                     f"peak RSS {r['ours']['peak_rss_bytes'] / GIB:.2f} GiB")
         else:
             r["ours_error"] = f"binary not found: {a.spotrain}"
-        r["torch"], err = run_torch(case, a)
-        if err:
-            log(f"ERROR: {case}: {err}")
-            r["torch_error"], failed = err, True
-        else:
-            torch_version = r["torch"].get("torch_version")
-            log(f"PyTorch {case}: {r['torch']['images_per_sec']:.1f} img/s, "
-                f"peak RSS {r['torch']['peak_rss_bytes'] / GIB:.2f} GiB")
-        r["images_per_sec_ratio"] = ratio((r["ours"] or {}).get("images_per_sec"),
-                                          (r["torch"] or {}).get("images_per_sec"))
-        r["peak_rss_ratio"] = ratio((r["ours"] or {}).get("peak_rss_bytes"),
-                                    (r["torch"] or {}).get("peak_rss_bytes"))
+        for layout in layouts:
+            r["torch"][layout], err = run_torch(case, a, layout)
+            if err:
+                log(f"ERROR: {case} {layout}: {err}")
+                r.setdefault("torch_errors", {})[layout], failed = err, True
+            else:
+                t = r["torch"][layout]
+                torch_version = t.get("torch_version")
+                log(f"PyTorch {case} {layout}: {t['images_per_sec']:.1f} img/s, "
+                    f"peak RSS {t['peak_rss_bytes'] / GIB:.2f} GiB")
+        ours = r["ours"] or {}
+        best, bt = fastest_torch(r)
+        r["best_torch_layout"] = best
+        # headline ratios: ours / the fastest PyTorch layout (speed), and ours / that same run (memory)
+        r["images_per_sec_ratio"] = ratio(ours.get("images_per_sec"), bt.get("images_per_sec"))
+        r["peak_rss_ratio"] = ratio(ours.get("peak_rss_bytes"), bt.get("peak_rss_bytes"))
+        r["ratios_by_layout"] = {
+            l: {"images_per_sec_ratio": ratio(ours.get("images_per_sec"), (t or {}).get("images_per_sec")),
+                "peak_rss_ratio": ratio(ours.get("peak_rss_bytes"), (t or {}).get("peak_rss_bytes"))}
+            for l, t in r["torch"].items()}
         results.append(r)
 
     meta = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "cores": os.cpu_count(),
             "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "precision": a.precision,
-            "torch_version": torch_version, "spotrain": binary or a.spotrain}
-    print_table(results)
+            "torch_version": torch_version, "torch_layouts": layouts, "spotrain": binary or a.spotrain}
+    print_table(results, layouts)
     if binary is None:
         print(f"\nspotrain binary not found at {a.spotrain!r}: only PyTorch numbers above.")
     if a.markdown:
-        print_markdown(results, meta)
+        print_markdown(results, meta, layouts)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "engine/precision.h"
 
 namespace spotrain {
 
@@ -22,8 +23,9 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
   SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
   SPOTRAIN_CHECK(log_every >= 1, "--log-every must be at least 1");
-  SPOTRAIN_CHECK(precision == "fp32" || precision == "tf32",
-                 "--precision ", precision, " is not available in this build yet; use fp32");
+  parse_precision(precision);
+  SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);
+  SPOTRAIN_CHECK(max_overflow_steps > 0, "--max-overflow-steps must be positive");
 }
 
 std::string RunConfig::to_json() const {
@@ -46,6 +48,8 @@ std::string RunConfig::to_json() const {
                    {"zero_init_residual", zero_init_residual},
                    {"grad_checkpoint", grad_checkpoint},
                    {"precision", precision},
+                   {"loss_scale", loss_scale},
+                   {"max_overflow_steps", max_overflow_steps},
                    {"seed", seed},
                    {"deterministic", deterministic},
                    {"device", device},

@@ -27,7 +27,9 @@ struct RunConfig {
   std::string lr_schedule = "cosine";
   bool zero_init_residual = false;
   std::string grad_checkpoint = "none";
-  std::string precision = "fp32";
+  std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16
+  double loss_scale = 0;            // fp16: 0 = dynamic, > 0 = static scale
+  int64_t max_overflow_steps = 50;  // fp16: stop after this many overflowed steps in a row
   // execution
   uint64_t seed = 0;
   bool deterministic = false;

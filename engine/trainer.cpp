@@ -79,7 +79,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   bo.threads = cfg_.threads;
   bo.deterministic = cfg_.deterministic;
   backend_ = make_backend(cfg_.device, bo);
-  if (cfg_.precision == "tf32" && backend_->device() == Device::cpu)
+  if (cfg_.precision == "tf32" && backend_->device() == Device::cpu)  // said once, at start
     log_info("note: tf32 is a GPU math mode; on the CPU it computes in fp32");
   ResNetOptions ro;
   ro.arch = cfg_.model;
@@ -95,6 +95,16 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   so.weight_decay = cfg_.weight_decay;
   so.decay_bn_and_bias = cfg_.decay_bn_and_bias;
   sgd_ = std::make_unique<Sgd>(*model_, so);
+  Precision prec = parse_precision(cfg_.precision);
+  LossScalerOptions lso;
+  lso.enabled = prec == Precision::fp16;
+  lso.static_scale = cfg_.loss_scale;
+  lso.max_consecutive_overflows = cfg_.max_overflow_steps;
+  scaler_ = std::make_unique<LossScaler>(lso);
+  runner_ = std::make_unique<StepRunner>(*model_, *sgd_, *scaler_, prec);
+  if (prec == Precision::fp16 && backend_->device() == Device::cpu)
+    log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
+             "scaling). bf16 is the fast CPU choice.");
   if (!cfg_.ckpt_dir.empty()) {
     // Fail now, not after hours of training, when checkpoints cannot be written.
     std::error_code ec;
@@ -117,7 +127,7 @@ Trainer::~Trainer() {
 }
 
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size) {
+                          int64_t batch_size, DType compute) {
   io::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.train = false;
@@ -130,7 +140,7 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
   int64_t top1 = 0, top5 = 0;
   Backend& be = model.backend();
   while (loader.next(b)) {
-    Tensor logits = model.forward(be.upload_images(b.images), /*training=*/false);
+    Tensor logits = model.forward(be.upload_images(b.images, compute), /*training=*/false);
     LossResult l = be.softmax_xent(logits, b.labels.data(), 0.f, 1.f, nullptr);
     int64_t n = int64_t(b.labels.size());
     loss_sum += l.loss * double(n);
@@ -147,7 +157,7 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
 }
 
 EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
-  return evaluate_model(*model_, data, data_.kind, batch_size);
+  return evaluate_model(*model_, data, data_.kind, batch_size, runner_->compute_dtype());
 }
 
 TrainResult Trainer::run() {
@@ -186,15 +196,8 @@ TrainResult Trainer::run() {
     double win_t0 = now_seconds(), ep_t0 = win_t0;
     while (step < total_steps && loader.next(b)) {
       float lr = sched.at(step);
-      Tensor x = backend_->upload_images(b.images);
-      Tensor logits = model_->forward(x, /*training=*/true);
-      Tensor dlogits;
-      LossResult l = backend_->softmax_xent(logits, b.labels.data(), cfg_.label_smoothing, 1.f,
-                                            &dlogits);
-      SPOTRAIN_CHECK(std::isfinite(l.loss), "loss became ", l.loss, " at step ", step,
-                     "; lower --lr or check the data");
-      model_->backward(dlogits);
-      sgd_->step(lr);
+      StepResult sr = runner_->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
+      const LossResult& l = sr.loss;
       ++step;
       int64_t n = int64_t(b.labels.size());
       win_loss += l.loss * double(n);
@@ -212,12 +215,19 @@ TrainResult Trainer::run() {
         log_info(str("epoch ", epoch + 1, "/", epochs, " step ", step, "/", total_steps,
                      " loss ", fmt_fixed(win_loss / double(win_n), 4), " acc ",
                      fmt_fixed(100.0 * double(win_correct) / double(win_n), 2), "% lr ",
-                     fmt_fixed(lr, 5), " img/s ", fmt_fixed(ips, 1), " eta ", fmt_duration(eta)));
+                     fmt_fixed(lr, 5), " img/s ", fmt_fixed(ips, 1), " eta ", fmt_duration(eta),
+                     scaler_->enabled()
+                         ? str(" scale ", scaler_->scale(), " skipped ", scaler_->state().skipped_steps)
+                         : std::string()));
         if (metrics_) {
           nlohmann::json j{{"type", "step"}, {"epoch", epoch + 1}, {"step", step},
                            {"loss", win_loss / double(win_n)},
                            {"train_top1", double(win_correct) / double(win_n)},
                            {"lr", lr}, {"images_per_sec", ips}};
+          if (scaler_->enabled()) {
+            j["loss_scale"] = scaler_->scale();
+            j["skipped_steps"] = scaler_->state().skipped_steps;
+          }
           std::fprintf(metrics_, "%s\n", j.dump().c_str());
           std::fflush(metrics_);
         }
@@ -251,6 +261,8 @@ TrainResult Trainer::run() {
   }
   res.steps = step;
   res.seconds = now_seconds() - t_start;
+  res.skipped_steps = scaler_->state().skipped_steps;
+  res.loss_scale = scaler_->scale();
   if (!cfg_.ckpt_dir.empty()) {
     char name[32];
     std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/loss_scaler.h"
+#include "engine/step.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "io/dataset.h"
@@ -24,6 +26,8 @@ struct TrainResult {
   EvalResult test;
   double images_per_sec = 0;
   double seconds = 0;
+  int64_t skipped_steps = 0;  // fp16 overflows
+  double loss_scale = 1;
   std::string checkpoint;  // path of the checkpoint written at the end ("" = none)
 };
 
@@ -43,6 +47,8 @@ class Trainer {
   EvalResult evaluate(const io::Dataset& data, int64_t batch_size);
   Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
+  Sgd& optimizer() { return *sgd_; }
+  LossScaler& scaler() { return *scaler_; }
 
  private:
   RunConfig cfg_;
@@ -50,11 +56,13 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Sgd> sgd_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<StepRunner> runner_;
   FILE* metrics_ = nullptr;
 };
 
 // Evaluates `model` over a whole dataset with fixed (non-random) transforms.
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size);
+                          int64_t batch_size, DType compute = DType::f32);
 
 }  // namespace spotrain

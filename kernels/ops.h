@@ -56,9 +56,12 @@ class Backend {
   virtual int threads() const { return 0; }
 
   // --- data movement -------------------------------------------------------------------
-  // Host NHWC fp32 batch -> the tensor the first layer takes.
-  virtual Tensor upload_images(const Tensor& host_nhwc) = 0;
-  // Any tensor -> host fp32 in canonical order (4-D: plain NCHW; others: plain).
+  // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
+  virtual Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32) = 0;
+  // Elementwise conversion to another dtype, same shape and layout (fp32 <-> bf16 <-> fp16,
+  // round to nearest even; fp16 overflows to inf exactly as on a GPU).
+  virtual Tensor cast(const Tensor& t, DType to) = 0;
+  // Any tensor (any dtype) -> host fp32 in canonical order (4-D: plain NCHW; others: plain).
   virtual Tensor to_host(const Tensor& t) = 0;
   // Host plain tensor -> device tensor of the same shape and layout (copy on every backend).
   virtual Tensor from_host(const Tensor& t) = 0;
@@ -89,6 +92,10 @@ class Backend {
   virtual void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
                                         const BnSaved& saved, float momentum, int64_t n) = 0;
 
+  // Activation ops (convolution, batch norm, pooling, ReLU, Add) take and return tensors in
+  // the compute dtype (fp32, bf16 or fp16); weight gradients, BN parameters and statistics,
+  // the pooled features, Linear and the loss stay fp32.
+
   // --- elementwise -----------------------------------------------------------------------
   virtual Tensor relu_forward(const Tensor& x) = 0;
   virtual Tensor relu_backward(const Tensor& dy, const Tensor& y) = 0;
@@ -101,7 +108,7 @@ class Backend {
   virtual Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) = 0;
   virtual Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                   const PoolParams& p) = 0;
-  // (N, C, H, W) -> (N, C) plain.
+  // (N, C, H, W) any dtype -> (N, C) plain fp32; backward returns x's dtype and layout.
   virtual Tensor global_avgpool_forward(const Tensor& x) = 0;
   virtual Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) = 0;
 
@@ -120,6 +127,9 @@ class Backend {
   // SGD with momentum (PyTorch semantics) over flat fp32 buffers, segment by segment.
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                         const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
+  // Multiplies the flat gradients by inv_scale in place and reports whether any element is
+  // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
+  virtual bool unscale_and_check(Tensor& grads, float inv_scale) = 0;
   // Called after parameters changed (optimizer step, load): cached weight copies are stale.
   virtual void weights_changed() = 0;
   virtual void synchronize() {}

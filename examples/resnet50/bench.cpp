@@ -15,6 +15,8 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/philox.h"
+#include "engine/precision.h"
+#include "engine/step.h"
 #include "layers/resnet.h"
 
 namespace spotrain {
@@ -50,8 +52,7 @@ int run_bench(const BenchOptions& o) {
   SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
-  SPOTRAIN_CHECK(o.precision == "fp32" || o.precision == "tf32",
-                 "--precision ", o.precision, " is not available in this build yet; use fp32");
+  Precision prec = parse_precision(o.precision);
   BackendOptions bo;
   bo.threads = o.threads;
   auto be = make_backend(o.device, bo);
@@ -63,6 +64,10 @@ int run_bench(const BenchOptions& o) {
   Model model(build_resnet(ro), *be);
   model.initialize(o.seed);
   Sgd sgd(model, SgdOptions{});
+  LossScalerOptions lso;
+  lso.enabled = prec == Precision::fp16;
+  LossScaler scaler(lso);
+  StepRunner runner(model, sgd, scaler, prec);
 
   // One synthetic batch generated once, as NVIDIA's reference scripts do.
   Tensor images = Tensor::host({o.batch_size, o.channels, o.image_size, o.image_size}, DType::f32,
@@ -77,31 +82,20 @@ int run_bench(const BenchOptions& o) {
                "x", o.channels, " ", o.precision, " on ", be->name(), "; ", model.summary()));
   std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
-    double t0 = now();
-    Tensor x = be->upload_images(images);
-    be->synchronize();
-    double t1 = now();
-    Tensor logits = model.forward(x, true);
-    Tensor dlogits;
-    LossResult l = be->softmax_xent(logits, labels.data(), 0.f, 1.f, &dlogits);
-    be->synchronize();
-    double t2 = now();
-    model.backward(dlogits);
-    be->synchronize();
-    double t3 = now();
-    sgd.step(0.01f);
-    be->synchronize();
-    double t4 = now();
+    StepTimes t;
+    StepResult r = runner.run(images, labels.data(), 0.01f, 0.f, &t);
+    double total = t.data + t.forward + t.backward + t.optimizer;
     bool timed = s >= o.warmup;
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
-                 fmt_fixed(t4 - t0, 3), " s, loss ", fmt_fixed(l.loss, 4), ", ",
-                 fmt_fixed(double(o.batch_size) / (t4 - t0), 2), " img/s"));
+                 fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
+                 fmt_fixed(double(o.batch_size) / total, 2), " img/s",
+                 r.overflow ? " (overflow: step skipped)" : ""));
     if (!timed) continue;
-    step_s.push_back(t4 - t0);
-    data_s.push_back(t1 - t0);
-    fwd_s.push_back(t2 - t1);
-    bwd_s.push_back(t3 - t2);
-    opt_s.push_back(t4 - t3);
+    step_s.push_back(total);
+    data_s.push_back(t.data);
+    fwd_s.push_back(t.forward);
+    bwd_s.push_back(t.backward);
+    opt_s.push_back(t.optimizer);
   }
   std::vector<double> ips;
   for (double t : step_s) ips.push_back(double(o.batch_size) / t);

@@ -47,7 +47,12 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_flag("--zero-init-residual", cfg.zero_init_residual, "start each block's last BN gamma at 0");
   c.add_option("--grad-checkpoint", cfg.grad_checkpoint, "none|block|stage|every:K")
       ->capture_default_str();
-  c.add_option("--precision", cfg.precision, "fp32|tf32")->capture_default_str();
+  c.add_option("--precision", cfg.precision, "fp32|tf32|bf16|fp16")->capture_default_str();
+  c.add_option("--loss-scale", cfg.loss_scale, "fp16: static loss scale (0 = dynamic)")
+      ->capture_default_str();
+  c.add_option("--max-overflow-steps", cfg.max_overflow_steps,
+               "fp16: stop after this many overflowed steps in a row")
+      ->capture_default_str();
   c.add_option("--seed", cfg.seed, "random seed (weights, data order, augmentation)")
       ->capture_default_str();
   c.add_flag("--deterministic", cfg.deterministic, "bitwise-reproducible runs");
@@ -139,7 +144,7 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bo.warmup, "untimed warm-up steps")->capture_default_str();
   bench->add_option("--threads", bo.threads, "compute threads (0 = all cores)");
-  bench->add_option("--precision", bo.precision, "fp32|tf32")->capture_default_str();
+  bench->add_option("--precision", bo.precision, "fp32|tf32|bf16|fp16")->capture_default_str();
   bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
       ->capture_default_str();
   bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
@@ -184,7 +189,12 @@ int main(int argc, char** argv) {
       spotrain::log_info(spotrain::str("finished ", r.steps, " steps in ",
                                        spotrain::fmt_duration(r.seconds), "; test top-1 ",
                                        spotrain::fmt_fixed(100 * r.test.top1, 2), "% top-5 ",
-                                       spotrain::fmt_fixed(100 * r.test.top5, 2), "%"));
+                                       spotrain::fmt_fixed(100 * r.test.top5, 2), "%",
+                                       t.scaler().enabled()
+                                           ? spotrain::str("; ", r.skipped_steps,
+                                                           " overflowed steps skipped, loss scale ",
+                                                           r.loss_scale)
+                                           : std::string()));
       return 0;
     }
     if (*bench) return spotrain::run_bench(bo);

@@ -30,13 +30,56 @@ std::string CpuBackend::name() const {
 
 // ---- data movement ------------------------------------------------------------------------
 
-Tensor CpuBackend::upload_images(const Tensor& host_nhwc) {
-  SPOTRAIN_CHECK(host_nhwc.ndim() == 4 && host_nhwc.layout() == Layout::nhwc,
-                 "upload_images expects an NHWC batch, got ", host_nhwc.describe());
-  return host_nhwc;  // the first convolution reads NHWC directly
+Tensor CpuBackend::upload_images(const Tensor& host_nhwc, DType compute) {
+  SPOTRAIN_CHECK(host_nhwc.ndim() == 4 && host_nhwc.layout() == Layout::nhwc &&
+                     host_nhwc.dtype() == DType::f32,
+                 "upload_images expects an fp32 NHWC batch, got ", host_nhwc.describe());
+  // The first convolution reads NHWC directly: no copy in fp32.
+  return compute == DType::f32 ? host_nhwc : cast(host_nhwc, compute);
 }
 
-Tensor CpuBackend::to_host(const Tensor& t) {
+namespace {
+template <typename In, typename Out>
+void convert(const void* src, void* dst, int64_t n, float (*ld)(In), Out (*st)(float)) {
+  const In* a = static_cast<const In*>(src);
+  Out* b = static_cast<Out*>(dst);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) b[i] = st(ld(a[i]));
+}
+float ld_f32(float v) { return v; }
+float st_f32(float v) { return v; }
+float ld_bf16(uint16_t v) { return bf16_to_float(v); }
+float ld_f16(uint16_t v) { return half_to_float(v); }
+}  // namespace
+
+Tensor CpuBackend::cast(const Tensor& t, DType to) {
+  DType from = t.dtype();
+  SPOTRAIN_CHECK((from == DType::f32 || from == DType::bf16 || from == DType::f16) &&
+                     (to == DType::f32 || to == DType::bf16 || to == DType::f16),
+                 "cast: unsupported conversion ", dtype_name(from), " -> ", dtype_name(to));
+  Tensor out(t.shape(), to, allocator(), t.layout(), t.storage_elems());
+  int64_t n = t.storage_elems();
+  if (from == to) {
+    std::memcpy(out.raw(), t.raw(), t.nbytes());
+  } else if (from == DType::f32) {
+    if (to == DType::bf16) convert<float, uint16_t>(t.raw(), out.raw(), n, ld_f32, float_to_bf16);
+    else convert<float, uint16_t>(t.raw(), out.raw(), n, ld_f32, float_to_half);
+  } else {
+    float (*ld)(uint16_t) = from == DType::bf16 ? ld_bf16 : ld_f16;
+    if (to == DType::f32) convert<uint16_t, float>(t.raw(), out.raw(), n, ld, st_f32);
+    else if (to == DType::bf16) convert<uint16_t, uint16_t>(t.raw(), out.raw(), n, ld, float_to_bf16);
+    else convert<uint16_t, uint16_t>(t.raw(), out.raw(), n, ld, float_to_half);
+  }
+  return out;
+}
+
+Tensor CpuBackend::alloc_like(const Tensor& x, DType dt) {
+  if (x.layout() == Layout::nchw16c) return alloc_blocked(allocator(), x.shape(), dt);
+  return Tensor(x.shape(), dt, allocator(), x.layout());
+}
+
+Tensor CpuBackend::to_host(const Tensor& t0) {
+  Tensor t = t0.dtype() == DType::f32 ? t0 : cast(t0, DType::f32);
   Tensor out(t.shape(), DType::f32, Allocator::host(), Layout::plain);
   if (t.ndim() == 4 && t.layout() != Layout::plain) {
     memory src = mem_of(ctx_, t), dst = mem_of(ctx_, out);
@@ -84,42 +127,83 @@ void check_same(const Tensor& a, const Tensor& b, const char* op) {
 }
 }  // namespace
 
+namespace {
+// Runs f(i, load) over every stored element, with load(p, i) reading fp32, bf16 or fp16
+// as float; store(p, i, v) writes back in the same type.
+template <typename F>
+void for_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f([](const void* p, int64_t i) { return static_cast<const float*>(p)[i]; },
+        [](void* p, int64_t i, float v) { static_cast<float*>(p)[i] = v; });
+      break;
+    case DType::bf16:
+      f([](const void* p, int64_t i) { return bf16_to_float(static_cast<const uint16_t*>(p)[i]); },
+        [](void* p, int64_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_bf16(v); });
+      break;
+    case DType::f16:
+      f([](const void* p, int64_t i) { return half_to_float(static_cast<const uint16_t*>(p)[i]); },
+        [](void* p, int64_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_half(v); });
+      break;
+    default:
+      SPOTRAIN_THROW("elementwise op on unsupported dtype ", dtype_name(dt));
+  }
+}
+}  // namespace
+
 Tensor CpuBackend::relu_forward(const Tensor& x) {
   Tensor y = alloc_same(allocator(), x);
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
   int64_t n = x.storage_elems();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) py[i] = relu_fwd(px[i]);
+  const void* px = x.raw();
+  void* py = y.raw();
+  for_dtype(x.dtype(), [&](auto ld, auto st) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) st(py, i, relu_fwd(ld(px, i)));
+  });
   return y;
 }
 
 Tensor CpuBackend::relu_backward(const Tensor& dy, const Tensor& y) {
   check_same(dy, y, "relu_backward");
   Tensor dx = alloc_same(allocator(), y);
-  const float* g = dy.data<float>();
-  const float* py = y.data<float>();
-  float* d = dx.data<float>();
+  const void* g = dy.raw();
+  const void* py = y.raw();
+  void* d = dx.raw();
   int64_t n = y.storage_elems();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] = relu_bwd(g[i], py[i]);
+  for_dtype(y.dtype(), [&](auto ld, auto st) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) st(d, i, relu_bwd(ld(g, i), ld(py, i)));
+  });
   return dx;
 }
 
 Tensor CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
   check_same(a, b, "add");
   Tensor y = alloc_same(allocator(), a);
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* py = y.data<float>();
+  const void* pa = a.raw();
+  const void* pb = b.raw();
+  void* py = y.raw();
   int64_t n = a.storage_elems();
-  if (relu) {
+  if (a.dtype() == DType::f32) {  // the common case, kept simple enough to vectorize
+    const float* fa = a.data<float>();
+    const float* fb = b.data<float>();
+    float* fy = y.data<float>();
+    if (relu) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] = relu_fwd(pa[i] + pb[i]);
-  } else {
+      for (int64_t i = 0; i < n; ++i) fy[i] = relu_fwd(fa[i] + fb[i]);
+    } else {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+      for (int64_t i = 0; i < n; ++i) fy[i] = fa[i] + fb[i];
+    }
+    return y;
   }
+  for_dtype(a.dtype(), [&](auto ld, auto st) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float v = ld(pa, i) + ld(pb, i);
+      st(py, i, relu ? relu_fwd(v) : v);
+    }
+  });
   return y;
 }
 
@@ -154,16 +238,18 @@ Tensor CpuBackend::global_avgpool_forward(const Tensor& x) {
   int64_t n = x.dim(0), c = x.dim(1);
   Indexer ix = indexer_of(x);
   Tensor y({n, c}, DType::f32, allocator());
-  const float* px = x.data<float>();
+  const void* px = x.raw();
   float* py = y.data<float>();
   float inv = 1.f / float(ix.hw);
+  for_dtype(x.dtype(), [&](auto ld, auto) {
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      float s = 0.f;
-      for (int64_t p = 0; p < ix.hw; ++p) s += px[ix(i, ch, p)];
-      py[i * c + ch] = s * inv;
-    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        float s = 0.f;
+        for (int64_t p = 0; p < ix.hw; ++p) s += ld(px, ix(i, ch, p));
+        py[i * c + ch] = s * inv;
+      }
+  });
   return y;
 }
 
@@ -173,14 +259,16 @@ Tensor CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
   Tensor dx = alloc_same(allocator(), x);
   std::memset(dx.raw(), 0, dx.nbytes());  // padded channels stay zero
   const float* g = dy.data<float>();
-  float* d = dx.data<float>();
+  void* d = dx.raw();
   float inv = 1.f / float(ix.hw);
+  for_dtype(x.dtype(), [&](auto, auto st) {
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      float v = g[i * c + ch] * inv;
-      for (int64_t p = 0; p < ix.hw; ++p) d[ix(i, ch, p)] = v;
-    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        float v = g[i * c + ch] * inv;
+        for (int64_t p = 0; p < ix.hw; ++p) st(d, ix(i, ch, p), v);
+      }
+  });
   return dx;
 }
 
@@ -305,6 +393,19 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
     for (int64_t i = s.offset; i < s.offset + s.count; ++i)
       sgd_update(p[i], g[i], m[i], h.lr, h.momentum, wd, h.nesterov, h.grad_scale);
   }
+}
+
+bool CpuBackend::unscale_and_check(Tensor& grads, float inv_scale) {
+  float* g = grads.data<float>();
+  int64_t n = grads.numel();
+  int bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = g[i] * inv_scale;
+    g[i] = v;
+    bad |= !std::isfinite(v);
+  }
+  return bad != 0;
 }
 
 }  // namespace spotrain::cpu

@@ -22,7 +22,8 @@ class CpuBackend final : public Backend {
   Allocator& allocator() override { return Allocator::host(); }
   int threads() const override { return threads_; }
 
-  Tensor upload_images(const Tensor& host_nhwc) override;
+  Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
+  Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
   Tensor zeros(const Shape& shape) override;
@@ -66,6 +67,7 @@ class CpuBackend final : public Backend {
 
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  bool unscale_and_check(Tensor& grads, float inv_scale) override;
   void weights_changed() override { ++weights_generation_; }
 
  private:
@@ -79,6 +81,11 @@ class CpuBackend final : public Backend {
   // `t` as a memory of descriptor `md`, reordering into a temporary when it differs.
   memory as_desc(const Tensor& t, const memory::desc& md, Tensor& holder);
   Tensor alloc_like_desc(const Shape& shape, const memory::desc& md);
+  // A tensor of x's shape, layout and dtype (padded like x).
+  Tensor alloc_like(const Tensor& x, DType dt);
+  // fp16 has no oneDNN kernels on this CPU: such ops run in fp32 on converted copies and
+  // round their results back to fp16 (storage fp16, arithmetic fp32).
+  Tensor f32(const Tensor& t) { return t.dtype() == DType::f16 ? cast(t, DType::f32) : t; }
 
   DnnlContext ctx_;
   int threads_ = 1;

@@ -37,10 +37,11 @@ memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md) {
 }
 
 Tensor CpuBackend::alloc_like_desc(const Shape& shape, const memory::desc& md) {
+  DType dt = md.data_type() == memory::data_type::bf16 ? DType::bf16 : DType::f32;
   memory::desc blocked(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nChw16c);
-  if (md == blocked) return alloc_blocked(allocator(), shape, DType::f32);
+  if (md == blocked) return alloc_blocked(allocator(), shape, dt);
   memory::desc nhwc(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nhwc);
-  if (md == nhwc) return Tensor(shape, DType::f32, allocator(), Layout::nhwc);
+  if (md == nhwc) return Tensor(shape, dt, allocator(), Layout::nhwc);
   SPOTRAIN_THROW("internal: oneDNN chose an unexpected activation format");
 }
 
@@ -60,6 +61,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   e->src_any = x.layout() == Layout::nchw16c ? md_of(x)
                                              : memory::desc(dims_of(x), dt, tag::any);
   e->w_any = memory::desc(dims_of(w), dt, tag::any);
+  e->dw_any = memory::desc(dims_of(w), memory::data_type::f32, tag::any);
   e->dst_md = memory::desc({n, oc, oh, ow}, dt, tag::nChw16c);
   e->strides = {p.stride, p.stride};
   e->pad = {p.pad, p.pad};
@@ -77,6 +79,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
 Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
   SPOTRAIN_CHECK(x.ndim() == 4 && w.ndim() == 4 && x.dim(1) == w.dim(1),
                  "conv2d: input ", x.describe(), " does not match weights ", w.describe());
+  if (x.dtype() == DType::f16) return cast(conv2d_forward(f32(x), w, p), DType::f16);
   auto& e = conv_entry(x, w, p);
   Tensor holder;
   memory src = as_desc(x, e.fwd_pd.src_desc(), holder);
@@ -91,6 +94,8 @@ Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvPa
 
 Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
                                         const ConvParams& p) {
+  if (x.dtype() == DType::f16)
+    return cast(conv2d_backward_data(f32(dy), w, f32(x), p), DType::f16);
   auto& e = conv_entry(x, w, p);
   if (!e.have_bd) {
     DNNL_CHECK({
@@ -114,10 +119,11 @@ Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const
 void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                          Tensor& dw) {
   SPOTRAIN_CHECK(dw.dtype() == DType::f32 && dw.ndim() == 4, "conv2d: weight gradient must be fp32 OIHW");
+  if (x.dtype() == DType::f16) return conv2d_backward_weights(f32(x), f32(dy), p, dw);
   auto& e = conv_entry(x, dw, p);
   if (!e.have_bw) {
     DNNL_CHECK({
-      convolution_backward_weights::desc d(algorithm::convolution_direct, e.src_any, e.w_any,
+      convolution_backward_weights::desc d(algorithm::convolution_direct, e.src_any, e.dw_any,
                                            e.dst_md, e.strides, e.pad, e.pad);
       e.bw_pd = convolution_backward_weights::primitive_desc(d, ctx_.eng, e.fwd_pd);
       e.bw = convolution_backward_weights(e.bw_pd);

@@ -16,7 +16,7 @@ struct CpuBackend::ConvEntry {
   convolution_backward_weights::primitive_desc bw_pd;
   convolution_backward_weights bw;
   bool have_bw = false;
-  memory::desc src_any, w_any, dst_md;
+  memory::desc src_any, w_any, dw_any, dst_md;  // dw_any: fp32 weight gradients
   memory::dims strides, pad;
 };
 

@@ -30,10 +30,11 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
                                            BnSaved& saved) {
   SPOTRAIN_CHECK(x.ndim() == 4 && gamma.numel() == x.dim(1), "batchnorm: input ", x.describe(),
                  " has ", x.dim(1), " channels, parameters have ", gamma.numel());
+  if (x.dtype() == DType::f16)
+    return cast(batchnorm_forward_train(f32(x), gamma, beta, eps, relu, saved), DType::f16);
   auto& e = bn_entry(x, relu, eps);
   int64_t c = x.dim(1);
-  Tensor y = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
-                                           : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  Tensor y = alloc_like(x, x.dtype());
   saved.mean = Tensor({c}, DType::f32, allocator());
   saved.var = Tensor({c}, DType::f32, allocator());
   std::unordered_map<int, memory> args{
@@ -54,6 +55,9 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
 Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
                                            const Tensor& beta, const Tensor& running_mean,
                                            const Tensor& running_var, float eps, bool relu) {
+  if (x.dtype() == DType::f16)
+    return cast(batchnorm_forward_infer(f32(x), gamma, beta, running_mean, running_var, eps, relu),
+                DType::f16);
   auto& e = bn_entry(x, relu, eps);
   if (!e.have_inf) {
     auto flags = normalization_flags::use_scale | normalization_flags::use_shift |
@@ -66,8 +70,7 @@ Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
     });
     e.have_inf = true;
   }
-  Tensor y = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
-                                           : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  Tensor y = alloc_like(x, x.dtype());
   DNNL_CHECK(e.inf.execute(ctx_.strm, {{DNNL_ARG_SRC, mem_of(ctx_, x)},
                                        {DNNL_ARG_DST, mem_of(ctx_, y)},
                                        {DNNL_ARG_SCALE, mem_of(ctx_, gamma)},
@@ -80,6 +83,9 @@ Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
 Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                       const Tensor& beta, const BnSaved& saved, float eps,
                                       bool relu, Tensor& dgamma, Tensor& dbeta) {
+  if (x.dtype() == DType::f16)
+    return cast(batchnorm_backward(f32(dy), f32(x), gamma, beta, saved, eps, relu, dgamma, dbeta),
+                DType::f16);
   auto& e = bn_entry(x, relu, eps);
   if (!e.have_bwd) {
     auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
@@ -91,8 +97,7 @@ Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const T
     });
     e.have_bwd = true;
   }
-  Tensor dx = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
-                                            : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  Tensor dx = alloc_like(x, x.dtype());
   Tensor hdy;
   memory ddst = as_desc(dy, md_of(x), hdy);
   std::unordered_map<int, memory> args{
@@ -122,6 +127,7 @@ void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_
 }
 
 Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) {
+  if (x.dtype() == DType::f16) return cast(maxpool_forward(f32(x), p, workspace), DType::f16);
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
                     "," + std::to_string(p.pad);
   auto it = pool_cache_.find(key);
@@ -140,7 +146,7 @@ Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor&
   }
   auto& e = *it->second;
   auto dd = e.fwd_pd.dst_desc().dims();
-  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()));
+  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()), x.dtype());
   workspace = alloc_for(allocator(), e.fwd_pd.workspace_desc());
   DNNL_CHECK(e.fwd.execute(
       ctx_.strm, {{DNNL_ARG_SRC, mem_of(ctx_, x)}, {DNNL_ARG_DST, mem_of(ctx_, y)},
@@ -150,6 +156,8 @@ Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor&
 
 Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                     const PoolParams& p) {
+  if (x.dtype() == DType::f16)
+    return cast(maxpool_backward(f32(dy), f32(x), workspace, p), DType::f16);
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
                     "," + std::to_string(p.pad);
   auto it = pool_cache_.find(key);
@@ -165,8 +173,7 @@ Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Ten
     e.have_bwd = true;
   }
   // diff_src follows md_of(x): the gradient takes the input's layout (NHWC stays NHWC).
-  Tensor dx = x.layout() == Layout::nchw16c ? alloc_blocked(allocator(), x.shape())
-                                            : Tensor(x.shape(), DType::f32, allocator(), x.layout());
+  Tensor dx = alloc_like(x, x.dtype());
   Tensor hdy;
   memory ddst = as_desc(dy, e.bwd_pd.diff_dst_desc(), hdy);
   DNNL_CHECK(e.bwd.execute(

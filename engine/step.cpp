@@ -1,0 +1,51 @@
+// StepRunner (see step.h).
+#include "engine/step.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+namespace {
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision)
+    : model_(model), sgd_(sgd), scaler_(scaler), dtype_(spotrain::compute_dtype(precision)) {}
+
+StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
+                           float label_smoothing, StepTimes* times) {
+  Backend& be = model_.backend();
+  StepResult r;
+  r.loss_scale = scaler_.scale();
+  double t0 = now();
+  Tensor x = be.upload_images(images, dtype_);
+  be.synchronize();
+  double t1 = now();
+  Tensor logits = model_.forward(x, /*training=*/true);
+  Tensor dlogits;
+  r.loss = be.softmax_xent(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
+  be.synchronize();
+  double t2 = now();
+  model_.backward(dlogits);
+  be.synchronize();
+  double t3 = now();
+  if (scaler_.enabled()) r.overflow = be.unscale_and_check(model_.flat_grads(), float(1.0 / r.loss_scale));
+  if (!r.overflow) {
+    SPOTRAIN_CHECK(std::isfinite(r.loss.loss), "loss became ", r.loss.loss,
+                   " ; lower --lr or check the data");
+    sgd_.step(lr);
+  }
+  scaler_.update(r.overflow);
+  be.synchronize();
+  double t4 = now();
+  if (times) *times = StepTimes{t1 - t0, t2 - t1, t3 - t2, t4 - t3};
+  return r;
+}
+
+}  // namespace spotrain

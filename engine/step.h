@@ -1,0 +1,40 @@
+// One training step, in one place: upload the batch in the compute dtype -> forward ->
+// softmax cross-entropy (times the loss scale) -> backward -> unscale + overflow verdict ->
+// SGD on the fp32 master weights (skipped on overflow) -> loss-scaler update.
+// The Trainer and `spotrain bench` both run steps through here.
+#pragma once
+#include <cstdint>
+
+#include "engine/loss_scaler.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/precision.h"
+
+namespace spotrain {
+
+struct StepTimes {  // seconds, with the device synchronized between phases
+  double data = 0, forward = 0, backward = 0, optimizer = 0;
+};
+
+struct StepResult {
+  LossResult loss;
+  bool overflow = false;  // fp16: the step was skipped
+  double loss_scale = 1;
+};
+
+class StepRunner {
+ public:
+  StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision);
+  // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
+  StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
+                 StepTimes* times = nullptr);
+  DType compute_dtype() const { return dtype_; }
+
+ private:
+  Model& model_;
+  Sgd& sgd_;
+  LossScaler& scaler_;
+  DType dtype_;
+};
+
+}  // namespace spotrain
