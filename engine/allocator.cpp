@@ -158,6 +158,11 @@ void Allocator::reset_peak() {
   stats_.peak_bytes = stats_.current_bytes;
 }
 
+void Allocator::restore_peak(size_t peak) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peak > stats_.peak_bytes) stats_.peak_bytes = peak;
+}
+
 Allocator& Allocator::host() {
   static Allocator* a = new Allocator(Device::cpu);  // lives to process exit
   return *a;

@@ -47,6 +47,8 @@ class Allocator {
 
   AllocatorStats stats() const;
   void reset_peak();
+  // Puts back a peak measured earlier (after a reset_peak() used for a sub-measurement).
+  void restore_peak(size_t peak);
   Device device() const { return device_; }
 
   // The process-wide host allocator.

@@ -81,9 +81,18 @@ int run_bench(const BenchOptions& o) {
   log_info(str("bench ", o.model, " batch ", o.batch_size, " ", o.image_size, "x", o.image_size,
                "x", o.channels, " ", o.precision, " on ", be->name(), "; ", model.summary()));
   std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s;
+  size_t act_peak = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     StepTimes t;
+    size_t before = be->allocator().stats().current_bytes;
+    size_t peak_before = be->allocator().stats().peak_bytes;
+    be->allocator().reset_peak();
     StepResult r = runner.run(images, labels.data(), 0.01f, 0.f, &t);
+    auto after = be->allocator().stats();
+    // What the step needed beyond what was alive before it: activations, their gradients
+    // and temporaries (the resident weights, gradients and momentum excluded).
+    act_peak = std::max(act_peak, after.peak_bytes - before);
+    if (peak_before > after.peak_bytes) be->allocator().restore_peak(peak_before);
     double total = t.data + t.forward + t.backward + t.optimizer;
     bool timed = s >= o.warmup;
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
@@ -109,7 +118,8 @@ int run_bench(const BenchOptions& o) {
                "  comm_exposed 0  optimizer ", fmt_fixed(percentile(opt_s, 0.5), 4)));
   log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
                " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
-               " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS"));
+               " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS; ",
+               fmt_fixed(double(act_peak) / (1 << 30), 3), " GiB of it for activations"));
   if (o.price_per_hour > 0) {
     double secs = 90.0 * 1281167.0 / med;
     log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
@@ -129,6 +139,7 @@ int run_bench(const BenchOptions& o) {
                      {"images_per_sec_p90", p90},
                      {"peak_memory_bytes", st.peak_bytes},
                      {"peak_rss_bytes", rss},
+                     {"peak_activation_bytes", act_peak},
                      {"phases",
                       {{"data", percentile(data_s, 0.5)},
                        {"forward", percentile(fwd_s, 0.5)},
