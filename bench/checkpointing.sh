@@ -20,7 +20,7 @@ bt, bm = float(sys.argv[4]), float(sys.argv[5])
 t = batch / j["images_per_sec"]; m = j["peak_activation_bytes"] / 2**30
 rt = f"{t / bt:.2f}x" if bt else "1.00x"; rm = f"{m / bm:.2f}x" if bm else "1.00x"
 print(f"| {mode} | {j['images_per_sec']:.2f} | {t:.2f} | {rt} | {m:.3f} | {rm} | {j['peak_memory_bytes'] / 2**30:.3f} | {j['peak_rss_bytes'] / 2**30:.3f} |")
-open(sys.argv[1] + ".base", "w").write(f"{t} {m}")
+open(sys.argv[1] + ".base", "w").write(f"{t} {m}\n")
 PY
   if [[ -z "$base_t" ]]; then read -r base_t base_m < "$tmp/none.json.base"; fi
 done

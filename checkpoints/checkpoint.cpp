@@ -60,6 +60,21 @@ void write_int_attr(hid_t obj, const char* name, int64_t v) {
   H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &v), name);
 }
 
+void write_double_attr(hid_t obj, const char* name, double v) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), name),
+            H5Aclose);
+  H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &v), name);
+}
+
+double read_double_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  double v = 0;
+  H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, &v), name);
+  return v;
+}
+
 std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
   if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
@@ -121,6 +136,14 @@ void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const Chec
     write_int_attr(file, "global_step", info.global_step);
     write_int_attr(file, "num_classes", info.num_classes);
     write_int_attr(file, "in_channels", info.in_channels);
+    write_string_attr(file, "precision", info.precision);
+    {
+      H5Id sg(H5Gcreate2(file, "loss_scaler", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      write_double_attr(sg, "scale", info.scaler.scale);
+      write_int_attr(sg, "good_steps", info.scaler.good_steps);
+      write_int_attr(sg, "skipped_steps", info.scaler.skipped_steps);
+      write_int_attr(sg, "consecutive_overflows", info.scaler.consecutive_overflows);
+    }
     H5Id g(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (auto* prm : model.params()) write_dataset(g, prm->name, be.to_host(prm->value));
     for (auto* b : model.buffers()) write_dataset(g, b->name, be.to_host(b->value));
@@ -160,6 +183,14 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.global_step = read_int_attr(file, "global_step", path);
   info.num_classes = int(read_int_attr(file, "num_classes", path));
   info.in_channels = int(read_int_attr(file, "in_channels", path));
+  info.precision = read_string_attr(file, "precision", path);
+  if (H5Lexists(file, "loss_scaler", H5P_DEFAULT) > 0) {
+    H5Id sg(H5Gopen2(file, "loss_scaler", H5P_DEFAULT), H5Gclose);
+    info.scaler.scale = read_double_attr(sg, "scale", path);
+    info.scaler.good_steps = read_int_attr(sg, "good_steps", path);
+    info.scaler.skipped_steps = read_int_attr(sg, "skipped_steps", path);
+    info.scaler.consecutive_overflows = read_int_attr(sg, "consecutive_overflows", path);
+  }
   return info;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/loss_scaler.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 
@@ -19,6 +20,8 @@ struct CheckpointInfo {
   std::string model;        // architecture name
   int64_t epoch = 0, global_step = 0;
   int num_classes = 0, in_channels = 0;
+  std::string precision = "fp32";
+  LossScalerState scaler;  // fp16 loss-scaling state (scale 1 otherwise)
 };
 
 // Writes model (and momentum when sgd is given) to `path` atomically.

@@ -24,6 +24,10 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
   SPOTRAIN_CHECK(log_every >= 1, "--log-every must be at least 1");
   parse_precision(precision);
+  SPOTRAIN_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
+  SPOTRAIN_CHECK(grad_compression == "none" || grad_compression == "fp16" || grad_compression == "bf16",
+                 "unknown --grad-compression '", grad_compression, "'; use none, fp16 or bf16");
+  SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);
   SPOTRAIN_CHECK(max_overflow_steps > 0, "--max-overflow-steps must be positive");
 }
@@ -55,7 +59,10 @@ std::string RunConfig::to_json() const {
                    {"device", device},
                    {"threads", threads},
                    {"workers", workers},
-                   {"ckpt_dir", ckpt_dir}};
+                   {"ckpt_dir", ckpt_dir},
+                   {"bucket_mb", bucket_mb},
+                   {"grad_compression", grad_compression},
+                   {"comm_timeout", comm_timeout}};
   return j.dump();
 }
 

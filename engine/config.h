@@ -36,6 +36,10 @@ struct RunConfig {
   std::string device = "auto";
   int threads = 0;
   int workers = 1;
+  // distributed (comm/)
+  double bucket_mb = 25;
+  std::string grad_compression = "none";  // none | fp16 | bf16
+  double comm_timeout = 300;              // seconds before a stuck collective aborts the job
   // output
   int log_every = 50;
   std::string metrics;  // JSONL file ("" = none)

@@ -6,7 +6,15 @@
 
 namespace spotrain {
 
+// Only rank 0 prints progress; other ranks call set_log_enabled(false).
+inline bool& log_enabled() {
+  static bool on = true;
+  return on;
+}
+inline void set_log_enabled(bool on) { log_enabled() = on; }
+
 inline void log_info(const std::string& s) {
+  if (!log_enabled()) return;
   std::fprintf(stdout, "%s\n", s.c_str());
   std::fflush(stdout);
 }

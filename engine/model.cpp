@@ -88,8 +88,8 @@ Tensor Model::forward(const Tensor& x, bool training) {
   return net_->forward(x, ctx);
 }
 
-void Model::backward(const Tensor& dlogits) {
-  Context ctx{be_, true, false};
+void Model::backward(const Tensor& dlogits, GradListener* listener) {
+  Context ctx{be_, true, false, listener};
   net_->backward(dlogits, ctx);
 }
 

@@ -23,8 +23,8 @@ class Model {
   void initialize(uint64_t seed);
 
   Tensor forward(const Tensor& x, bool training);
-  // Fills every parameter's gradient (overwriting).
-  void backward(const Tensor& dlogits);
+  // Fills every parameter's gradient (overwriting), telling `listener` as each completes.
+  void backward(const Tensor& dlogits, GradListener* listener = nullptr);
   void clear_stash() { net_->clear_stash(); }
 
   Layer& net() { return *net_; }

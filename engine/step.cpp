@@ -15,8 +15,15 @@ double now() {
 }
 }  // namespace
 
-StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision)
-    : model_(model), sgd_(sgd), scaler_(scaler), dtype_(spotrain::compute_dtype(precision)) {}
+StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
+                       GradListener* listener, std::function<double()> finish, int world)
+    : model_(model),
+      sgd_(sgd),
+      scaler_(scaler),
+      dtype_(spotrain::compute_dtype(precision)),
+      listener_(listener),
+      finish_(std::move(finish)),
+      world_(world) {}
 
 StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
                            float label_smoothing, StepTimes* times) {
@@ -32,19 +39,26 @@ StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr
   r.loss = be.softmax_xent(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
   be.synchronize();
   double t2 = now();
-  model_.backward(dlogits);
+  model_.backward(dlogits, listener_);
   be.synchronize();
   double t3 = now();
-  if (scaler_.enabled()) r.overflow = be.unscale_and_check(model_.flat_grads(), float(1.0 / r.loss_scale));
+  // Gradients summed over ranks: every rank then reaches the same overflow verdict.
+  double waited = finish_ ? finish_() : 0.0;
+  double t3b = now();
+  float grad_scale = 1.f / float(world_);
+  if (scaler_.enabled()) {
+    r.overflow = be.unscale_and_check(model_.flat_grads(), float(1.0 / (r.loss_scale * world_)));
+    grad_scale = 1.f;
+  }
   if (!r.overflow) {
     SPOTRAIN_CHECK(std::isfinite(r.loss.loss), "loss became ", r.loss.loss,
-                   " ; lower --lr or check the data");
-    sgd_.step(lr);
+                   "; lower --lr or check the data");
+    sgd_.step(lr, grad_scale);
   }
   scaler_.update(r.overflow);
   be.synchronize();
   double t4 = now();
-  if (times) *times = StepTimes{t1 - t0, t2 - t1, t3 - t2, t4 - t3};
+  if (times) *times = StepTimes{t1 - t0, t2 - t1, t3 - t2, waited, t4 - t3b};
   return r;
 }
 

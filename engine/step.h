@@ -4,6 +4,7 @@
 // The Trainer and `spotrain bench` both run steps through here.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -13,7 +14,7 @@
 namespace spotrain {
 
 struct StepTimes {  // seconds, with the device synchronized between phases
-  double data = 0, forward = 0, backward = 0, optimizer = 0;
+  double data = 0, forward = 0, backward = 0, comm_exposed = 0, optimizer = 0;
 };
 
 struct StepResult {
@@ -24,7 +25,11 @@ struct StepResult {
 
 class StepRunner {
  public:
-  StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision);
+  // With a listener (the Reducer) gradients are summed over `world` ranks during backward;
+  // `finish` waits for that and returns the seconds it waited.
+  StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
+             GradListener* listener = nullptr, std::function<double()> finish = nullptr,
+             int world = 1);
   // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
                  StepTimes* times = nullptr);
@@ -35,6 +40,9 @@ class StepRunner {
   Sgd& sgd_;
   LossScaler& scaler_;
   DType dtype_;
+  GradListener* listener_;
+  std::function<double()> finish_;
+  int world_;
 };
 
 }  // namespace spotrain

@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -43,6 +47,22 @@ io::TransformOptions transforms_for(const std::string& kind, const io::Dataset& 
   return t;
 }
 
+// Test hook for the fault-tolerance tests: SPOTRAIN_FAULT=die:RANK:STEP kills that rank at
+// that step (SIGKILL, as a crashed or preempted node); hang:RANK:STEP makes it sleep forever.
+void inject_fault(int rank, int64_t step) {
+  static const char* spec = std::getenv("SPOTRAIN_FAULT");
+  if (!spec) return;
+  char kind[8] = {0};
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(spec, "%7[a-z]:%d:%lld", kind, &r, &s) != 3 || r != rank || s != step) return;
+  std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, kind, s);
+  std::fflush(stderr);
+  if (std::string(kind) == "die") raise(SIGKILL);
+  if (std::string(kind) == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 }  // namespace
 
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
@@ -72,6 +92,10 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
 
 Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
+  comm_ = make_communicator("auto");
+  worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
+  set_log_enabled(comm_->rank() == 0);
+  if (comm_->size() > 1) check_ranks_agree();
   data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");
@@ -89,6 +113,18 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   ro.grad_checkpoint = cfg_.grad_checkpoint;
   model_ = std::make_unique<Model>(build_resnet(ro), *backend_);
   model_->initialize(cfg_.seed);
+  if (comm_->size() > 1) {
+    // Every rank starts from rank 0's parameters and BN buffers.
+    Tensor& flat = model_->flat_params();
+    worker_->run("broadcast of the initial parameters",
+                 [&] { comm_->broadcast(flat.raw(), flat.nbytes(), 0); });
+    model_->parameters_changed();
+    broadcast_buffers();
+    ReducerOptions ro2;
+    ro2.bucket_mb = cfg_.bucket_mb;
+    ro2.compression = cfg_.grad_compression;
+    reducer_ = std::make_unique<Reducer>(*model_, *worker_, ro2);
+  }
   SgdOptions so;
   so.momentum = cfg_.momentum;
   so.nesterov = cfg_.nesterov;
@@ -101,7 +137,11 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   lso.static_scale = cfg_.loss_scale;
   lso.max_consecutive_overflows = cfg_.max_overflow_steps;
   scaler_ = std::make_unique<LossScaler>(lso);
-  runner_ = std::make_unique<StepRunner>(*model_, *sgd_, *scaler_, prec);
+  Reducer* red = reducer_.get();
+  runner_ = std::make_unique<StepRunner>(
+      *model_, *sgd_, *scaler_, prec, red,
+      red ? std::function<double()>([red] { return red->finish(); }) : std::function<double()>(),
+      comm_->size());
   if (prec == Precision::fp16 && backend_->device() == Device::cpu)
     log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
              "scaling). bf16 is the fast CPU choice.");
@@ -127,10 +167,14 @@ Trainer::~Trainer() {
 }
 
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size, DType compute) {
+                          int64_t batch_size, DType compute, CommWorker* worker) {
   io::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.train = false;
+  if (worker) {
+    lo.rank = worker->comm().rank();
+    lo.world = worker->comm().size();
+  }
   lo.transforms = transforms_for(data_kind, data, false, false);
   io::Loader loader(std::shared_ptr<const io::Dataset>(&data, [](const io::Dataset*) {}), lo);
   loader.start_epoch(0);
@@ -148,6 +192,18 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
     top5 += l.top5;
     r.samples += n;
   }
+  if (worker && worker->comm().size() > 1) {
+    double sums[4] = {loss_sum, double(top1), double(top5), double(r.samples)};
+    float f[4];
+    // Counts are exact in fp32 up to 2^24 samples per rank; the loss sum is for display.
+    for (int i = 0; i < 4; ++i) f[i] = float(sums[i]);
+    worker->run("all-reduce of evaluation counts",
+                [&] { worker->comm().allreduce_sum(f, 4, DType::f32); });
+    loss_sum = f[0];
+    top1 = int64_t(f[1]);
+    top5 = int64_t(f[2]);
+    r.samples = int64_t(f[3]);
+  }
   if (r.samples > 0) {
     r.loss = loss_sum / double(r.samples);
     r.top1 = double(top1) / double(r.samples);
@@ -156,8 +212,40 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
   return r;
 }
 
+void Trainer::broadcast_buffers() {
+  if (comm_->size() == 1) return;
+  for (auto* b : model_->buffers()) {
+    Tensor& t = b->value;
+    worker_->run("broadcast of " + b->name, [&] { comm_->broadcast(t.raw(), t.nbytes(), 0); });
+  }
+}
+
+// Every rank must train the same thing: hash each setting that must agree and compare.
+void Trainer::check_ranks_agree() {
+  auto h = [](const std::string& s) { return uint64_t(std::hash<std::string>{}(s)); };
+  const std::pair<const char*, uint64_t> fields[] = {
+      {"--model", h(cfg_.model)},
+      {"--precision", h(cfg_.precision)},
+      {"--batch-size", uint64_t(cfg_.batch_size)},
+      {"--seed", cfg_.seed},
+      {"--data", h(cfg_.data)},
+      {"--epochs/--steps", uint64_t(cfg_.epochs) * 1000003u + uint64_t(cfg_.steps)},
+      {"--lr", h(std::to_string(cfg_.lr))},
+      {"--grad-checkpoint", h(cfg_.grad_checkpoint)},
+      {"--bucket-mb/--grad-compression", h(std::to_string(cfg_.bucket_mb) + cfg_.grad_compression)}};
+  for (auto& [name, value] : fields) {
+    std::vector<uint64_t> all;
+    worker_->run(std::string("start-up check of ") + name, [&] { all = comm_->allgather(value); });
+    for (size_t r = 1; r < all.size(); ++r)
+      SPOTRAIN_CHECK(all[r] == all[0], "rank ", r, " was started with a different ", name,
+                     " than rank 0; every rank must get the same settings");
+  }
+}
+
 EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
-  return evaluate_model(*model_, data, data_.kind, batch_size, runner_->compute_dtype());
+  broadcast_buffers();  // rank 0's BN statistics, as DDP, so every rank evaluates one model
+  return evaluate_model(*model_, data, data_.kind, batch_size, runner_->compute_dtype(),
+                        worker_.get());
 }
 
 TrainResult Trainer::run() {
@@ -166,6 +254,8 @@ TrainResult Trainer::run() {
   lo.train = true;
   lo.seed = cfg_.seed;
   lo.workers = cfg_.workers;
+  lo.rank = comm_->rank();
+  lo.world = comm_->size();
   lo.transforms = transforms_for(data_.kind, *data_.train, true, cfg_.augment);
   io::Loader loader(data_.train, lo);
   const int64_t per_epoch = loader.batches_per_epoch();
@@ -181,6 +271,11 @@ TrainResult Trainer::run() {
   sched.validate();
 
   log_info(str("model ", cfg_.model, ": ", model_->summary()));
+  if (comm_->size() > 1)
+    log_info(str("data parallel over ", comm_->size(), " ranks (", comm_->name(), "), global batch ",
+                 cfg_.batch_size * comm_->size(), ", ", reducer_->num_buckets(),
+                 " gradient buckets of up to ", cfg_.bucket_mb, " MB, compression ",
+                 cfg_.grad_compression));
   log_info(str("backend ", backend_->name(), "; data ", data_.kind, ": ", data_.train->size(),
                " train / ", data_.test->size(), " test samples; ", epochs, " epoch(s) of ",
                per_epoch, " steps, batch ", cfg_.batch_size));
@@ -196,6 +291,8 @@ TrainResult Trainer::run() {
     double win_t0 = now_seconds(), ep_t0 = win_t0;
     while (step < total_steps && loader.next(b)) {
       float lr = sched.at(step);
+      worker_->set_step(step);
+      inject_fault(comm_->rank(), step);
       StepResult sr = runner_->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
       const LossResult& l = sr.loss;
       ++step;
@@ -208,6 +305,14 @@ TrainResult Trainer::run() {
       ep_n += n;
       bool last = step == total_steps || b.batch_index + 1 == per_epoch;
       if (step % cfg_.log_every == 0 || last) {
+        if (comm_->size() > 1) {  // the logged loss and accuracy are the global batch's
+          float f[3] = {float(win_loss), float(win_correct), float(win_n)};
+          worker_->run("all-reduce of the logged loss",
+                       [&] { comm_->allreduce_sum(f, 3, DType::f32); });
+          win_loss = f[0];
+          win_correct = int64_t(f[1]);
+          win_n = int64_t(f[2]);
+        }
         double t = now_seconds();
         double ips = double(win_n) / std::max(1e-9, t - win_t0);
         double elapsed = t - t_start;
@@ -264,6 +369,7 @@ TrainResult Trainer::run() {
   res.skipped_steps = scaler_->state().skipped_steps;
   res.loss_scale = scaler_->scale();
   if (!cfg_.ckpt_dir.empty()) {
+    broadcast_buffers();
     char name[32];
     std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
     res.checkpoint = cfg_.ckpt_dir + "/" + name;
@@ -274,7 +380,10 @@ TrainResult Trainer::run() {
     info.global_step = step;
     info.num_classes = data_.train->num_classes();
     info.in_channels = data_.train->image_shape().c;
-    save_checkpoint(res.checkpoint, *model_, sgd_.get(), info);
+    info.precision = cfg_.precision;
+    info.scaler = scaler_->state();
+    if (comm_->rank() == 0) save_checkpoint(res.checkpoint, *model_, sgd_.get(), info);
+    worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
     log_info(str("checkpoint written: ", res.checkpoint));
   }
   return res;

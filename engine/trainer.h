@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include "comm/comm_worker.h"
+#include "comm/communicator.h"
+#include "comm/reducer.h"
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
@@ -49,9 +52,15 @@ class Trainer {
   Backend& backend() { return *backend_; }
   Sgd& optimizer() { return *sgd_; }
   LossScaler& scaler() { return *scaler_; }
+  Communicator& comm() { return *comm_; }
 
  private:
+  void check_ranks_agree();
+  void broadcast_buffers();
   RunConfig cfg_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<CommWorker> worker_;
+  std::unique_ptr<Reducer> reducer_;
   DataPair data_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
@@ -62,7 +71,10 @@ class Trainer {
 };
 
 // Evaluates `model` over a whole dataset with fixed (non-random) transforms.
+// With a worker, the set is split across ranks and the counts summed, so every rank gets
+// the whole set's figures.
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size, DType compute = DType::f32);
+                          int64_t batch_size, DType compute = DType::f32,
+                          CommWorker* worker = nullptr);
 
 }  // namespace spotrain

@@ -32,11 +32,23 @@ struct Buffer {
   Tensor value;
 };
 
+// Told when a parameter's gradient is complete during backward (the all-reduce Reducer
+// starts a bucket's communication as soon as its last gradient arrives).
+class GradListener {
+ public:
+  virtual ~GradListener() = default;
+  virtual void grad_ready(const Param& p) = 0;
+};
+
 // What a pass needs besides its input: the backend and the mode.
 struct Context {
   Backend& be;
   bool training = true;
   bool replay = false;  // re-running forward for gradient checkpointing: no side effects
+  GradListener* listener = nullptr;
+  void grad_ready(const Param& p) {
+    if (listener) listener->grad_ready(p);
+  }
 };
 
 class Layer {

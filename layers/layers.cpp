@@ -60,6 +60,7 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
 Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
   ctx.be.conv2d_backward_weights(x_, dy, p_, weight_.grad);
+  ctx.grad_ready(weight_);
   Tensor dx;
   if (needs_input_grad_) dx = ctx.be.conv2d_backward_data(dy, weight_.value, x_, p_);
   x_ = Tensor();
@@ -115,6 +116,8 @@ Tensor BatchNorm2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
   Tensor dx = ctx.be.batchnorm_backward(dy, x_, gamma_.value, beta_.value, saved_, eps_, relu_,
                                         gamma_.grad, beta_.grad);
+  ctx.grad_ready(gamma_);
+  ctx.grad_ready(beta_);
   clear_stash();
   return dx;
 }
@@ -204,6 +207,8 @@ Tensor Linear::forward_impl(const Tensor& x, Context& ctx) {
 Tensor Linear::backward_impl(const Tensor& dy, Context& ctx) {
   Tensor dx = ctx.be.linear_backward(dy, x_, weight_.value, weight_.grad, bias_.grad,
                                      needs_input_grad_);
+  ctx.grad_ready(weight_);
+  ctx.grad_ready(bias_);
   x_ = Tensor();
   return dx;
 }

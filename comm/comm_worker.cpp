@@ -1,0 +1,83 @@
+// CommWorker (see comm_worker.h).
+#include "comm/comm_worker.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+CommWorker::CommWorker(Communicator& comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {
+  SPOTRAIN_CHECK(timeout_s > 0, "--comm-timeout must be positive");
+  thread_ = std::thread([this] { loop(); });
+}
+
+CommWorker::~CommWorker() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+uint64_t CommWorker::submit(std::string what, std::function<void()> task) {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t id = next_id_++;
+  queue_.push_back(Job{id, std::move(what), std::move(task)});
+  cv_.notify_all();
+  return id;
+}
+
+void CommWorker::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = job.what;
+    }
+    std::string err;
+    try {
+      job.task();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!err.empty()) errors_[job.id] = err;
+      finished_upto_ = job.id;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void CommWorker::wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  if (!done_cv_.wait_until(lk, deadline, [&] { return finished_upto_ >= ticket; })) {
+    std::string what = running_;  // the collective that is stuck
+    lk.unlock();
+    fail(what, str("did not finish within --comm-timeout ", timeout_s_,
+                   " s: another rank died or hung (see its log)"));
+  }
+  auto it = errors_.find(ticket);
+  if (it != errors_.end()) {
+    std::string why = it->second;
+    lk.unlock();
+    fail("a collective", why);
+  }
+}
+
+void CommWorker::fail(const std::string& what, const std::string& why) {
+  std::fprintf(stderr, "error: rank %d: %s at step %lld %s; aborting the job\n", comm_.rank(),
+               what.c_str(), static_cast<long long>(step_), why.c_str());
+  std::fflush(stderr);
+  comm_.abort(1);
+}
+
+}  // namespace spotrain

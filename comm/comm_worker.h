@@ -1,0 +1,58 @@
+// CommWorker: one thread that makes every collective call, in submission order, so
+// gradient buckets are all-reduced while backward goes on, and so every wait has a
+// deadline. A collective that fails or outlives --comm-timeout prints one error line naming
+// this rank, the step and the collective, then aborts the whole job (never a silent hang).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/communicator.h"
+
+namespace spotrain {
+
+class CommWorker {
+ public:
+  CommWorker(Communicator& comm, double timeout_s);
+  ~CommWorker();
+  CommWorker(const CommWorker&) = delete;
+  CommWorker& operator=(const CommWorker&) = delete;
+
+  // Queues `task` (a collective call described by `what`); returns a ticket for wait().
+  uint64_t submit(std::string what, std::function<void()> task);
+  // Blocks until the ticket's task finished; on error or timeout aborts the job.
+  void wait(uint64_t ticket);
+  void run(std::string what, std::function<void()> task) { wait(submit(std::move(what), std::move(task))); }
+  void set_step(int64_t step) { step_ = step; }
+  Communicator& comm() { return comm_; }
+  double timeout_seconds() const { return timeout_s_; }
+
+ private:
+  struct Job {
+    uint64_t id;
+    std::string what;
+    std::function<void()> task;
+  };
+  void loop();
+  [[noreturn]] void fail(const std::string& what, const std::string& why);
+
+  Communicator& comm_;
+  double timeout_s_;
+  int64_t step_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job> queue_;
+  std::map<uint64_t, std::string> errors_;  // ticket -> error text
+  std::string running_;                     // what the worker is doing now
+  uint64_t next_id_ = 1, finished_upto_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace spotrain

@@ -1,0 +1,132 @@
+// The MPI Communicator (OpenMPI, host buffers). MPI is initialized with
+// MPI_THREAD_SERIALIZED: the CommWorker thread makes the collective calls.
+#define OMPI_SKIP_MPICXX 1  // the C API only; no deprecated C++ bindings
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+
+#define MPI_CHECK(call)                                                       \
+  do {                                                                        \
+    int mpi_rc_ = (call);                                                     \
+    if (mpi_rc_ != MPI_SUCCESS) {                                             \
+      char msg_[MPI_MAX_ERROR_STRING];                                        \
+      int len_ = 0;                                                           \
+      MPI_Error_string(mpi_rc_, msg_, &len_);                                 \
+      SPOTRAIN_THROW("MPI call failed: ", #call, " at ", __FILE__, ":", __LINE__, \
+                     ": ", std::string(msg_, size_t(len_)));                   \
+    }                                                                         \
+  } while (0)
+
+namespace spotrain {
+
+std::unique_ptr<Communicator> make_local_communicator();
+
+namespace {
+
+// Sums 16-bit floats element by element in fp32 (an MPI user operation).
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+}
+
+class MpiComm final : public Communicator {
+ public:
+  MpiComm() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+      SPOTRAIN_CHECK(provided >= MPI_THREAD_SERIALIZED,
+                     "this MPI library does not support MPI_THREAD_SERIALIZED");
+      owns_ = true;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+    MPI_Comm_free(&node);
+    MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));
+    MPI_CHECK(MPI_Type_commit(&half_type_));
+    MPI_CHECK(MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &bf16_sum_));
+    MPI_CHECK(MPI_Op_create(&sum16<half_to_float, float_to_half>, 1, &f16_sum_));
+  }
+  ~MpiComm() override {
+    MPI_Op_free(&bf16_sum_);
+    MPI_Op_free(&f16_sum_);
+    MPI_Type_free(&half_type_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  std::string name() const override {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    std::string s(v, size_t(len));
+    return "mpi (" + s.substr(0, s.find(',')) + ")";
+  }
+  void allreduce_sum(void* data, int64_t count, DType dt) override {
+    // MPI counts are int: large buffers go in chunks.
+    const int64_t chunk = int64_t(1) << 30;
+    size_t esz = dtype_size(dt);
+    for (int64_t off = 0; off < count; off += chunk) {
+      int n = int(std::min(chunk, count - off));
+      char* p = static_cast<char*>(data) + off * int64_t(esz);
+      switch (dt) {
+        case DType::f32: MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); break;
+        case DType::bf16: MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, half_type_, bf16_sum_, MPI_COMM_WORLD)); break;
+        case DType::f16: MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, half_type_, f16_sum_, MPI_COMM_WORLD)); break;
+        case DType::i32: MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD)); break;
+        default: SPOTRAIN_THROW("allreduce: unsupported dtype ", dtype_name(dt));
+      }
+    }
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    const size_t chunk = size_t(1) << 30;
+    for (size_t off = 0; off < bytes; off += chunk)
+      MPI_CHECK(MPI_Bcast(static_cast<char*>(data) + off, int(std::min(chunk, bytes - off)),
+                          MPI_BYTE, root, MPI_COMM_WORLD));
+  }
+  void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  std::vector<uint64_t> allgather(uint64_t v) override {
+    std::vector<uint64_t> all(size_t(size_), 0);
+    MPI_CHECK(MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+    return all;
+  }
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  MPI_Datatype half_type_;
+  MPI_Op bf16_sum_, f16_sum_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(const std::string& kind) {
+  if (kind == "local") return make_local_communicator();
+  if (kind == "mpi" || (kind == "auto" && launched_by_mpi())) return std::make_unique<MpiComm>();
+  if (kind == "auto") return make_local_communicator();
+  SPOTRAIN_THROW("unknown communicator '", kind, "'; use auto, local or mpi");
+}
+
+}  // namespace spotrain
