@@ -49,7 +49,7 @@ void CommWorker::loop() {
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (!err.empty()) errors_[job.id] = err;
+      if (!err.empty()) errors_[job.id] = job.what + ": " + err;
       finished_upto_ = job.id;
     }
     done_cv_.notify_all();
@@ -69,7 +69,7 @@ void CommWorker::wait(uint64_t ticket) {
   if (it != errors_.end()) {
     std::string why = it->second;
     lk.unlock();
-    fail("a collective", why);
+    fail(why.substr(0, why.find(": ")), "failed: " + why.substr(why.find(": ") + 2));
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "comm/communicator.h"
 #include "engine/error.h"
@@ -66,6 +67,9 @@ class MpiComm final : public Communicator {
     MPI_Type_free(&half_type_);
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Unwinding from an error: MPI_Finalize would wait for ranks that are still training.
+    // Exiting without it makes mpirun end the whole job, which is what an error must do.
+    if (std::uncaught_exceptions() > 0) return;
     if (owns_ && !finalized) MPI_Finalize();
   }
   int rank() const override { return rank_; }

@@ -22,7 +22,8 @@ Reducer::Reducer(Model& model, CommWorker& worker, const ReducerOptions& opt)
   for (size_t i = 0; i < params.size(); ++i) order.emplace_back(model.offset_of(params[i]), int(i));
   std::sort(order.begin(), order.end());
   bucket_of_param_.assign(params.size(), -1);
-  int64_t limit = int64_t(opt.first_bucket_mb * (1 << 20) / 4);
+  // The first bucket is the smaller of --bucket-mb and first_bucket_mb.
+  int64_t limit = int64_t(std::min(opt.first_bucket_mb, opt.bucket_mb) * (1 << 20) / 4);
   for (auto& [off, idx] : order) {
     int64_t n = params[size_t(idx)]->value.numel();
     if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= limit) {

@@ -60,6 +60,9 @@ std::string RunConfig::to_json() const {
                    {"threads", threads},
                    {"workers", workers},
                    {"ckpt_dir", ckpt_dir},
+                   {"metrics", metrics},
+                   {"log_every", log_every},
+                   {"eval_each_epoch", eval_each_epoch},
                    {"bucket_mb", bucket_mb},
                    {"grad_compression", grad_compression},
                    {"comm_timeout", comm_timeout}};

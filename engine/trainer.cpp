@@ -145,7 +145,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
   if (prec == Precision::fp16 && backend_->device() == Device::cpu)
     log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
              "scaling). bf16 is the fast CPU choice.");
-  if (!cfg_.ckpt_dir.empty()) {
+  if (!cfg_.ckpt_dir.empty() && comm_->rank() == 0) {
     // Fail now, not after hours of training, when checkpoints cannot be written.
     std::error_code ec;
     std::filesystem::create_directories(cfg_.ckpt_dir, ec);
@@ -156,7 +156,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
     f.close();
     std::filesystem::remove(probe, ec);
   }
-  if (!cfg_.metrics.empty()) {
+  if (!cfg_.metrics.empty() && comm_->rank() == 0) {
     metrics_ = std::fopen(cfg_.metrics.c_str(), "w");
     SPOTRAIN_CHECK(metrics_, "cannot write metrics file ", cfg_.metrics, ": ", std::strerror(errno));
   }
@@ -220,24 +220,22 @@ void Trainer::broadcast_buffers() {
   }
 }
 
-// Every rank must train the same thing: hash each setting that must agree and compare.
+// Every rank must train the same thing: each setting of the run config, except those that
+// may differ per node, is hashed and compared across ranks; a difference names the rank and
+// the setting.
 void Trainer::check_ranks_agree() {
-  auto h = [](const std::string& s) { return uint64_t(std::hash<std::string>{}(s)); };
-  const std::pair<const char*, uint64_t> fields[] = {
-      {"--model", h(cfg_.model)},
-      {"--precision", h(cfg_.precision)},
-      {"--batch-size", uint64_t(cfg_.batch_size)},
-      {"--seed", cfg_.seed},
-      {"--data", h(cfg_.data)},
-      {"--epochs/--steps", uint64_t(cfg_.epochs) * 1000003u + uint64_t(cfg_.steps)},
-      {"--lr", h(std::to_string(cfg_.lr))},
-      {"--grad-checkpoint", h(cfg_.grad_checkpoint)},
-      {"--bucket-mb/--grad-compression", h(std::to_string(cfg_.bucket_mb) + cfg_.grad_compression)}};
-  for (auto& [name, value] : fields) {
+  static const char* per_node[] = {"threads", "workers", "device", "comm_timeout", "metrics"};
+  auto cfg = nlohmann::json::parse(cfg_.to_json());
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    if (std::find(std::begin(per_node), std::end(per_node), it.key()) != std::end(per_node))
+      continue;
+    uint64_t h = uint64_t(std::hash<std::string>{}(it.value().dump()));
     std::vector<uint64_t> all;
-    worker_->run(std::string("start-up check of ") + name, [&] { all = comm_->allgather(value); });
+    worker_->run("start-up check of " + it.key(), [&] { all = comm_->allgather(h); });
+    std::string flag = "--" + it.key();
+    std::replace(flag.begin(), flag.end(), '_', '-');
     for (size_t r = 1; r < all.size(); ++r)
-      SPOTRAIN_CHECK(all[r] == all[0], "rank ", r, " was started with a different ", name,
+      SPOTRAIN_CHECK(all[r] == all[0], "rank ", r, " was started with a different ", flag,
                      " than rank 0; every rank must get the same settings");
   }
 }
@@ -291,8 +289,8 @@ TrainResult Trainer::run() {
     double win_t0 = now_seconds(), ep_t0 = win_t0;
     while (step < total_steps && loader.next(b)) {
       float lr = sched.at(step);
-      worker_->set_step(step);
-      inject_fault(comm_->rank(), step);
+      worker_->set_step(step + 1);  // 1-based, as in the progress lines
+      inject_fault(comm_->rank(), step + 1);
       StepResult sr = runner_->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
       const LossResult& l = sr.loss;
       ++step;
@@ -342,6 +340,13 @@ TrainResult Trainer::run() {
       }
     }
     double ep_secs = now_seconds() - ep_t0;
+    if (comm_->size() > 1) {  // the epoch summary is the whole job's
+      float f[3] = {float(ep_loss), float(ep_correct), float(ep_n)};
+      worker_->run("all-reduce of the epoch summary", [&] { comm_->allreduce_sum(f, 3, DType::f32); });
+      ep_loss = f[0];
+      ep_correct = int64_t(f[1]);
+      ep_n = int64_t(f[2]);
+    }
     res.final_loss = ep_n ? ep_loss / double(ep_n) : 0;
     res.train_top1 = ep_n ? double(ep_correct) / double(ep_n) : 0;
     res.images_per_sec = double(ep_n) / std::max(1e-9, ep_secs);

@@ -296,6 +296,50 @@ TEST(Sampler, RankSlicesPartitionGlobalBatch) {
   EXPECT_THROW(Sampler::rank_slice(perm, 12, G, 0, 1), Error);  // past the last full batch
 }
 
+// Over a whole epoch, 2 or 4 ranks together see every sample of the full global batches
+// exactly once (disjoint, complete; only the last partial batch is dropped), and each
+// rank's samples come in a different order every epoch.
+TEST(Sampler, RanksCoverEachEpochOnceAndReshuffle) {
+  const int64_t size = 103, per_rank = 6;
+  Sampler s(size, 11, true);
+  for (int world : {2, 4}) {
+    const int64_t G = per_rank * world, nb = Sampler::batches_per_epoch(size, G, true);
+    std::vector<std::vector<int64_t>> rank_order_prev(static_cast<size_t>(world));
+    std::set<int64_t> dropped_prev;
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      auto perm = s.permutation(epoch);
+      std::set<int64_t> seen;
+      std::vector<std::vector<int64_t>> rank_order(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r)
+        for (int64_t b = 0; b < nb; ++b)
+          for (auto v : Sampler::rank_slice(perm, b, G, r, world)) {
+            EXPECT_TRUE(v >= 0 && v < size) << v;
+            EXPECT_TRUE(seen.insert(v).second)
+                << "sample " << v << " seen twice in epoch " << epoch << ", world " << world;
+            rank_order[size_t(r)].push_back(v);
+          }
+      EXPECT_EQ(int64_t(seen.size()), nb * G) << "world " << world << " epoch " << epoch;
+      std::set<int64_t> dropped;
+      for (int64_t i = 0; i < size; ++i)
+        if (!seen.count(i)) dropped.insert(i);
+      EXPECT_EQ(int64_t(dropped.size()), size - nb * G);
+      EXPECT_LT(int64_t(dropped.size()), G);
+      // The dropped samples are the permutation's tail, so they change with the epoch.
+      EXPECT_EQ(dropped, std::set<int64_t>(perm.begin() + nb * G, perm.end()));
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(int64_t(rank_order[size_t(r)].size()), nb * per_rank);
+        if (epoch > 0) {
+          EXPECT_NE(rank_order[size_t(r)], rank_order_prev[size_t(r)])
+              << "rank " << r << " repeats its order in epoch " << epoch;
+        }
+      }
+      if (epoch > 0) EXPECT_NE(dropped, dropped_prev) << "the same samples are dropped every epoch";
+      rank_order_prev = rank_order;
+      dropped_prev = dropped;
+    }
+  }
+}
+
 TEST(Sampler, BatchesPerEpoch) {
   EXPECT_EQ(Sampler::batches_per_epoch(103, 8, true), 12);
   EXPECT_EQ(Sampler::batches_per_epoch(103, 8, false), 13);

@@ -8,8 +8,13 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "comm/comm_worker.h"
+#include "comm/communicator.h"
+#include "comm/reducer.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/model.h"
@@ -53,6 +58,10 @@ int run_bench(const BenchOptions& o) {
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   Precision prec = parse_precision(o.precision);
+  auto comm = make_communicator("auto");
+  CommWorker worker(*comm, 300);
+  const int world = comm->size();
+  set_log_enabled(comm->rank() == 0);
   BackendOptions bo;
   bo.threads = o.threads;
   auto be = make_backend(o.device, bo);
@@ -67,7 +76,18 @@ int run_bench(const BenchOptions& o) {
   LossScalerOptions lso;
   lso.enabled = prec == Precision::fp16;
   LossScaler scaler(lso);
-  StepRunner runner(model, sgd, scaler, prec);
+  std::unique_ptr<Reducer> reducer;
+  if (world > 1) {
+    Tensor& flat = model.flat_params();
+    worker.run("broadcast of the initial parameters", [&] { comm->broadcast(flat.raw(), flat.nbytes(), 0); });
+    model.parameters_changed();
+    reducer = std::make_unique<Reducer>(model, worker, ReducerOptions{});
+  }
+  Reducer* red = reducer.get();
+  StepRunner runner(model, sgd, scaler, prec, red,
+                    red ? std::function<double()>([red] { return red->finish(); })
+                        : std::function<double()>(),
+                    world);
 
   // One synthetic batch generated once, as NVIDIA's reference scripts do.
   Tensor images = Tensor::host({o.batch_size, o.channels, o.image_size, o.image_size}, DType::f32,
@@ -78,9 +98,9 @@ int run_bench(const BenchOptions& o) {
   std::vector<int32_t> labels(o.batch_size);
   for (auto& l : labels) l = int32_t(rng.below(uint32_t(o.num_classes)));
 
-  log_info(str("bench ", o.model, " batch ", o.batch_size, " ", o.image_size, "x", o.image_size,
+  log_info(str("bench ", o.model, " batch ", o.batch_size, world > 1 ? str(" per rank x ", world, " ranks") : "", " ", o.image_size, "x", o.image_size,
                "x", o.channels, " ", o.precision, " on ", be->name(), "; ", model.summary()));
-  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s;
+  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s;
   size_t act_peak = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     StepTimes t;
@@ -93,11 +113,11 @@ int run_bench(const BenchOptions& o) {
     // and temporaries (the resident weights, gradients and momentum excluded).
     act_peak = std::max(act_peak, after.peak_bytes - before);
     if (peak_before > after.peak_bytes) be->allocator().restore_peak(peak_before);
-    double total = t.data + t.forward + t.backward + t.optimizer;
+    double total = t.data + t.forward + t.backward + t.comm_exposed + t.optimizer;
     bool timed = s >= o.warmup;
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
                  fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
-                 fmt_fixed(double(o.batch_size) / total, 2), " img/s",
+                 fmt_fixed(double(o.batch_size * world) / total, 2), " img/s",
                  r.overflow ? " (overflow: step skipped)" : ""));
     if (!timed) continue;
     step_s.push_back(total);
@@ -105,9 +125,10 @@ int run_bench(const BenchOptions& o) {
     fwd_s.push_back(t.forward);
     bwd_s.push_back(t.backward);
     opt_s.push_back(t.optimizer);
+    comm_s.push_back(t.comm_exposed);
   }
   std::vector<double> ips;
-  for (double t : step_s) ips.push_back(double(o.batch_size) / t);
+  for (double t : step_s) ips.push_back(double(o.batch_size * world) / t);
   double med = percentile(ips, 0.5), p10 = percentile(ips, 0.1), p90 = percentile(ips, 0.9);
   auto st = be->allocator().stats();
   size_t rss = peak_rss_bytes();
@@ -115,7 +136,8 @@ int run_bench(const BenchOptions& o) {
                fmt_fixed(p90, 2), "  (", o.steps, " timed steps)"));
   log_info(str("phases (median s/step): data ", fmt_fixed(percentile(data_s, 0.5), 4), "  forward ",
                fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
-               "  comm_exposed 0  optimizer ", fmt_fixed(percentile(opt_s, 0.5), 4)));
+               "  comm_exposed ", fmt_fixed(percentile(comm_s, 0.5), 4), "  optimizer ",
+               fmt_fixed(percentile(opt_s, 0.5), 4)));
   log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
                " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
                " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS; ",
@@ -126,13 +148,13 @@ int run_bench(const BenchOptions& o) {
                  fmt_fixed(secs / 3600.0 * o.price_per_hour, 2), " at $",
                  fmt_fixed(o.price_per_hour, 2), "/hour"));
   }
-  if (!o.json.empty()) {
+  if (!o.json.empty() && comm->rank() == 0) {
     nlohmann::json j{{"model", o.model},
                      {"batch_size", o.batch_size},
                      {"image_size", o.image_size},
                      {"precision", o.precision},
                      {"grad_checkpoint", o.grad_checkpoint},
-                     {"ranks", 1},
+                     {"ranks", world},
                      {"steps", o.steps},
                      {"images_per_sec", med},
                      {"images_per_sec_p10", p10},
@@ -144,7 +166,7 @@ int run_bench(const BenchOptions& o) {
                       {{"data", percentile(data_s, 0.5)},
                        {"forward", percentile(fwd_s, 0.5)},
                        {"backward", percentile(bwd_s, 0.5)},
-                       {"comm_exposed", 0.0},
+                       {"comm_exposed", percentile(comm_s, 0.5)},
                        {"optimizer", percentile(opt_s, 0.5)}}},
                      {"machine", {{"cpu", cpu_model()}, {"backend", be->name()}}}};
     std::ofstream f(o.json);

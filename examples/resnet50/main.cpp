@@ -61,6 +61,13 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--workers", cfg.workers, "data loader threads")->capture_default_str();
   c.add_option("--log-every", cfg.log_every, "progress line every N steps")->capture_default_str();
   c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
+  c.add_option("--bucket-mb", cfg.bucket_mb, "gradient all-reduce bucket size in MB")
+      ->capture_default_str();
+  c.add_option("--grad-compression", cfg.grad_compression, "none|fp16|bf16 all-reduce")
+      ->capture_default_str();
+  c.add_option("--comm-timeout", cfg.comm_timeout,
+               "seconds a collective may take before the job is aborted")
+      ->capture_default_str();
   c.add_option("--ckpt-dir", cfg.ckpt_dir, "write a checkpoint here when training ends (\"\" = none)")
       ->capture_default_str();
 }

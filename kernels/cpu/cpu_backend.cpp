@@ -3,6 +3,9 @@
 #include "kernels/cpu/cpu_entries.h"
 
 #include <immintrin.h>
+#include <sched.h>
+
+#include <cstdlib>
 #include <omp.h>
 
 #include <algorithm>
@@ -18,7 +21,18 @@ namespace spotrain::cpu {
 using namespace dnnl;
 
 CpuBackend::CpuBackend(const BackendOptions& opt) {
-  threads_ = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  // --threads 0: OMP_NUM_THREADS if set, else the CPUs this process may run on (respects
+  // taskset, cgroups cpusets and Slurm bindings, unlike the machine's core count).
+  threads_ = opt.threads;
+  if (threads_ <= 0) {
+    if (const char* e = std::getenv("OMP_NUM_THREADS")) threads_ = std::atoi(e);
+  }
+  if (threads_ <= 0) {
+    cpu_set_t set;
+    threads_ = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                           : int(std::thread::hardware_concurrency());
+  }
+  threads_ = std::max(1, threads_);
   omp_set_num_threads(threads_);
 }
 

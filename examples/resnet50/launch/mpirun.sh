@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Multi-node launch of `spotrain train` with Open MPI and a hostfile: one process (rank) per
+# GPU, or per CPU share of a node, on every host listed. Prints the mpirun command it runs.
+#
+#   examples/resnet50/launch/mpirun.sh HOSTFILE NP [spotrain train arguments...]
+#
+#   HOSTFILE  Open MPI hostfile, one node a line: `node01 slots=8` (see hosts.example)
+#   NP        total number of ranks (at most nodes x RANKS_PER_NODE)
+#
+# Settings (environment variables):
+#   RANKS_PER_NODE    ranks started on each node (default 1). GPU ranks: the GPUs per node.
+#                     CPU ranks (what runs today): 1, or the number of sockets.
+#   THREADS_PER_RANK  compute threads of each rank; sets OMP_NUM_THREADS and passes
+#                     --threads (spotrain's --threads 0 means every core of the node, so set
+#                     this whenever RANKS_PER_NODE > 1)
+#   BIND_TO           none (default) or core: core pins each rank to THREADS_PER_RANK cores
+#                     of its own (--map-by ppr:R:node:PE=T --bind-to core), good for CPU ranks
+#   MPI_IFNAME        network interface(s) Open MPI itself should use, e.g. eth0 or
+#                     10.0.0.0/16 (sets btl_tcp_if_include and oob_tcp_if_include)
+#   SPOTRAIN          the spotrain binary, same path on every node (default: this checkout's
+#                     build/spotrain if it exists, else `spotrain` on PATH)
+#   MPIRUN            the mpirun to use (default: mpirun)
+#   MPIRUN_ARGS       extra mpirun arguments, split on spaces (e.g. "--mca btl ^openib")
+#   EXTRA_ENV         names of extra environment variables to forward, split on spaces
+#   DRY_RUN=1         print the command and stop
+#
+# Forwarded to every rank when set here: NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG
+# OMP_NUM_THREADS LD_LIBRARY_PATH PATH SPOTRAIN_FAULT and EXTRA_ENV.
+#
+# Example (2 nodes, one CPU rank of 32 threads each):
+#   THREADS_PER_RANK=32 examples/resnet50/launch/mpirun.sh hosts 2 \
+#     --model resnet20 --data fashion-mnist --epochs 6 --batch-size 128 --ckpt-dir /shared/ckpt
+# Once the CUDA backend lands (8 GPUs per node, 16 GPUs):
+#   RANKS_PER_NODE=8 examples/resnet50/launch/mpirun.sh hosts 16 --device cuda ...
+# See docs/MULTI_NODE.md.
+set -euo pipefail
+
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
+usage() {
+  sed -n '5,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+[[ $# -ge 1 && ( "$1" == "-h" || "$1" == "--help" ) ]] && usage
+[[ $# -ge 2 ]] || { echo "error: HOSTFILE and NP are required" >&2; usage; }
+HOSTFILE=$1
+NP=$2
+shift 2
+
+[[ -e "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' does not exist; write one line per node, e.g. 'node01 slots=8' (see examples/resnet50/launch/hosts.example)"
+[[ -f "$HOSTFILE" && -r "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' is not a readable file"
+[[ "$NP" =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive number of ranks, got '$NP'"
+
+RANKS_PER_NODE=${RANKS_PER_NODE:-1}
+[[ "$RANKS_PER_NODE" =~ ^[1-9][0-9]*$ ]] || die "RANKS_PER_NODE must be a positive number, got '$RANKS_PER_NODE'"
+THREADS_PER_RANK=${THREADS_PER_RANK:-}
+[[ -z "$THREADS_PER_RANK" || "$THREADS_PER_RANK" =~ ^[1-9][0-9]*$ ]] ||
+  die "THREADS_PER_RANK must be a positive number, got '$THREADS_PER_RANK'"
+BIND_TO=${BIND_TO:-none}
+[[ "$BIND_TO" == none || "$BIND_TO" == core ]] || die "BIND_TO must be none or core, got '$BIND_TO'"
+[[ "$BIND_TO" == none || -n "$THREADS_PER_RANK" ]] || die "BIND_TO=core needs THREADS_PER_RANK (cores per rank)"
+
+# Nodes in the hostfile: lines that are not blank or comments.
+NODES=$(grep -cvE '^[[:space:]]*(#|$)' "$HOSTFILE" || true)
+((NODES > 0)) || die "hostfile '$HOSTFILE' lists no nodes"
+((NP <= NODES * RANKS_PER_NODE)) ||
+  die "NP=$NP ranks do not fit on $NODES node(s) x RANKS_PER_NODE=$RANKS_PER_NODE; add nodes or raise RANKS_PER_NODE"
+
+if [[ -z "${SPOTRAIN:-}" ]]; then
+  repo=$(cd "$(dirname "$0")/../../.." && pwd)
+  if [[ -x "$repo/build/spotrain" ]]; then SPOTRAIN="$repo/build/spotrain"; else SPOTRAIN=spotrain; fi
+fi
+MPIRUN=${MPIRUN:-mpirun}
+command -v "$MPIRUN" >/dev/null || die "'$MPIRUN' not found; install Open MPI (Debian: openmpi-bin) or set MPIRUN"
+
+# spotrain train arguments: pass --threads unless the caller did.
+args=("$@")
+user_threads=0
+for a in "${args[@]}"; do
+  [[ "$a" == --threads || "$a" == --threads=* ]] && user_threads=1
+done
+if [[ -n "$THREADS_PER_RANK" ]]; then
+  export OMP_NUM_THREADS="$THREADS_PER_RANK"
+  ((user_threads)) || args+=(--threads "$THREADS_PER_RANK")
+elif ((RANKS_PER_NODE > 1 && !user_threads)); then
+  echo "warning: RANKS_PER_NODE=$RANKS_PER_NODE but no THREADS_PER_RANK or --threads: each rank" \
+       "will start one compute thread per core of its node (oversubscribed on CPU ranks)" >&2
+fi
+
+cmd=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP")
+if [[ "$BIND_TO" == core ]]; then
+  cmd+=(--map-by "ppr:${RANKS_PER_NODE}:node:PE=${THREADS_PER_RANK}" --bind-to core)
+else
+  cmd+=(--map-by "ppr:${RANKS_PER_NODE}:node" --bind-to none)
+fi
+if [[ $(id -u) -eq 0 && -z "${OMPI_ALLOW_RUN_AS_ROOT:-}" ]]; then
+  cmd+=(--allow-run-as-root)  # Open MPI refuses root otherwise
+fi
+if [[ -n "${MPI_IFNAME:-}" ]]; then
+  cmd+=(--mca btl_tcp_if_include "$MPI_IFNAME" --mca oob_tcp_if_include "$MPI_IFNAME")
+fi
+for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG OMP_NUM_THREADS LD_LIBRARY_PATH PATH \
+         SPOTRAIN_FAULT ${EXTRA_ENV:-}; do
+  [[ -n "${!v+set}" ]] && cmd+=(-x "$v")
+done
+if [[ -n "${MPIRUN_ARGS:-}" ]]; then
+  read -r -a extra <<<"$MPIRUN_ARGS"
+  cmd+=("${extra[@]}")
+fi
+cmd+=("$SPOTRAIN" train ${args[@]+"${args[@]}"})
+
+printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP" "$NODES" "$HOSTFILE"
+printf ' %q' "${cmd[@]}"
+printf '\n'
+[[ "${DRY_RUN:-0}" == 1 ]] && exit 0
+exec "${cmd[@]}"

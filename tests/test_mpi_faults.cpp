@@ -1,0 +1,139 @@
+// Multi-process behaviour of `spotrain train` under mpirun: a rank that dies or hangs ends
+// the whole job with a non-zero exit in bounded time (never a silent hang), ranks started
+// with different settings refuse to train, and a healthy 2-rank run finishes.
+// Faults come from the SPOTRAIN_FAULT=die|hang:RANK:STEP test hook in engine/trainer.cpp.
+// Every launch runs under `timeout`, so a regression shows as a failure, not a stuck CTest.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+#include <string>
+
+namespace {
+
+struct Launch {
+  int code = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+// Safety net: no launch here may take longer than this.
+constexpr int kSafetyNetSeconds = 90;
+
+Launch run(const std::string& cmd) {
+  // mpirun refuses to run as root without these (containers, CI); harmless otherwise.
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  std::string full = "timeout -k 10 " + std::to_string(kSafetyNetSeconds) + " " + cmd + " 2>&1";
+  Launch r;
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(full.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string mpirun(int np, const std::string& extra_env = "") {
+  std::string s = std::string(MPIEXEC_EXECUTABLE) + " -np " + std::to_string(np) +
+                  " --oversubscribe --bind-to none -x OMP_NUM_THREADS=1";
+  if (!extra_env.empty()) s += " -x " + extra_env;
+  return s;
+}
+
+// A tiny training run: resnet20 on synthetic data, 8 steps, one compute thread.
+std::string train_args(const std::string& more = "") {
+  return std::string(SPOTRAIN_BIN) +
+         " train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --steps 8"
+         " --threads 1 --ckpt-dir '' --log-every 1 " +
+         more;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+int count(const std::string& s, const std::string& needle) {
+  int n = 0;
+  for (size_t pos = s.find(needle); pos != std::string::npos; pos = s.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+TEST(MpiFaults, HealthyTwoRankRunFinishes) {
+  Launch r = run(mpirun(2) + " " + train_args("--batch-size 16 --bucket-mb 0.25"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count(r.out, "data parallel over 2 ranks"), 1) << "only rank 0 logs:\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "global batch 32")) << r.out;
+  // 1.04 MiB of resnet20 gradients in buckets of 0.25 MB (the first one no larger).
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("(\\d+) gradient buckets of up to 0.25 MB")))
+      << r.out;
+  EXPECT_GE(std::stoi(m[1]), 4) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 8/8")) << r.out;
+  EXPECT_TRUE(contains(r.out, "(64 images)")) << "split evaluation covers the test set:\n" << r.out;
+  EXPECT_FALSE(contains(r.out, "error:")) << r.out;
+  RecordProperty("seconds", std::to_string(r.seconds));
+}
+
+TEST(MpiFaults, HealthyTwoRankRunWithCompressionFinishes) {
+  Launch r = run(mpirun(2) + " " + train_args("--batch-size 16 --grad-compression fp16"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "compression fp16")) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 8/8")) << r.out;
+}
+
+// A rank killed at step 3 (as a preempted node): the job ends, non-zero, well before the
+// communication timeout would have fired and far before the safety net.
+TEST(MpiFaults, DeadRankEndsTheJob) {
+  Launch r = run(mpirun(2, "SPOTRAIN_FAULT=die:1:3") + " " +
+                 train_args("--batch-size 16 --comm-timeout 20"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: SPOTRAIN_FAULT die at step 3")) << r.out;
+  EXPECT_FALSE(contains(r.out, "step 8/8")) << r.out;
+  EXPECT_LT(r.seconds, 40.0) << "the job outlived its dead rank:\n" << r.out;
+  RecordProperty("seconds", std::to_string(r.seconds));
+}
+
+// A rank that hangs at step 3: the others' gradient all-reduce outlives --comm-timeout, and
+// the job is aborted with an error naming the collective and the step.
+TEST(MpiFaults, HungRankTimesOutWithClearError) {
+  Launch r = run(mpirun(2, "SPOTRAIN_FAULT=hang:1:3") + " " +
+                 train_args("--batch-size 16 --comm-timeout 5"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: SPOTRAIN_FAULT hang at step 3")) << r.out;
+  EXPECT_TRUE(contains(r.out, "did not finish within --comm-timeout")) << r.out;
+  EXPECT_TRUE(contains(r.out, "error: rank 0: all-reduce of gradient bucket")) << r.out;
+  EXPECT_TRUE(contains(r.out, "at step 3 ")) << r.out;
+  EXPECT_GT(r.seconds, 5.0) << "aborted before --comm-timeout passed:\n" << r.out;
+  EXPECT_LT(r.seconds, 30.0) << r.out;
+  RecordProperty("seconds", std::to_string(r.seconds));
+}
+
+// MPMD launch with a per-rank --batch-size: the start-up check refuses to train.
+TEST(MpiFaults, MismatchedSettingsAreRefused) {
+  std::string cmd = mpirun(1) + " " + train_args("--batch-size 16") + " : -np 1 " +
+                    train_args("--batch-size 32");
+  Launch r = run(cmd);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "error: rank 1 was started with a different --batch-size")) << r.out;
+  EXPECT_FALSE(contains(r.out, "step 1/")) << "training started anyway:\n" << r.out;
+  EXPECT_LT(r.seconds, 40.0) << r.out;
+}
+
+TEST(MpiFaults, MismatchedCompressionIsRefused) {
+  std::string cmd = mpirun(1) + " " + train_args("--batch-size 16") + " : -np 1 " +
+                    train_args("--batch-size 16 --grad-compression bf16");
+  Launch r = run(cmd);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "error: rank 1 was started with a different --grad-compression"))
+      << r.out;
+}
+
+}  // namespace
