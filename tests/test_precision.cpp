@@ -3,6 +3,7 @@
 // training step that overflows in fp16 and must leave weights and momentum untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -74,7 +75,7 @@ int64_t offset4(const Shape& s, Layout l, int64_t n, int64_t c, int64_t h, int64
 // A host fp32 4-D tensor in `layout` holding `plain` (row-major N, C, H, W); padding is zero.
 Tensor make4(const std::vector<float>& plain, const Shape& s, Layout layout) {
   int64_t store = layout == Layout::nchw16c ? s[0] * padded16(s[1]) * s[2] * s[3] : shape_numel(s);
-  Tensor t(s, DType::f32, Allocator::host(), layout, store);
+  Tensor t(s, DType::f32, Allocator::host(), layout, store);  // (N, C, H, W) fp32 in `layout`
   float* p = t.data<float>();
   std::fill(p, p + store, 0.f);
   int64_t i = 0;
@@ -250,7 +251,7 @@ void check_cast(Backend& be, const Tensor& x, DType to) {
 
 TEST(Cast, BlockedTensorMatchesScalarConversion) {
   auto be = cpu();
-  Shape s{2, 20, 5, 7};  // 20 channels: the second block of 16 is partly padding
+  Shape s{2, 20, 5, 7};  // (N, C, H, W); 20 channels: the second block of 16 is partly padding
   Tensor x = make4(wide_values(shape_numel(s), 1), s, Layout::nchw16c);
   ASSERT_EQ(x.storage_elems(), 2 * 32 * 5 * 7);
   check_cast(*be, x, DType::f16);
@@ -269,7 +270,7 @@ TEST(Cast, LargePlainTensorMatchesScalarConversion) {
   auto be = cpu();
   const int64_t n = 100003;  // many threads' worth, with a ragged tail
   std::vector<float> v = wide_values(n, 5);
-  Tensor h = Tensor::host({n});
+  Tensor h = Tensor::host({n});  // (n) fp32
   std::copy(v.begin(), v.end(), h.data<float>());
   Tensor x = be->from_host(h);
   check_cast(*be, x, DType::f16);
@@ -296,7 +297,7 @@ TEST(Cast, Bf16RelativeErrorWithinHalfUlp) {
   auto be = cpu();
   const int64_t n = 1 << 16;
   Philox rng(4);
-  Tensor x = Tensor::host({n});
+  Tensor x = Tensor::host({n});  // (n) fp32
   float* p = x.data<float>();
   for (int64_t i = 0; i < n; ++i)  // normal floats over ~70 binades
     p[i] = rng.normal() * std::ldexp(1.f, int(rng.below(70)) - 35);
@@ -440,7 +441,7 @@ TEST(UnscaleAndCheck, FiniteGradientsAreScaledExactly) {
   const int64_t n = 1 << 20;
   const float inv = 1.0f / 1000.0f;  // not a power of two: every product rounds
   Philox rng(11);
-  Tensor h = Tensor::host({n});
+  Tensor h = Tensor::host({n});  // (n) fp32 gradients
   float* p = h.data<float>();
   // |v| in [1e-3, 1e5]: products stay normal, far from both ends of the float range.
   for (int64_t i = 0; i < n; ++i)
@@ -461,7 +462,7 @@ TEST(UnscaleAndCheck, OneNonFiniteAnywhereIsReported) {
   auto be = cpu();
   const int64_t n = 1 << 20;
   Philox rng(12);
-  Tensor h = Tensor::host({n});
+  Tensor h = Tensor::host({n});  // (n) fp32 gradients
   float* p = h.data<float>();
   for (int64_t i = 0; i < n; ++i) p[i] = rng.normal();
   std::vector<int64_t> where = {0, n / 2, n - 1, int64_t(rng.below(uint32_t(n))),
@@ -610,4 +611,18 @@ TEST(Fp16Step, StaticScaleThatAlwaysOverflowsStopsTraining) {
   EXPECT_EQ(t.optimizer().steps(), 0);
   std::vector<float> p1 = host_copy(t.backend(), t.model().flat_params());
   EXPECT_EQ(std::memcmp(p0.data(), p1.data(), p0.size() * 4), 0);
+}
+
+TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
+  // The control for the overflow above: it comes from fp16's range, not from the scaler.
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer t(cfg);
+  Batch b = random_batch(16, 21);
+  LossScaler huge = make_scaler(std::ldexp(1.0, 40));
+  StepResult r = StepRunner(t.model(), t.optimizer(), huge, Precision::fp32)
+                     .run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(huge.scale(), std::ldexp(1.0, 40));
+  EXPECT_EQ(t.optimizer().steps(), 1);
 }
