@@ -71,9 +71,17 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
   return std::make_unique<Residual>(prefix, std::move(main), std::move(shortcut));
 }
 
-// Wraps groups of blocks in Checkpointed segments according to the mode.
-void apply_checkpointing(std::vector<std::unique_ptr<Sequential>>& stages, const std::string& mode) {
-  if (mode == "none") return;
+// Cuts the network body into Checkpointed segments according to the mode and appends them
+// to `net`. The stem (first convolution, BN, pool) is a segment of its own, or joins the
+// first stage's segment in `stage` mode. The last segment is never checkpointed: backward
+// would replay it right after forward ends, which saves no memory and costs a forward.
+void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
+              std::vector<std::unique_ptr<Sequential>>& stages, const std::string& mode) {
+  if (mode == "none") {
+    for (auto& l : stem->release()) net.add(std::move(l));
+    for (auto& st : stages) net.add(std::move(st));
+    return;
+  }
   int every = 0;
   if (mode == "block") every = 1;
   else if (mode.rfind("every:", 0) == 0) {
@@ -86,22 +94,26 @@ void apply_checkpointing(std::vector<std::unique_ptr<Sequential>>& stages, const
   } else if (mode != "stage") {
     SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
   }
-  for (auto& st : stages) {
-    auto blocks = st->release();
-    auto regrouped = std::make_unique<Sequential>(st->name());
+  std::vector<std::unique_ptr<Sequential>> segments;
+  if (mode != "stage") segments.push_back(std::move(stem));
+  for (size_t s = 0; s < stages.size(); ++s) {
+    auto blocks = stages[s]->release();
     if (mode == "stage") {
-      auto seg = std::make_unique<Sequential>(st->name());
+      auto seg = s == 0 ? std::move(stem) : std::make_unique<Sequential>(stages[s]->name());
       for (auto& b : blocks) seg->add(std::move(b));
-      regrouped->add(std::make_unique<Checkpointed>(std::move(seg)));
-    } else {
-      for (size_t i = 0; i < blocks.size(); i += every) {
-        auto seg = std::make_unique<Sequential>(blocks[i]->name());
-        for (size_t j = i; j < std::min(blocks.size(), i + size_t(every)); ++j)
-          seg->add(std::move(blocks[j]));
-        regrouped->add(std::make_unique<Checkpointed>(std::move(seg)));
-      }
+      segments.push_back(std::move(seg));
+      continue;
     }
-    st = std::move(regrouped);
+    for (size_t i = 0; i < blocks.size(); i += size_t(every)) {
+      auto seg = std::make_unique<Sequential>(blocks[i]->name());
+      for (size_t k = i; k < std::min(blocks.size(), i + size_t(every)); ++k)
+        seg->add(std::move(blocks[k]));
+      segments.push_back(std::move(seg));
+    }
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (i + 1 == segments.size()) net.add(std::move(segments[i]));
+    else net.add(std::make_unique<Checkpointed>(std::move(segments[i])));
   }
 }
 
@@ -125,8 +137,9 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
   int n_small = 0;
   Spec spec;
   int width;
+  auto stem = std::make_unique<Sequential>("stem");
   if (small_depth(opt.arch, &n_small)) {
-    conv_bn(*net, "", "conv1", "bn1", opt.in_channels, 16, 3, 1, true);
+    conv_bn(*stem, "", "conv1", "bn1", opt.in_channels, 16, 3, 1, true);
     int in = 16;
     const int planes[3] = {16, 32, 64};
     for (int s = 0; s < 3; ++s) {
@@ -142,9 +155,9 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
     }
     width = 64;
   } else if (imagenet_spec(opt.arch, &spec)) {
-    net->emplace<Conv2d>("conv1", opt.in_channels, 64, 7, 2, 3);
-    net->emplace<BatchNorm2d>("bn1", 64, true);
-    net->emplace<MaxPool2d>("maxpool", 3, 2, 1);
+    stem->emplace<Conv2d>("conv1", opt.in_channels, 64, 7, 2, 3);
+    stem->emplace<BatchNorm2d>("bn1", 64, true);
+    stem->emplace<MaxPool2d>("maxpool", 3, 2, 1);
     int in = 64;
     for (int s = 0; s < 4; ++s) {
       int planes = 64 << s;
@@ -164,8 +177,7 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
     for (auto& a : resnet_arch_names()) names += (names.empty() ? "" : ", ") + a;
     SPOTRAIN_THROW("unknown model '", opt.arch, "'; choose one of ", names);
   }
-  apply_checkpointing(stages, opt.grad_checkpoint);
-  for (auto& st : stages) net->add(std::move(st));
+  add_body(*net, std::move(stem), stages, opt.grad_checkpoint);
   net->emplace<GlobalAvgPool>("avgpool");
   net->emplace<Linear>("fc", width, opt.num_classes);
   net->set_needs_input_grad(false);
