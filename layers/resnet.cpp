@@ -72,8 +72,8 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
 }
 
 // Cuts the network body into Checkpointed segments according to the mode and appends them
-// to `net`. The stem (first convolution, BN, pool) is a segment of its own, or joins the
-// first stage's segment in `stage` mode. The last segment is never checkpointed: backward
+// to `net`. The stem (first convolution, BN, pool) is always a segment of its own (joined
+// with the first stage, its replay would hold both stashes at once). The last segment is never checkpointed: backward
 // would replay it right after forward ends, which saves no memory and costs a forward.
 void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
               std::vector<std::unique_ptr<Sequential>>& stages, const std::string& mode) {
@@ -95,11 +95,11 @@ void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
     SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
   }
   std::vector<std::unique_ptr<Sequential>> segments;
-  if (mode != "stage") segments.push_back(std::move(stem));
+  segments.push_back(std::move(stem));
   for (size_t s = 0; s < stages.size(); ++s) {
     auto blocks = stages[s]->release();
     if (mode == "stage") {
-      auto seg = s == 0 ? std::move(stem) : std::make_unique<Sequential>(stages[s]->name());
+      auto seg = std::make_unique<Sequential>(stages[s]->name());
       for (auto& b : blocks) seg->add(std::move(b));
       segments.push_back(std::move(seg));
       continue;

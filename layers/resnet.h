@@ -16,7 +16,7 @@ struct ResNetOptions {
   int in_channels = 1;
   bool zero_init_residual = false;  // last BN gamma of each block starts at zero
   // Gradient checkpointing: "none", "block", "stage" or "every:K" (K consecutive blocks of
-  // a stage per segment). The stem is its own segment (with the first stage for "stage");
+  // a stage per segment). The stem is always a segment of its own;
   // the last segment is never checkpointed (its replay would follow forward at once).
   std::string grad_checkpoint = "none";
 };
