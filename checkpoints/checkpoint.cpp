@@ -134,6 +134,7 @@ void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const Chec
     write_string_attr(file, "model", info.model);
     write_int_attr(file, "epoch", info.epoch);
     write_int_attr(file, "global_step", info.global_step);
+    write_int_attr(file, "batch_in_epoch", info.batch_in_epoch);
     write_int_attr(file, "num_classes", info.num_classes);
     write_int_attr(file, "in_channels", info.in_channels);
     write_string_attr(file, "precision", info.precision);
@@ -181,6 +182,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.model = read_string_attr(file, "model", path);
   info.epoch = read_int_attr(file, "epoch", path);
   info.global_step = read_int_attr(file, "global_step", path);
+  info.batch_in_epoch = read_int_attr(file, "batch_in_epoch", path);
   info.num_classes = int(read_int_attr(file, "num_classes", path));
   info.in_channels = int(read_int_attr(file, "in_channels", path));
   info.precision = read_string_attr(file, "precision", path);
@@ -194,13 +196,13 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
-void load_checkpoint_weights(const std::string& path, Model& model) {
-  read_checkpoint_info(path);  // validates the file and its version
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  Backend& be = model.backend();
-  auto load = [&](const std::string& name, Tensor& dst) {
-    std::string dname = "model/" + name;
-    if (H5Lexists(file, "model", H5P_DEFAULT) <= 0 || H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
+namespace {
+// Reads dataset `group/name` into `dst` (an fp32 tensor on the model's device).
+void load_tensor(hid_t file, const std::string& path, const std::string& group,
+                 const std::string& name, Tensor& dst, Backend& be) {
+  {
+    std::string dname = group + "/" + name;
+    if (H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
       SPOTRAIN_THROW("checkpoint ", path, " has no tensor '", name, "' (another model's checkpoint?)");
     H5Id ds(H5Dopen2(file, dname.c_str(), H5P_DEFAULT), H5Dclose);
     H5Id space(H5Dget_space(ds), H5Sclose);
@@ -216,10 +218,45 @@ void load_checkpoint_weights(const std::string& path, Model& model) {
       SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", name, "' (corrupt file?)");
     Tensor dev = be.from_host(host);
     be.copy(dev, dst);
-  };
-  for (auto* p : model.params()) load(p->name, p->value);
-  for (auto* b : model.buffers()) load(b->name, b->value);
+  }
+}
+}  // namespace
+
+void load_checkpoint_weights(const std::string& path, Model& model) {
+  read_checkpoint_info(path);  // validates the file and its version
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  Backend& be = model.backend();
+  for (auto* p : model.params()) load_tensor(file, path, "model", p->name, p->value, be);
+  for (auto* b : model.buffers()) load_tensor(file, path, "model", b->name, b->value, be);
   model.parameters_changed();
+}
+
+CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  load_checkpoint_weights(path, model);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0)
+    SPOTRAIN_THROW("checkpoint ", path, " has no optimizer state; it cannot resume training");
+  Backend& be = model.backend();
+  for (auto* p : model.params()) {
+    Tensor m = Tensor::view(sgd.momentum(), model.offset_of(p), p->value.shape());
+    load_tensor(file, path, "optimizer/momentum", p->name, m, be);
+  }
+  H5Id og(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
+  sgd.set_steps(read_int_attr(og, "steps", path));
+  return info;
+}
+
+std::string newest_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::string best;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    auto n = e.path().filename().string();
+    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".h5" && n > best) best = n;
+  }
+  return best.empty() ? "" : (fs::path(dir) / best).string();
 }
 
 }  // namespace spotrain

@@ -19,6 +19,7 @@ struct CheckpointInfo {
   std::string config_json;  // the RunConfig the checkpoint was trained with
   std::string model;        // architecture name
   int64_t epoch = 0, global_step = 0;
+  int64_t batch_in_epoch = 0;  // batches of `epoch` already trained (resume continues there)
   int num_classes = 0, in_channels = 0;
   std::string precision = "fp32";
   LossScalerState scaler;  // fp16 loss-scaling state (scale 1 otherwise)
@@ -30,5 +31,10 @@ void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const Chec
 CheckpointInfo read_checkpoint_info(const std::string& path);
 // Loads parameters and BN buffers into `model` (shapes must match; names must all exist).
 void load_checkpoint_weights(const std::string& path, Model& model);
+// Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
+// count; returns the attributes (progress, loss-scaler state).
+CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);
+// The newest ckpt-*.h5 in `dir` ("" when there is none).
+std::string newest_checkpoint(const std::string& dir);
 
 }  // namespace spotrain

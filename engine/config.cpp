@@ -27,6 +27,8 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   SPOTRAIN_CHECK(grad_compression == "none" || grad_compression == "fp16" || grad_compression == "bf16",
                  "unknown --grad-compression '", grad_compression, "'; use none, fp16 or bf16");
+  SPOTRAIN_CHECK(ckpt_every >= 0, "--ckpt-every must not be negative");
+  SPOTRAIN_CHECK(resume != "auto" || !ckpt_dir.empty(), "--resume auto needs a --ckpt-dir");
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);
   SPOTRAIN_CHECK(max_overflow_steps > 0, "--max-overflow-steps must be positive");
@@ -60,6 +62,7 @@ std::string RunConfig::to_json() const {
                    {"threads", threads},
                    {"workers", workers},
                    {"ckpt_dir", ckpt_dir},
+                   {"ckpt_every", ckpt_every},
                    {"metrics", metrics},
                    {"log_every", log_every},
                    {"eval_each_epoch", eval_each_epoch},

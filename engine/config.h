@@ -44,7 +44,9 @@ struct RunConfig {
   int log_every = 50;
   std::string metrics;  // JSONL file ("" = none)
   bool eval_each_epoch = true;
-  std::string ckpt_dir = "runs/spotrain";  // a checkpoint is written here when training ends ("" = none)
+  std::string ckpt_dir = "runs/spotrain";  // checkpoints go here ("" = none)
+  int64_t ckpt_every = 0;                  // also every N steps (0 = only at the end / on stop)
+  std::string resume = "none";             // none | auto (newest in ckpt_dir) | PATH
 
   // Throws Error naming the first bad setting.
   void validate() const;

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "checkpoints/checkpoint.h"
+#include "checkpoints/preemption.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
@@ -48,7 +49,8 @@ io::TransformOptions transforms_for(const std::string& kind, const io::Dataset& 
 }
 
 // Test hook for the fault-tolerance tests: SPOTRAIN_FAULT=die:RANK:STEP kills that rank at
-// that step (SIGKILL, as a crashed or preempted node); hang:RANK:STEP makes it sleep forever.
+// that step (SIGKILL, as a crashed or preempted node); hang:RANK:STEP makes it sleep forever;
+// term:RANK:STEP sends it SIGTERM.
 void inject_fault(int rank, int64_t step) {
   static const char* spec = std::getenv("SPOTRAIN_FAULT");
   if (!spec) return;
@@ -59,6 +61,7 @@ void inject_fault(int rank, int64_t step) {
   std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, kind, s);
   std::fflush(stderr);
   if (std::string(kind) == "die") raise(SIGKILL);
+  if (std::string(kind) == "term") raise(SIGTERM);  // as a spot preemption notice
   if (std::string(kind) == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -240,6 +243,28 @@ void Trainer::check_ranks_agree() {
   }
 }
 
+// Rank 0 writes ckpt-<step>.h5 (after the BN broadcast); the others wait at a barrier.
+std::string Trainer::write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch) {
+  broadcast_buffers();
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+  std::string path = cfg_.ckpt_dir + "/" + name;
+  CheckpointInfo info;
+  info.config_json = cfg_.to_json();
+  info.model = cfg_.model;
+  info.epoch = epoch;
+  info.batch_in_epoch = batch_in_epoch;
+  info.global_step = step;
+  info.num_classes = data_.train->num_classes();
+  info.in_channels = data_.train->image_shape().c;
+  info.precision = cfg_.precision;
+  info.scaler = scaler_->state();
+  if (comm_->rank() == 0) save_checkpoint(path, *model_, sgd_.get(), info);
+  worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
+  log_info(str("checkpoint written: ", path));
+  return path;
+}
+
 EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
   broadcast_buffers();  // rank 0's BN statistics, as DDP, so every rank evaluates one model
   return evaluate_model(*model_, data, data_.kind, batch_size, runner_->compute_dtype(),
@@ -279,10 +304,32 @@ TrainResult Trainer::run() {
                per_epoch, " steps, batch ", cfg_.batch_size));
 
   TrainResult res;
-  int64_t step = 0;
+  int64_t step = 0, start_epoch = 0, first_batch = 0;
+  if (cfg_.resume != "none") {
+    std::string path = cfg_.resume == "auto" ? newest_checkpoint(cfg_.ckpt_dir) : cfg_.resume;
+    if (path.empty()) {
+      log_info(str("--resume auto: no checkpoint in ", cfg_.ckpt_dir, "; starting from scratch"));
+    } else {
+      CheckpointInfo ci = load_training_state(path, *model_, *sgd_);
+      SPOTRAIN_CHECK(ci.model == cfg_.model, "checkpoint ", path, " is a ", ci.model,
+                     " checkpoint; this run trains ", cfg_.model);
+      scaler_->set_state(ci.scaler);
+      step = ci.global_step;
+      start_epoch = ci.epoch;
+      first_batch = ci.batch_in_epoch;
+      if (first_batch >= per_epoch) {
+        ++start_epoch;
+        first_batch = 0;
+      }
+      log_info(str("resumed from ", path, ": step ", step, ", epoch ", start_epoch + 1, ", batch ",
+                   first_batch));
+    }
+  }
+  install_stop_handlers();
   double t_start = now_seconds();
-  for (int64_t epoch = 0; epoch < epochs && step < total_steps; ++epoch) {
-    loader.start_epoch(epoch);
+  int64_t step0 = step, cur_epoch = start_epoch, cur_batch = first_batch;
+  for (int64_t epoch = start_epoch; epoch < epochs && step < total_steps; ++epoch) {
+    loader.start_epoch(epoch, epoch == start_epoch ? first_batch : 0);
     io::Batch b;
     double win_loss = 0, ep_loss = 0;
     int64_t win_correct = 0, win_n = 0, ep_correct = 0, ep_n = 0;
@@ -314,7 +361,7 @@ TrainResult Trainer::run() {
         double t = now_seconds();
         double ips = double(win_n) / std::max(1e-9, t - win_t0);
         double elapsed = t - t_start;
-        double eta = elapsed / double(step) * double(total_steps - step);
+        double eta = elapsed / double(step - step0) * double(total_steps - step);
         log_info(str("epoch ", epoch + 1, "/", epochs, " step ", step, "/", total_steps,
                      " loss ", fmt_fixed(win_loss / double(win_n), 4), " acc ",
                      fmt_fixed(100.0 * double(win_correct) / double(win_n), 2), "% lr ",
@@ -338,6 +385,28 @@ TrainResult Trainer::run() {
         win_correct = win_n = 0;
         win_t0 = now_seconds();
       }
+      cur_epoch = epoch;
+      cur_batch = b.batch_index + 1;
+      // Step boundary: all ranks agree whether to stop (a signal may reach only some).
+      bool stop = stop_requested();
+      if (comm_->size() > 1) {
+        float f = stop ? 1.f : 0.f;
+        worker_->run("all-reduce of the stop flag", [&] { comm_->allreduce_sum(&f, 1, DType::f32); });
+        stop = f > 0;
+      }
+      if (stop && step < total_steps) {
+        SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by a signal at step ", step,
+                       " with no --ckpt-dir: nothing was saved");
+        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
+        log_info(str("stopped by a signal after step ", step, "; resume with --resume auto"));
+        res.stopped = true;
+        res.steps = step;
+        res.seconds = now_seconds() - t_start;
+        return res;
+      }
+      if (cfg_.ckpt_every > 0 && step % cfg_.ckpt_every == 0 && step < total_steps &&
+          !cfg_.ckpt_dir.empty())
+        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
     }
     double ep_secs = now_seconds() - ep_t0;
     if (comm_->size() > 1) {  // the epoch summary is the whole job's
@@ -373,24 +442,7 @@ TrainResult Trainer::run() {
   res.seconds = now_seconds() - t_start;
   res.skipped_steps = scaler_->state().skipped_steps;
   res.loss_scale = scaler_->scale();
-  if (!cfg_.ckpt_dir.empty()) {
-    broadcast_buffers();
-    char name[32];
-    std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
-    res.checkpoint = cfg_.ckpt_dir + "/" + name;
-    CheckpointInfo info;
-    info.config_json = cfg_.to_json();
-    info.model = cfg_.model;
-    info.epoch = epochs;
-    info.global_step = step;
-    info.num_classes = data_.train->num_classes();
-    info.in_channels = data_.train->image_shape().c;
-    info.precision = cfg_.precision;
-    info.scaler = scaler_->state();
-    if (comm_->rank() == 0) save_checkpoint(res.checkpoint, *model_, sgd_.get(), info);
-    worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
-    log_info(str("checkpoint written: ", res.checkpoint));
-  }
+  if (!cfg_.ckpt_dir.empty()) res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
   return res;
 }
 

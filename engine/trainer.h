@@ -31,7 +31,8 @@ struct TrainResult {
   double seconds = 0;
   int64_t skipped_steps = 0;  // fp16 overflows
   double loss_scale = 1;
-  std::string checkpoint;  // path of the checkpoint written at the end ("" = none)
+  std::string checkpoint;  // path of the last checkpoint written ("" = none)
+  bool stopped = false;    // stopped early by a signal after writing a checkpoint (exit 75)
 };
 
 // "fashion-mnist", "fashion-mnist:DIR" or "synthetic" -> train and test datasets.
@@ -56,6 +57,7 @@ class Trainer {
 
  private:
   void check_ranks_agree();
+  std::string write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch);
   void broadcast_buffers();
   RunConfig cfg_;
   std::unique_ptr<Communicator> comm_;

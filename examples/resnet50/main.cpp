@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
+#include "checkpoints/preemption.h"
 #include "layers/resnet.h"
 
 #include "engine/config.h"
@@ -61,6 +62,10 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--workers", cfg.workers, "data loader threads")->capture_default_str();
   c.add_option("--log-every", cfg.log_every, "progress line every N steps")->capture_default_str();
   c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
+  c.add_option("--ckpt-every", cfg.ckpt_every, "also write a checkpoint every N steps (0 = no)");
+  c.add_option("--resume", cfg.resume,
+               "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint")
+      ->capture_default_str();
   c.add_option("--bucket-mb", cfg.bucket_mb, "gradient all-reduce bucket size in MB")
       ->capture_default_str();
   c.add_option("--grad-compression", cfg.grad_compression, "none|fp16|bf16 all-reduce")
@@ -193,6 +198,7 @@ int main(int argc, char** argv) {
     if (*train) {
       spotrain::Trainer t(cfg);
       auto r = t.run();
+      if (r.stopped) return spotrain::kExitResumable;
       spotrain::log_info(spotrain::str("finished ", r.steps, " steps in ",
                                        spotrain::fmt_duration(r.seconds), "; test top-1 ",
                                        spotrain::fmt_fixed(100 * r.test.top1, 2), "% top-5 ",

@@ -1,0 +1,25 @@
+// Stop-flag signal handlers (see preemption.h).
+#include "checkpoints/preemption.h"
+
+#include <csignal>
+#include <initializer_list>
+
+namespace spotrain {
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
+}
+
+bool stop_requested() { return g_stop != 0; }
+void request_stop() { g_stop = 1; }
+
+}  // namespace spotrain

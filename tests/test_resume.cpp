@@ -1,0 +1,127 @@
+// Exact resume after a preemption: run A trains straight through; run B gets SIGTERM (the
+// SPOTRAIN_FAULT=term hook) mid-epoch, writes a checkpoint and exits 75, then resumes with
+// --resume auto. The logged losses after the stop, the final weights and the momentum of A
+// and B must be bitwise identical.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoints/checkpoint.h"
+#include "layers/resnet.h"
+
+namespace fs = std::filesystem;
+using namespace spotrain;
+
+namespace {
+
+struct Out {
+  int code = -1;
+  std::string text;
+};
+
+Out run(const std::string& env, const std::string& args) {
+  std::string cmd = env + " " + std::string(SPOTRAIN_BIN) + " " + args + " 2>&1";
+  Out o;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.text.append(buf, n);
+  int st = pclose(p);
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return o;
+}
+
+// step -> the logged loss, exactly as written
+std::map<int64_t, std::string> step_losses(const fs::path& metrics) {
+  std::map<int64_t, std::string> m;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "step") m[j["step"].get<int64_t>()] = j["loss"].dump();
+  }
+  return m;
+}
+
+struct State {
+  std::vector<float> params, momentum;
+};
+
+State load_state(const std::string& path) {
+  auto be = make_backend("cpu", BackendOptions{1, true});
+  ResNetOptions ro;
+  ro.arch = "resnet20";
+  Model model(build_resnet(ro), *be);
+  Sgd sgd(model, SgdOptions{});
+  load_training_state(path, model, sgd);
+  State s;
+  s.params.assign(model.flat_params().data<float>(),
+                  model.flat_params().data<float>() + model.num_params());
+  s.momentum.assign(sgd.momentum().data<float>(), sgd.momentum().data<float>() + model.num_params());
+  return s;
+}
+
+}  // namespace
+
+TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  fs::path d = fs::temp_directory_path() / "spotrain_resume";
+  fs::remove_all(d);
+  std::string common =
+      "train --model resnet20 --data fashion-mnist --train-limit 1024 --test-limit 500 "
+      "--batch-size 32 --epochs 2 --log-every 4 --threads 2 --deterministic ";
+  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " + (d / "a.jsonl").string());
+  ASSERT_EQ(a.code, 0) << a.text;
+  // 32 steps per epoch: step 40 is mid-way through the second epoch.
+  Out b1 = run("SPOTRAIN_FAULT=term:0:40", common + "--ckpt-dir " + (d / "b").string() +
+                                               " --metrics " + (d / "b1.jsonl").string());
+  ASSERT_EQ(b1.code, 75) << b1.text;
+  ASSERT_TRUE(fs::exists(d / "b" / "ckpt-00000040.h5")) << b1.text;
+  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
+                       (d / "b2.jsonl").string() + " --resume auto");
+  ASSERT_EQ(b2.code, 0) << b2.text;
+  EXPECT_NE(b2.text.find("resumed from"), std::string::npos) << b2.text;
+  EXPECT_NE(b2.text.find("step 40, epoch 2, batch 8"), std::string::npos) << b2.text;
+
+  auto la = step_losses(d / "a.jsonl"), lb1 = step_losses(d / "b1.jsonl"),
+       lb2 = step_losses(d / "b2.jsonl");
+  ASSERT_FALSE(lb2.empty());
+  for (auto& [step, loss] : lb1) EXPECT_EQ(loss, la[step]) << "step " << step;
+  for (auto& [step, loss] : lb2) {
+    EXPECT_GT(step, 40);
+    EXPECT_EQ(loss, la[step]) << "step " << step;
+  }
+  State sa = load_state((d / "a" / "ckpt-00000064.h5").string());
+  State sb = load_state((d / "b" / "ckpt-00000064.h5").string());
+  ASSERT_EQ(sa.params.size(), sb.params.size());
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+}
+
+TEST(Resume, RefusesAnotherModelsCheckpoint) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_other";
+  fs::remove_all(d);
+  Out a = run("", "train --model resnet20 --data synthetic --train-limit 64 --steps 2 "
+                  "--batch-size 16 --threads 1 --ckpt-dir " + d.string());
+  ASSERT_EQ(a.code, 0) << a.text;
+  Out b = run("", "train --model resnet32 --data synthetic --train-limit 64 --steps 4 "
+                  "--batch-size 16 --threads 1 --ckpt-dir " + d.string() + " --resume auto");
+  EXPECT_EQ(b.code, 1) << b.text;
+  EXPECT_NE(b.text.find("error: "), std::string::npos) << b.text;
+}
+
+TEST(Resume, SignalWithoutCheckpointDirectoryIsAnError) {
+  Out r = run("SPOTRAIN_FAULT=term:0:2", "train --data synthetic --train-limit 64 --steps 4 "
+                                         "--batch-size 16 --threads 1 --ckpt-dir \"\"");
+  EXPECT_EQ(r.code, 1) << r.text;
+  EXPECT_NE(r.text.find("nothing was saved"), std::string::npos) << r.text;
+}
