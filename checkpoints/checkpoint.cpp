@@ -3,13 +3,18 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <zlib.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "engine/error.h"
@@ -95,6 +100,11 @@ int64_t read_int_attr(hid_t obj, const char* name, const std::string& path) {
   return v;
 }
 
+uint32_t crc_of(const void* p, size_t bytes) {
+  return uint32_t(crc32(0L, static_cast<const Bytef*>(p), uInt(bytes)));
+}
+
+// Each dataset carries the CRC-32 of its fp32 little-endian bytes as attribute "crc32".
 void write_dataset(hid_t group, const std::string& name, const Tensor& host) {
   std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
   H5Id space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
@@ -102,6 +112,7 @@ void write_dataset(hid_t group, const std::string& name, const Tensor& host) {
                               H5P_DEFAULT), name),
           H5Dclose);
   H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()), name);
+  write_int_attr(ds, "crc32", crc_of(host.raw(), size_t(host.numel()) * 4));
 }
 
 void fsync_path(const std::string& path, bool dir) {
@@ -216,6 +227,10 @@ void load_tensor(hid_t file, const std::string& path, const std::string& group,
     Tensor host = Tensor::host(s);
     if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) < 0)
       SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", name, "' (corrupt file?)");
+    if (H5Aexists(ds, "crc32") > 0 &&
+        uint32_t(read_int_attr(ds, "crc32", path)) != crc_of(host.raw(), size_t(host.numel()) * 4))
+      SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name,
+                     "' fails its checksum (the file is corrupt)");
     Tensor dev = be.from_host(host);
     be.copy(dev, dst);
   }
@@ -245,6 +260,91 @@ CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& s
   H5Id og(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
   sgd.set_steps(read_int_attr(og, "steps", path));
   return info;
+}
+
+void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  auto cfg = nlohmann::json::parse(info.config_json, nullptr, false);
+  SPOTRAIN_CHECK(cfg.is_object(), "checkpoint ", path, " has an unreadable run config");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  int64_t tensors = 0;
+  for (const char* group : {"model", "optimizer/momentum"}) {
+    if (H5Lexists(file, group, H5P_DEFAULT) <= 0) {
+      SPOTRAIN_CHECK(std::string(group) != "model", "checkpoint ", path, " has no model tensors");
+      continue;
+    }
+    H5Id g(H5Gopen2(file, group, H5P_DEFAULT), H5Gclose);
+    H5G_info_t gi;
+    H5_CHECK(H5Gget_info(g, &gi), "listing tensors");
+    for (hsize_t i = 0; i < gi.nlinks; ++i) {
+      char name[512];
+      H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+      H5Id ds(H5Dopen2(g, name, H5P_DEFAULT), H5Dclose);
+      H5Id space(H5Dget_space(ds), H5Sclose);
+      hssize_t n = H5Sget_simple_extent_npoints(space);
+      std::vector<float> buf(size_t(std::max<hssize_t>(n, 0)));
+      if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+        SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", group, "/", name,
+                       "' (corrupt file?)");
+      SPOTRAIN_CHECK(H5Aexists(ds, "crc32") > 0, "checkpoint ", path, ": tensor '", name,
+                     "' has no checksum");
+      SPOTRAIN_CHECK(uint32_t(read_int_attr(ds, "crc32", path)) == crc_of(buf.data(), buf.size() * 4),
+                     "checkpoint ", path, ": tensor '", group, "/", name,
+                     "' fails its checksum (the file is corrupt)");
+      ++tensors;
+    }
+  }
+  if (info_out) *info_out = info;
+  (void)tensors;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    auto n = e.path().filename().string();
+    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".h5") names.push_back(n);
+  }
+  std::sort(names.rbegin(), names.rend());  // newest first: the name holds the step
+  for (auto& n : names) n = (fs::path(dir) / n).string();
+  return names;
+}
+
+std::string newest_good_checkpoint(const std::string& dir) {
+  for (auto& path : list_checkpoints(dir)) {
+    try {
+      verify_checkpoint(path, nullptr);
+      return path;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: skipping unusable checkpoint: %s; trying an older one\n",
+                   e.what());
+    }
+  }
+  return "";
+}
+
+void finish_checkpoint(const std::string& path, int keep) {
+  namespace fs = std::filesystem;
+  verify_checkpoint(path, nullptr);  // the new file is good before anything older goes
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::string tmp = (dir / "latest.tmp").string();
+  {
+    std::ofstream f(tmp);
+    f << p.filename().string() << "\n";
+    SPOTRAIN_CHECK(f.good(), "cannot write ", tmp);
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, dir / "latest", ec);
+  SPOTRAIN_CHECK(!ec, "cannot update ", (dir / "latest").string(), ": ", ec.message());
+  fsync_path(dir.string(), true);
+  if (keep <= 0) return;
+  auto all = list_checkpoints(dir.string());
+  for (size_t i = size_t(keep); i < all.size(); ++i)
+    if (all[i] != path) fs::remove(all[i], ec);
 }
 
 std::string newest_checkpoint(const std::string& dir) {

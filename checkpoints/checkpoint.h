@@ -36,5 +36,14 @@ void load_checkpoint_weights(const std::string& path, Model& model);
 CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);
 // The newest ckpt-*.h5 in `dir` ("" when there is none).
 std::string newest_checkpoint(const std::string& dir);
+// Reads every tensor and checks its CRC-32, the format version and the attributes; throws
+// Error saying what is wrong. Fills `info` when given.
+void verify_checkpoint(const std::string& path, CheckpointInfo* info);
+// The newest checkpoint in `dir` that verifies; unusable newer ones are reported on stderr
+// and skipped ("" when none is good).
+std::string newest_good_checkpoint(const std::string& dir);
+// After a save: verifies the new file, then atomically points `latest` at it, then removes
+// all but the newest `keep` checkpoints (never the new one).
+void finish_checkpoint(const std::string& path, int keep);
 
 }  // namespace spotrain

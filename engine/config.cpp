@@ -28,6 +28,7 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(grad_compression == "none" || grad_compression == "fp16" || grad_compression == "bf16",
                  "unknown --grad-compression '", grad_compression, "'; use none, fp16 or bf16");
   SPOTRAIN_CHECK(ckpt_every >= 0, "--ckpt-every must not be negative");
+  SPOTRAIN_CHECK(keep >= 1, "--keep must be at least 1");
   SPOTRAIN_CHECK(resume != "auto" || !ckpt_dir.empty(), "--resume auto needs a --ckpt-dir");
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);

@@ -46,6 +46,7 @@ struct RunConfig {
   bool eval_each_epoch = true;
   std::string ckpt_dir = "runs/spotrain";  // checkpoints go here ("" = none)
   int64_t ckpt_every = 0;                  // also every N steps (0 = only at the end / on stop)
+  int keep = 3;                            // checkpoints kept (older ones are removed)
   std::string resume = "none";             // none | auto (newest in ckpt_dir) | PATH
 
   // Throws Error naming the first bad setting.

@@ -259,7 +259,10 @@ std::string Trainer::write_checkpoint(int64_t step, int64_t epoch, int64_t batch
   info.in_channels = data_.train->image_shape().c;
   info.precision = cfg_.precision;
   info.scaler = scaler_->state();
-  if (comm_->rank() == 0) save_checkpoint(path, *model_, sgd_.get(), info);
+  if (comm_->rank() == 0) {
+    save_checkpoint(path, *model_, sgd_.get(), info);
+    finish_checkpoint(path, cfg_.keep);
+  }
   worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
   log_info(str("checkpoint written: ", path));
   return path;
@@ -306,7 +309,7 @@ TrainResult Trainer::run() {
   TrainResult res;
   int64_t step = 0, start_epoch = 0, first_batch = 0;
   if (cfg_.resume != "none") {
-    std::string path = cfg_.resume == "auto" ? newest_checkpoint(cfg_.ckpt_dir) : cfg_.resume;
+    std::string path = cfg_.resume == "auto" ? newest_good_checkpoint(cfg_.ckpt_dir) : cfg_.resume;
     if (path.empty()) {
       log_info(str("--resume auto: no checkpoint in ", cfg_.ckpt_dir, "; starting from scratch"));
     } else {

@@ -125,3 +125,54 @@ TEST(Resume, SignalWithoutCheckpointDirectoryIsAnError) {
   EXPECT_EQ(r.code, 1) << r.text;
   EXPECT_NE(r.text.find("nothing was saved"), std::string::npos) << r.text;
 }
+
+namespace {
+void flip_bytes(const fs::path& p, double where) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  auto size = int64_t(f.tellg());
+  for (int64_t off = int64_t(double(size) * where); off < int64_t(double(size) * where) + 64; ++off) {
+    f.seekg(off);
+    char c;
+    f.get(c);
+    f.seekp(off);
+    f.put(char(c ^ 0x5a));
+  }
+}
+}  // namespace
+
+TEST(Resume, CorruptNewestCheckpointIsReportedAndThePreviousOneUsed) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_corrupt";
+  fs::remove_all(d);
+  std::string common = "train --data synthetic --train-limit 64 --batch-size 16 --threads 1 "
+                       "--ckpt-every 2 --keep 5 --ckpt-dir " + d.string();
+  ASSERT_EQ(run("", common + " --steps 6").code, 0);
+  ASSERT_TRUE(fs::exists(d / "ckpt-00000004.h5"));
+  std::ifstream latest(d / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "ckpt-00000006.h5");
+  EXPECT_EQ(run("", "ckpt verify " + (d / "ckpt-00000006.h5").string()).code, 0);
+
+  flip_bytes(d / "ckpt-00000006.h5", 0.6);  // inside the tensor data
+  Out v = run("", "ckpt verify " + (d / "ckpt-00000006.h5").string());
+  EXPECT_EQ(v.code, 1) << v.text;
+  EXPECT_NE(v.text.find("error: "), std::string::npos) << v.text;
+  // A truncated file and a file that is not HDF5 at all, both "newer".
+  fs::copy_file(d / "ckpt-00000004.h5", d / "ckpt-00000007.h5");
+  fs::resize_file(d / "ckpt-00000007.h5", fs::file_size(d / "ckpt-00000007.h5") / 2);
+  std::ofstream(d / "ckpt-00000009.h5") << "not a checkpoint";
+  Out r = run("", common + " --steps 8 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_NE(r.text.find("warning: skipping unusable checkpoint"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000004.h5").string()), std::string::npos)
+      << r.text;
+}
+
+TEST(Resume, VerifyRejectsNonCheckpoints) {
+  fs::path p = fs::temp_directory_path() / "spotrain_not_a_ckpt.h5";
+  std::ofstream(p) << "hello";
+  Out v = run("", "ckpt verify " + p.string());
+  EXPECT_EQ(v.code, 1) << v.text;
+  EXPECT_NE(v.text.find("not an HDF5 file"), std::string::npos) << v.text;
+}

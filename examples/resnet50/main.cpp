@@ -63,6 +63,7 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--log-every", cfg.log_every, "progress line every N steps")->capture_default_str();
   c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
   c.add_option("--ckpt-every", cfg.ckpt_every, "also write a checkpoint every N steps (0 = no)");
+  c.add_option("--keep", cfg.keep, "checkpoints to keep")->capture_default_str();
   c.add_option("--resume", cfg.resume,
                "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint")
       ->capture_default_str();
@@ -146,6 +147,14 @@ int main(int argc, char** argv) {
   eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
   eval->add_option("--threads", eo.threads, "compute threads (0 = all cores)");
 
+  std::string ckpt_file;
+  auto* ckpt = app.add_subcommand("ckpt", "inspect or verify a checkpoint file");
+  ckpt->require_subcommand(1);
+  auto* ckpt_info = ckpt->add_subcommand("info", "print step, epoch, model, precision, sizes, config");
+  ckpt_info->add_option("file", ckpt_file, "checkpoint file")->required();
+  auto* ckpt_verify = ckpt->add_subcommand("verify", "check format, attributes and every checksum");
+  ckpt_verify->add_option("file", ckpt_file, "checkpoint file")->required();
+
   spotrain::BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "measure training-step throughput on synthetic data");
   bench->add_option("--model", bo.model, "model")->capture_default_str();
@@ -212,6 +221,24 @@ int main(int argc, char** argv) {
     }
     if (*bench) return spotrain::run_bench(bo);
     if (*eval) return run_eval(eo);
+    if (*ckpt_verify) {
+      spotrain::verify_checkpoint(ckpt_file, nullptr);
+      std::printf("%s: OK\n", ckpt_file.c_str());
+      return 0;
+    }
+    if (*ckpt_info) {
+      auto info = spotrain::read_checkpoint_info(ckpt_file);
+      std::printf("file          %s (%.1f MiB)\nformat        %d\nmodel         %s (%d classes, %d input "
+                  "channels)\nprecision     %s\nglobal step   %lld\nepoch         %lld, batch %lld\n"
+                  "loss scale    %g (%lld skipped steps)\nconfig        %s\n",
+                  ckpt_file.c_str(), double(std::filesystem::file_size(ckpt_file)) / (1 << 20),
+                  info.format_version, info.model.c_str(), info.num_classes, info.in_channels,
+                  info.precision.c_str(), static_cast<long long>(info.global_step),
+                  static_cast<long long>(info.epoch + 1), static_cast<long long>(info.batch_in_epoch),
+                  info.scaler.scale, static_cast<long long>(info.scaler.skipped_steps),
+                  info.config_json.c_str());
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
