@@ -4,11 +4,22 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "engine/error.h"
 #include "engine/precision.h"
 
 namespace spotrain {
+
+double parse_duration(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  double mult = unit == "h" ? 3600 : unit == "m" || unit == "min" ? 60 : unit == "s" || unit.empty() ? 1 : -1;
+  SPOTRAIN_CHECK(end != s.c_str() && mult > 0 && v > 0, "bad duration '", s,
+                 "'; use a number with h, m or s, e.g. 8h");
+  return v * mult;
+}
 
 void RunConfig::validate() const {
   SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
@@ -29,6 +40,8 @@ void RunConfig::validate() const {
                  "unknown --grad-compression '", grad_compression, "'; use none, fp16 or bf16");
   SPOTRAIN_CHECK(ckpt_every >= 0, "--ckpt-every must not be negative");
   SPOTRAIN_CHECK(keep >= 1, "--keep must be at least 1");
+  SPOTRAIN_CHECK(ckpt_every_min >= 0, "--ckpt-every-min must not be negative");
+  if (!max_wall_time.empty()) parse_duration(max_wall_time);
   SPOTRAIN_CHECK(resume != "auto" || !ckpt_dir.empty(), "--resume auto needs a --ckpt-dir");
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);

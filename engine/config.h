@@ -6,6 +6,9 @@
 
 namespace spotrain {
 
+// "8h", "90m", "3600s" or "3600" -> seconds; throws Error for anything else.
+double parse_duration(const std::string& s);
+
 struct RunConfig {
   // model and data
   std::string model = "resnet20";
@@ -47,6 +50,8 @@ struct RunConfig {
   std::string ckpt_dir = "runs/spotrain";  // checkpoints go here ("" = none)
   int64_t ckpt_every = 0;                  // also every N steps (0 = only at the end / on stop)
   int keep = 3;                            // checkpoints kept (older ones are removed)
+  double ckpt_every_min = 0;               // also every M minutes of training (0 = no)
+  std::string max_wall_time;               // e.g. "8h", "90m", "3600s": stop (exit 75) before it
   std::string resume = "none";             // none | auto (newest in ckpt_dir) | PATH
 
   // Throws Error naming the first bad setting.

@@ -93,7 +93,7 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
   return p;
 }
 
-Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
+Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   cfg_.validate();
   comm_ = make_communicator("auto");
   worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
@@ -330,6 +330,8 @@ TrainResult Trainer::run() {
   }
   install_stop_handlers();
   double t_start = now_seconds();
+  double wall_limit = cfg_.max_wall_time.empty() ? 0 : parse_duration(cfg_.max_wall_time);
+  double ckpt_seconds = 0, last_ckpt_time = t_start;
   int64_t step0 = step, cur_epoch = start_epoch, cur_batch = first_batch;
   for (int64_t epoch = start_epoch; epoch < epochs && step < total_steps; ++epoch) {
     loader.start_epoch(epoch, epoch == start_epoch ? first_batch : 0);
@@ -392,24 +394,48 @@ TrainResult Trainer::run() {
       cur_batch = b.batch_index + 1;
       // Step boundary: all ranks agree whether to stop (a signal may reach only some).
       bool stop = stop_requested();
+      std::string stop_reason = "a signal";
+      if (wall_limit > 0) {
+        // Leave room for one more step and the checkpoint before the limit.
+        double now = now_seconds() - created_;
+        double per_step = (now_seconds() - t_start) / double(step - step0);
+        double margin = std::min(5.0, 0.05 * wall_limit);
+        if (now + 2 * per_step + ckpt_seconds + margin > wall_limit) {
+          if (!stop) log_info(str("--max-wall-time ", cfg_.max_wall_time, " is near: stopping"));
+          stop = true;
+          stop_reason = "--max-wall-time";
+        }
+      }
       if (comm_->size() > 1) {
         float f = stop ? 1.f : 0.f;
         worker_->run("all-reduce of the stop flag", [&] { comm_->allreduce_sum(&f, 1, DType::f32); });
         stop = f > 0;
       }
       if (stop && step < total_steps) {
-        SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by a signal at step ", step,
+        SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", stop_reason, " at step ", step,
                        " with no --ckpt-dir: nothing was saved");
         res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
-        log_info(str("stopped by a signal after step ", step, "; resume with --resume auto"));
+        log_info(str("stopped by ", stop_reason, " after step ", step, "; resume with --resume auto"));
         res.stopped = true;
         res.steps = step;
         res.seconds = now_seconds() - t_start;
         return res;
       }
-      if (cfg_.ckpt_every > 0 && step % cfg_.ckpt_every == 0 && step < total_steps &&
-          !cfg_.ckpt_dir.empty())
+      bool periodic = (cfg_.ckpt_every > 0 && step % cfg_.ckpt_every == 0) ||
+                      (cfg_.ckpt_every_min > 0 &&
+                       now_seconds() - last_ckpt_time >= cfg_.ckpt_every_min * 60);
+      if (comm_->size() > 1 && cfg_.ckpt_every_min > 0) {  // clocks differ: rank 0 decides
+        float f = periodic ? 1.f : 0.f;
+        worker_->run("broadcast of the checkpoint decision", [&] { comm_->broadcast(&f, 4, 0); });
+        periodic = f > 0;
+      }
+      bool epoch_end = cur_batch == per_epoch;
+      if ((periodic || epoch_end) && step < total_steps && !cfg_.ckpt_dir.empty()) {
+        double t0 = now_seconds();
         res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
+        ckpt_seconds = now_seconds() - t0;
+        last_ckpt_time = now_seconds();
+      }
     }
     double ep_secs = now_seconds() - ep_t0;
     if (comm_->size() > 1) {  // the epoch summary is the whole job's

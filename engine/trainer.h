@@ -60,6 +60,7 @@ class Trainer {
   std::string write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch);
   void broadcast_buffers();
   RunConfig cfg_;
+  double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CommWorker> worker_;
   std::unique_ptr<Reducer> reducer_;

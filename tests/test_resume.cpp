@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -175,4 +176,27 @@ TEST(Resume, VerifyRejectsNonCheckpoints) {
   Out v = run("", "ckpt verify " + p.string());
   EXPECT_EQ(v.code, 1) << v.text;
   EXPECT_NE(v.text.find("not an HDF5 file"), std::string::npos) << v.text;
+}
+
+TEST(Resume, MaxWallTimeStopsInTimeWithACheckpoint) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  fs::path d = fs::temp_directory_path() / "spotrain_wall";
+  fs::remove_all(d);
+  auto t0 = std::chrono::steady_clock::now();
+  Out r = run("", "train --data fashion-mnist --train-limit 4096 --test-limit 500 --epochs 50 "
+                  "--batch-size 64 --threads 2 --log-every 1000 --max-wall-time 6s --ckpt-dir " +
+                      d.string());
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 75) << r.text;
+  EXPECT_LT(secs, 6.0 + 1.0) << r.text;  // the limit, plus process start-up and exit
+  EXPECT_NE(r.text.find("stopped by --max-wall-time"), std::string::npos) << r.text;
+  std::ifstream latest(d / "latest");
+  std::string name;
+  latest >> name;
+  ASSERT_FALSE(name.empty());
+  EXPECT_EQ(run("", "ckpt verify " + (d / name).string()).code, 0);
+  EXPECT_TRUE(fs::exists(d / "ckpt-00000064.h5") || name == "ckpt-00000064.h5" ||
+              r.text.find("ckpt-00000064.h5") != std::string::npos)
+      << "no end-of-epoch checkpoint: " << r.text;
 }

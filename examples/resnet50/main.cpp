@@ -64,6 +64,9 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--metrics", cfg.metrics, "write JSONL metrics to FILE");
   c.add_option("--ckpt-every", cfg.ckpt_every, "also write a checkpoint every N steps (0 = no)");
   c.add_option("--keep", cfg.keep, "checkpoints to keep")->capture_default_str();
+  c.add_option("--ckpt-every-min", cfg.ckpt_every_min, "also write a checkpoint every M minutes");
+  c.add_option("--max-wall-time", cfg.max_wall_time,
+               "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m");
   c.add_option("--resume", cfg.resume,
                "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint")
       ->capture_default_str();
