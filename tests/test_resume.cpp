@@ -189,7 +189,8 @@ TEST(Resume, MaxWallTimeStopsInTimeWithACheckpoint) {
                   "--ckpt-dir " + d.string());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.code, 75) << r.text;
-  EXPECT_LT(secs, 6.0 + 1.0) << r.text;  // the limit, plus process start-up and exit
+  // Without the limit this would train for minutes; allow start-up and exit on a loaded machine.
+  EXPECT_LT(secs, 6.0 + 3.0) << r.text;
   EXPECT_NE(r.text.find("stopped by --max-wall-time"), std::string::npos) << r.text;
   std::ifstream latest(d / "latest");
   std::string name;
