@@ -331,7 +331,7 @@ TrainResult Trainer::run() {
   install_stop_handlers();
   double t_start = now_seconds();
   double wall_limit = cfg_.max_wall_time.empty() ? 0 : parse_duration(cfg_.max_wall_time);
-  double ckpt_seconds = 0, last_ckpt_time = t_start;
+  double ckpt_seconds = 0, last_ckpt_time = t_start, last_step_end = t_start;
   int64_t step0 = step, cur_epoch = start_epoch, cur_batch = first_batch;
   for (int64_t epoch = start_epoch; epoch < epochs && step < total_steps; ++epoch) {
     loader.start_epoch(epoch, epoch == start_epoch ? first_batch : 0);
@@ -392,13 +392,16 @@ TrainResult Trainer::run() {
       }
       cur_epoch = epoch;
       cur_batch = b.batch_index + 1;
+      double step_end = now_seconds();
+      double step_time = step_end - last_step_end;  // the latest step, not the warm-up average
+      last_step_end = step_end;
       // Step boundary: all ranks agree whether to stop (a signal may reach only some).
       bool stop = stop_requested();
       std::string stop_reason = "a signal";
       if (wall_limit > 0) {
         // Leave room for one more step and the checkpoint before the limit.
         double now = now_seconds() - created_;
-        double per_step = (now_seconds() - t_start) / double(step - step0);
+        double per_step = step_time;
         double margin = std::min(5.0, 0.05 * wall_limit);
         if (now + 2 * per_step + ckpt_seconds + margin > wall_limit) {
           if (!stop) log_info(str("--max-wall-time ", cfg_.max_wall_time, " is near: stopping"));

@@ -185,18 +185,26 @@ TEST(Resume, MaxWallTimeStopsInTimeWithACheckpoint) {
   fs::remove_all(d);
   auto t0 = std::chrono::steady_clock::now();
   Out r = run("", "train --data fashion-mnist --train-limit 1024 --test-limit 200 --epochs 500 "
-                  "--batch-size 64 --threads 2 --log-every 1000 --max-wall-time 6s --keep 1000 "
+                  "--batch-size 64 --threads 1 --log-every 1000 --max-wall-time 10s --keep 1000 "
                   "--ckpt-dir " + d.string());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.code, 75) << r.text;
   // Without the limit this would train for minutes; allow start-up and exit on a loaded machine.
-  EXPECT_LT(secs, 6.0 + 3.0) << r.text;
+  EXPECT_LT(secs, 10.0 + 3.0) << r.text;
   EXPECT_NE(r.text.find("stopped by --max-wall-time"), std::string::npos) << r.text;
   std::ifstream latest(d / "latest");
   std::string name;
   latest >> name;
   ASSERT_FALSE(name.empty());
   EXPECT_EQ(run("", "ckpt verify " + (d / name).string()).code, 0);
-  // 16 steps per epoch: the end of the first epoch wrote a checkpoint too.
-  EXPECT_TRUE(fs::exists(d / "ckpt-00000016.h5")) << "no end-of-epoch checkpoint: " << r.text;
+}
+
+TEST(Resume, CheckpointAtEveryEpochEnd) {
+  fs::path d = fs::temp_directory_path() / "spotrain_epoch_ckpt";
+  fs::remove_all(d);
+  Out r = run("", "train --data synthetic --train-limit 64 --test-limit 32 --batch-size 16 "
+                  "--epochs 2 --threads 1 --keep 10 --ckpt-dir " + d.string());
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_TRUE(fs::exists(d / "ckpt-00000004.h5")) << r.text;  // end of epoch 1 (4 steps)
+  EXPECT_TRUE(fs::exists(d / "ckpt-00000008.h5")) << r.text;  // end of training
 }
