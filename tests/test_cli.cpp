@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include "run_command.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,15 +22,8 @@ struct CmdResult {
 };
 
 CmdResult run(const std::string& args) {
-  std::string cmd = std::string(SPOTRAIN_BIN) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  CommandResult c = run_command(std::string(SPOTRAIN_BIN) + " " + args);
+  return CmdResult{c.code, c.out};
 }
 
 int count_lines_starting(const std::string& s, const std::string& prefix) {

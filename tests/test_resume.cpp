@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
+#include "run_command.h"
 #include "layers/resnet.h"
 
 namespace fs = std::filesystem;
@@ -29,15 +30,8 @@ struct Out {
 };
 
 Out run(const std::string& env, const std::string& args) {
-  std::string cmd = env + " " + std::string(SPOTRAIN_BIN) + " " + args + " 2>&1";
-  Out o;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.text.append(buf, n);
-  int st = pclose(p);
-  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return o;
+  CommandResult c = run_command(env + " " + std::string(SPOTRAIN_BIN) + " " + args);
+  return Out{c.code, c.out};
 }
 
 // step -> the logged loss, exactly as written
