@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -125,14 +128,48 @@ void fsync_path(const std::string& path, bool dir) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info) {
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info) {
+  Backend& be = model.backend();
+  CheckpointSnapshot s;
+  s.info = info;
+  // One host copy of each flat buffer (to_host always copies); tensors are views into it.
+  Tensor params = be.to_host(model.flat_params());
+  for (auto* p : model.params())
+    s.model.emplace_back(p->name, Tensor::view(params, model.offset_of(p), p->value.shape()));
+  for (auto* b : model.buffers()) s.model.emplace_back(b->name, be.to_host(b->value));
+  if (sgd) {
+    Tensor m = be.to_host(sgd->momentum());
+    for (auto* p : model.params())
+      s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
+    s.sgd_steps = sgd->steps();
+  }
+  return s;
+}
+
+int64_t checkpoint_bytes(Model& model, bool with_momentum) {
+  int64_t n = model.num_params() * (with_momentum ? 2 : 1);
+  for (auto* b : model.buffers()) n += b->value.numel();
+  return n * 4 + (int64_t(1) << 20);  // + attributes and HDF5 metadata
+}
+
+namespace {
+// Test hook: SPOTRAIN_CKPT_WRITE_DELAY=SECONDS pauses every write half way (the .tmp file
+// exists, the new checkpoint does not), so a test can kill the process mid-write.
+void write_delay_hook() {
+  static const char* v = std::getenv("SPOTRAIN_CKPT_WRITE_DELAY");
+  if (v && std::atof(v) > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(v)));
+}
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap) {
   quiet_hdf5();
   namespace fs = std::filesystem;
+  const CheckpointInfo& info = snap.info;
   fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
   std::string tmp = path + ".tmp";
-  Backend& be = model.backend();
-  {
+  try {
     H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (file < 0) SPOTRAIN_THROW("cannot create checkpoint ", tmp, ": check the directory is writable");
     write_int_attr(file, "format_version", kCheckpointFormatVersion);
@@ -146,6 +183,10 @@ void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const Chec
     write_int_attr(file, "epoch", info.epoch);
     write_int_attr(file, "global_step", info.global_step);
     write_int_attr(file, "batch_in_epoch", info.batch_in_epoch);
+    write_int_attr(file, "samples_in_epoch", info.samples_in_epoch);
+    write_int_attr(file, "global_batch", info.global_batch);
+    write_int_attr(file, "world_size", info.world_size);
+    write_int_attr(file, "seed", int64_t(info.seed));
     write_int_attr(file, "num_classes", info.num_classes);
     write_int_attr(file, "in_channels", info.in_channels);
     write_string_attr(file, "precision", info.precision);
@@ -156,25 +197,30 @@ void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const Chec
       write_int_attr(sg, "skipped_steps", info.scaler.skipped_steps);
       write_int_attr(sg, "consecutive_overflows", info.scaler.consecutive_overflows);
     }
+    write_delay_hook();
     H5Id g(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    for (auto* prm : model.params()) write_dataset(g, prm->name, be.to_host(prm->value));
-    for (auto* b : model.buffers()) write_dataset(g, b->name, be.to_host(b->value));
-    if (sgd) {
+    for (auto& [name, t] : snap.model) write_dataset(g, name, t);
+    if (snap.sgd_steps >= 0) {
       H5Id og(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      write_int_attr(og, "steps", sgd->steps());
+      write_int_attr(og, "steps", snap.sgd_steps);
       H5Id mg(H5Gcreate2(og, "momentum", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      Tensor m = be.to_host(sgd->momentum());
-      for (auto* prm : model.params())
-        write_dataset(mg, prm->name,
-                      Tensor::view(m, model.offset_of(prm), prm->value.shape()));
+      for (auto& [name, t] : snap.momentum) write_dataset(mg, name, t);
     }
-    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the checkpoint");
+    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the checkpoint (disk full?)");
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);  // never leave a half file behind; older checkpoints are untouched
+    throw;
   }
   fsync_path(tmp, false);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) SPOTRAIN_THROW("cannot rename ", tmp, " to ", path, ": ", ec.message());
   fsync_path(p.has_parent_path() ? p.parent_path().string() : ".", true);
+}
+
+void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info) {
+  write_checkpoint_file(path, snapshot_checkpoint(model, sgd, info));
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
@@ -186,14 +232,21 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   if (file < 0) SPOTRAIN_THROW("cannot open checkpoint ", path, " (truncated or corrupt?)");
   CheckpointInfo info;
   info.format_version = int(read_int_attr(file, "format_version", path));
-  if (info.format_version > kCheckpointFormatVersion)
+  if (info.format_version < 1 || info.format_version > kCheckpointFormatVersion)
     SPOTRAIN_THROW("checkpoint ", path, " has format version ", info.format_version,
-                   "; this build reads up to ", kCheckpointFormatVersion);
+                   "; this build reads versions 1 to ", kCheckpointFormatVersion);
   info.config_json = read_string_attr(file, "config", path);
   info.model = read_string_attr(file, "model", path);
   info.epoch = read_int_attr(file, "epoch", path);
   info.global_step = read_int_attr(file, "global_step", path);
   info.batch_in_epoch = read_int_attr(file, "batch_in_epoch", path);
+  auto optional_int = [&](const char* name) {
+    return H5Aexists(file, name) > 0 ? read_int_attr(file, name, path) : int64_t(0);
+  };
+  info.samples_in_epoch = optional_int("samples_in_epoch");
+  info.global_batch = optional_int("global_batch");
+  info.world_size = int(optional_int("world_size"));
+  info.seed = uint64_t(optional_int("seed"));
   info.num_classes = int(read_int_attr(file, "num_classes", path));
   info.in_channels = int(read_int_attr(file, "in_channels", path));
   info.precision = read_string_attr(file, "precision", path);

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -23,10 +25,29 @@ struct CheckpointInfo {
   int num_classes = 0, in_channels = 0;
   std::string precision = "fp32";
   LossScalerState scaler;  // fp16 loss-scaling state (scale 1 otherwise)
+  // Data progress for an exact (and elastic) resume; 0 in files that predate them.
+  int64_t global_batch = 0;  // samples per step over all ranks
+  int world_size = 0;        // ranks the checkpoint was trained on
+  int64_t samples_in_epoch = 0;  // = batch_in_epoch * global_batch
+  uint64_t seed = 0;
 };
 
-// Writes model (and momentum when sgd is given) to `path` atomically.
+// Everything a checkpoint holds, copied to host memory at a step boundary, so a background
+// thread can write it while training goes on.
+struct CheckpointSnapshot {
+  CheckpointInfo info;
+  std::vector<std::pair<std::string, Tensor>> model;     // parameters, then BN buffers
+  std::vector<std::pair<std::string, Tensor>> momentum;  // per parameter (none without sgd)
+  int64_t sgd_steps = -1;                                // -1: no optimizer state
+};
+// Copies the model (and momentum when sgd is given) to host memory.
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info);
+// Writes a snapshot to `path` atomically (PATH.tmp, fsync, rename, fsync of the directory).
+void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap);
+// snapshot_checkpoint + write_checkpoint_file.
 void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info);
+// Bytes a checkpoint of this model takes on disk (parameters, buffers, momentum), roughly.
+int64_t checkpoint_bytes(Model& model, bool with_momentum);
 // Reads the attributes only. Throws Error naming the file when it is not a readable checkpoint.
 CheckpointInfo read_checkpoint_info(const std::string& path);
 // Loads parameters and BN buffers into `model` (shapes must match; names must all exist).

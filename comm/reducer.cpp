@@ -34,9 +34,21 @@ Reducer::Reducer(Model& model, CommWorker& worker, const ReducerOptions& opt)
     buckets_.back().params++;
     bucket_of_param_[size_t(idx)] = int(buckets_.size() - 1);
   }
+  SPOTRAIN_CHECK(!buckets_.empty(), "internal: a model without parameters");
+  tail_bucket_ = int64_t(buckets_.size()) - 1;  // sorted by offset: the last ends at P
   int64_t biggest = 0;
   for (auto& b : buckets_) biggest = std::max(biggest, b.end - b.begin);
-  if (opt.compression != "none") scratch_.resize(size_t(biggest));
+  if (opt.compression != "none") scratch_.resize(size_t(biggest + Model::kGradTail));
+}
+
+void Reducer::set_control(int i, float value) {
+  SPOTRAIN_CHECK(i >= 0 && i < Model::kGradTail, "internal: control index ", i);
+  control_[i] = value;
+}
+
+float Reducer::control(int i) {
+  SPOTRAIN_CHECK(i >= 0 && i < Model::kGradTail, "internal: control index ", i);
+  return summed_[i];
 }
 
 void Reducer::grad_ready(const Param& p) {
@@ -51,6 +63,14 @@ void Reducer::launch(Bucket& b) {
   b.launched = true;
   float* g = model_.flat_grads().data<float>() + b.begin;
   int64_t n = b.end - b.begin;
+  if (&b == &buckets_[size_t(tail_bucket_)]) {
+    // The tail slots follow this bucket in memory: one all-reduce covers both.
+    Backend& be = model_.backend();
+    Tensor h = Tensor::host({Model::kGradTail});
+    std::copy(control_, control_ + Model::kGradTail, h.data<float>());
+    be.copy(be.from_host(h), model_.grad_tail());
+    n += Model::kGradTail;
+  }
   Communicator& comm = worker_.comm();
   std::string what = str("all-reduce of gradient bucket [", b.begin, ", ", b.end, ")");
   if (opt_.compression == "none") {
@@ -73,6 +93,9 @@ double Reducer::finish() {
   for (auto& b : buckets_)
     if (!b.launched) launch(b);  // parameters that took no gradient this step
   for (auto& b : buckets_) worker_.wait(b.ticket);
+  Tensor h = model_.backend().to_host(model_.grad_tail());
+  std::copy(h.data<float>(), h.data<float>() + Model::kGradTail, summed_);
+  std::fill(control_, control_ + Model::kGradTail, 0.f);
   for (auto& b : buckets_) {
     b.ready = 0;
     b.launched = false;

@@ -4,6 +4,8 @@
 // gradient arrives its all-reduce (sum) starts on the CommWorker thread while backward goes
 // on. finish() waits for every bucket. Optional fp16/bf16 compression all-reduces 16-bit
 // copies (pre-divided by the world size so fp16 cannot overflow on the sum).
+// Control values (the ranks' stop flags) ride along with the last bucket: the gradient tail
+// slots after the flat buffer are summed with it, so agreeing costs no extra round trip.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,6 +31,11 @@ class Reducer final : public GradListener {
   // the SUM over ranks. Returns the seconds spent waiting (exposed communication).
   double finish();
   size_t num_buckets() const { return buckets_.size(); }
+  // Control value i (< Model::kGradTail) for this step: set before backward (it is reset
+  // to 0 after each step); after finish() control(i) is the sum over ranks. Values should be
+  // small counts (0/1 flags): with gradient compression they travel as fp16/bf16.
+  void set_control(int i, float value);
+  float control(int i);
 
  private:
   struct Bucket {
@@ -45,6 +52,9 @@ class Reducer final : public GradListener {
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;  // by Model::params() index
   std::vector<uint16_t> scratch_;     // compression buffer
+  int64_t tail_bucket_ = -1;          // the bucket ending at the flat buffer's end
+  float control_[Model::kGradTail] = {0, 0, 0, 0};  // this rank's values for the next step
+  float summed_[Model::kGradTail] = {0, 0, 0, 0};   // the last step's sums over ranks
 };
 
 }  // namespace spotrain

@@ -28,7 +28,9 @@ Model::Model(std::unique_ptr<Layer> net, Backend& be) : net_(std::move(net)), be
     off += p->value.numel();
   }
   flat_params_ = be_.from_host(host_params);
-  flat_grads_ = be_.zeros({total});
+  Tensor grads_and_tail = be_.zeros({total + kGradTail});
+  flat_grads_ = Tensor::view(grads_and_tail, 0, {total});
+  grad_tail_ = Tensor::view(grads_and_tail, total, {kGradTail});
   for (auto* p : params_) {
     int64_t o = offsets_[p];
     p->value = Tensor::view(flat_params_, o, p->value.shape());

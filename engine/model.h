@@ -35,6 +35,10 @@ class Model {
   Buffer* find_buffer(const std::string& name) const;
   Tensor& flat_params() { return flat_params_; }  // (P) fp32
   Tensor& flat_grads() { return flat_grads_; }    // (P) fp32
+  // kGradTail fp32 slots right after the flat gradients, in the same storage: the Reducer
+  // sums its control values (the stop flag) across ranks with the last gradient bucket.
+  static constexpr int64_t kGradTail = 4;
+  Tensor& grad_tail() { return grad_tail_; }
   int64_t num_params() const { return flat_params_.numel(); }
   // Offset of a parameter in the flat buffers.
   int64_t offset_of(const Param* p) const;
@@ -50,7 +54,7 @@ class Model {
   std::vector<Buffer*> buffers_;
   std::map<std::string, Param*> by_name_;
   std::map<const Param*, int64_t> offsets_;
-  Tensor flat_params_, flat_grads_;
+  Tensor flat_params_, flat_grads_, grad_tail_;
 };
 
 }  // namespace spotrain

@@ -149,15 +149,13 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
              "scaling). bf16 is the fast CPU choice.");
   if (!cfg_.ckpt_dir.empty() && comm_->rank() == 0) {
-    // Fail now, not after hours of training, when checkpoints cannot be written.
-    std::error_code ec;
-    std::filesystem::create_directories(cfg_.ckpt_dir, ec);
-    std::string probe = cfg_.ckpt_dir + "/.write-test";
-    std::ofstream f(probe);
-    SPOTRAIN_CHECK(!ec && f.good(), "checkpoint directory ", cfg_.ckpt_dir,
-                   " is not writable; pass a writable --ckpt-dir");
-    f.close();
-    std::filesystem::remove(probe, ec);
+    check_checkpoint_dir();
+    writer_ = std::make_unique<AsyncCheckpointWriter>(cfg_.keep);
+  }
+  if (const char* f = std::getenv("SPOTRAIN_SAMPLE_LOG")) {  // test hook: sample ids per step
+    std::string path = comm_->size() > 1 ? str(f, ".", comm_->rank()) : std::string(f);
+    sample_log_ = std::fopen(path.c_str(), "a");
+    SPOTRAIN_CHECK(sample_log_, "cannot write SPOTRAIN_SAMPLE_LOG file ", path);
   }
   if (!cfg_.metrics.empty() && comm_->rank() == 0) {
     metrics_ = std::fopen(cfg_.metrics.c_str(), "w");
@@ -167,6 +165,49 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
 
 Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
+  if (sample_log_) std::fclose(sample_log_);
+}
+
+// Fail now, not after hours of training, when checkpoints cannot be written: the directory
+// must be writable and hold a new checkpoint next to the previous one.
+void Trainer::check_checkpoint_dir() {
+  namespace fs = std::filesystem;
+  const std::string& dir = cfg_.ckpt_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string probe = dir + "/.write-test";
+  {
+    std::ofstream f(probe);
+    SPOTRAIN_CHECK(!ec && f.good(), "checkpoint directory ", dir,
+                   " is not writable; pass a writable --ckpt-dir");
+  }
+  fs::remove(probe, ec);
+  // Half-written files of a process killed mid-write: never valid, safe to remove.
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".tmp") {
+      log_info(str("removing the unfinished checkpoint ", e.path().string(),
+                   " (a write was interrupted)"));
+      fs::remove(e.path(), ec);
+    }
+  }
+  int64_t need = checkpoint_bytes(*model_, true);
+  std::error_code space_ec;
+  int64_t free_bytes = int64_t(fs::space(dir, space_ec).available);
+  if (const char* f = std::getenv("SPOTRAIN_FREE_BYTES")) {  // test hook
+    free_bytes = std::atoll(f);
+    space_ec.clear();
+  }
+  if (space_ec) return;  // space unknown (some network filesystems): the writes will tell
+  auto mib = [](int64_t b) { return fmt_fixed(double(b) / double(1 << 20), 1) + " MiB"; };
+  SPOTRAIN_CHECK(free_bytes >= 2 * need, "checkpoint directory ", dir, " has ", mib(free_bytes),
+                 " free; writing a checkpoint of this model (", mib(need),
+                 ") while keeping the previous one needs ", mib(2 * need),
+                 "; free some space or pass another --ckpt-dir");
+  int64_t keep_need = need * (cfg_.keep > 0 ? cfg_.keep + 1 : 4);
+  if (free_bytes < keep_need)
+    log_info(str("warning: checkpoint directory ", dir, " has ", mib(free_bytes), " free; --keep ",
+                 cfg_.keep, " needs about ", mib(keep_need)));
 }
 
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
@@ -243,29 +284,143 @@ void Trainer::check_ranks_agree() {
   }
 }
 
-// Rank 0 writes ckpt-<step>.h5 (after the BN broadcast); the others wait at a barrier.
-std::string Trainer::write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch) {
-  broadcast_buffers();
+std::string Trainer::write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch,
+                                      bool sync) {
   char name[32];
   std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
   std::string path = cfg_.ckpt_dir + "/" + name;
-  CheckpointInfo info;
-  info.config_json = cfg_.to_json();
-  info.model = cfg_.model;
-  info.epoch = epoch;
-  info.batch_in_epoch = batch_in_epoch;
-  info.global_step = step;
-  info.num_classes = data_.train->num_classes();
-  info.in_channels = data_.train->image_shape().c;
-  info.precision = cfg_.precision;
-  info.scaler = scaler_->state();
-  if (comm_->rank() == 0) {
-    save_checkpoint(path, *model_, sgd_.get(), info);
-    finish_checkpoint(path, cfg_.keep);
+  if (writer_) {
+    CheckpointInfo info;
+    info.config_json = cfg_.to_json();
+    info.model = cfg_.model;
+    info.epoch = epoch;
+    info.batch_in_epoch = batch_in_epoch;
+    info.global_step = step;
+    info.global_batch = cfg_.batch_size * comm_->size();
+    info.world_size = comm_->size();
+    info.samples_in_epoch = batch_in_epoch * info.global_batch;
+    info.seed = cfg_.seed;
+    info.num_classes = data_.train->num_classes();
+    info.in_channels = data_.train->image_shape().c;
+    info.precision = cfg_.precision;
+    info.scaler = scaler_->state();
+    if (writer_->busy()) {
+      double t0 = now_seconds();
+      poll_checkpoint_writer();
+      writer_->wait();
+      if (!sync)
+        log_info(str("warning: the previous checkpoint write was still running; training waited ",
+                     fmt_fixed(now_seconds() - t0, 2), " s (checkpoints are due faster than the disk "
+                     "writes them: raise --ckpt-every)"));
+    }
+    poll_checkpoint_writer();
+    double t0 = now_seconds();
+    // Rank 0's BN statistics are saved (as every rank loads them on resume).
+    writer_->submit(path, snapshot_checkpoint(*model_, sgd_.get(), info));
+    writing_ = path;
+    double snap = now_seconds() - t0;
+    if (sync) {
+      poll_checkpoint_writer();
+      writer_->wait();
+      log_info(str("checkpoint written: ", path, " in ",
+                   fmt_fixed(snap + writer_->last_write_seconds(), 2), " s"));
+      writing_.clear();
+    } else {
+      log_info(str("checkpoint ", path, ": state copied in ", fmt_fixed(snap, 3),
+                   " s, writing in the background"));
+    }
   }
-  worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
-  log_info(str("checkpoint written: ", path));
+  if (sync && comm_->size() > 1)  // nobody exits before rank 0's file is safe
+    worker_->run("barrier after the checkpoint", [&] { comm_->barrier(); });
   return path;
+}
+
+void Trainer::poll_checkpoint_writer() {
+  if (!writer_ || writing_.empty() || writer_->busy()) return;
+  std::string path = writing_;
+  writing_.clear();
+  try {
+    writer_->check();
+  } catch (const std::exception& e) {
+    SPOTRAIN_THROW("checkpoint ", path, " could not be written: ", e.what(),
+                   " (older checkpoints are intact)");
+  }
+  log_info(str("checkpoint written: ", path, " in ", fmt_fixed(writer_->last_write_seconds(), 2),
+               " s (background)"));
+}
+
+Trainer::ResumePoint Trainer::resume() {
+  ResumePoint rp;
+  if (cfg_.resume == "none") return rp;
+  // Header rank 0 broadcasts: status (0 none, 1 loaded, -1 failed), progress, scaler, SGD.
+  int64_t h[12] = {0};
+  std::string path, error;
+  if (comm_->rank() == 0) {
+    try {
+      path = cfg_.resume == "auto" ? newest_good_checkpoint(cfg_.ckpt_dir) : cfg_.resume;
+      if (!path.empty()) {
+        CheckpointInfo ci = load_training_state(path, *model_, *sgd_);
+        SPOTRAIN_CHECK(ci.model == cfg_.model, "checkpoint ", path, " is a ", ci.model,
+                       " checkpoint; this run trains ", cfg_.model);
+        int64_t world = ci.world_size > 0 ? ci.world_size : 1;
+        int64_t global = ci.global_batch > 0 ? ci.global_batch : cfg_.batch_size * world;
+        double scale = ci.scaler.scale;
+        int64_t scale_bits;
+        std::memcpy(&scale_bits, &scale, 8);
+        int64_t vals[12] = {1, ci.global_step, ci.epoch, ci.batch_in_epoch, global, world,
+                            sgd_->steps(), ci.scaler.good_steps, ci.scaler.skipped_steps,
+                            ci.scaler.consecutive_overflows, scale_bits, 0};
+        std::copy(vals, vals + 12, h);
+      }
+    } catch (const std::exception& e) {
+      h[0] = -1;
+      error = e.what();
+    }
+  }
+  if (comm_->size() > 1)
+    worker_->run("broadcast of the resume point", [&] { comm_->broadcast(h, sizeof h, 0); });
+  if (h[0] < 0) {
+    if (comm_->rank() == 0) throw Error(error);
+    SPOTRAIN_THROW("rank 0 could not load the checkpoint to resume from (its error says why)");
+  }
+  if (h[0] == 0) {
+    log_info(str("--resume ", cfg_.resume, ": no checkpoint in ", cfg_.ckpt_dir,
+                 "; starting from scratch"));
+    return rp;
+  }
+  int64_t global = h[4], world = comm_->size();
+  SPOTRAIN_CHECK(global % world == 0, "the checkpoint was trained with a global batch of ", global,
+                 " on ", h[5], " rank(s); it does not divide over ", world,
+                 " ranks. Resume on a rank count that divides ", global);
+  if (global / world != cfg_.batch_size) {
+    log_info(str("resuming a ", h[5], "-rank checkpoint on ", world, " rank(s): per-rank batch ",
+                 global / world, " keeps its global batch of ", global, " (--batch-size ",
+                 cfg_.batch_size, " is overridden)"));
+    cfg_.batch_size = global / world;
+  }
+  if (comm_->size() > 1) {  // every rank continues from rank 0's state
+    Tensor& flat = model_->flat_params();
+    Tensor& mom = sgd_->momentum();
+    worker_->run("broadcast of the checkpoint's parameters",
+                 [&] { comm_->broadcast(flat.raw(), flat.nbytes(), 0); });
+    worker_->run("broadcast of the checkpoint's momentum",
+                 [&] { comm_->broadcast(mom.raw(), mom.nbytes(), 0); });
+    broadcast_buffers();
+    model_->parameters_changed();
+    sgd_->set_steps(h[6]);
+  }
+  LossScalerState st;
+  std::memcpy(&st.scale, &h[10], 8);
+  st.good_steps = h[7];
+  st.skipped_steps = h[8];
+  st.consecutive_overflows = h[9];
+  scaler_->set_state(st);
+  rp.step = h[1];
+  rp.epoch = h[2];
+  rp.batch_in_epoch = h[3];
+  log_info(str("resumed from ", comm_->rank() == 0 ? path : std::string("rank 0's checkpoint"),
+               ": step ", rp.step, ", epoch ", rp.epoch + 1, ", batch ", rp.batch_in_epoch));
+  return rp;
 }
 
 EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
@@ -275,6 +430,7 @@ EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
 }
 
 TrainResult Trainer::run() {
+  const ResumePoint rp = resume();  // may change the per-rank batch (elastic resume)
   io::LoaderOptions lo;
   lo.batch_size = cfg_.batch_size;
   lo.train = true;
@@ -307,31 +463,22 @@ TrainResult Trainer::run() {
                per_epoch, " steps, batch ", cfg_.batch_size));
 
   TrainResult res;
-  int64_t step = 0, start_epoch = 0, first_batch = 0;
-  if (cfg_.resume != "none") {
-    std::string path = cfg_.resume == "auto" ? newest_good_checkpoint(cfg_.ckpt_dir) : cfg_.resume;
-    if (path.empty()) {
-      log_info(str("--resume auto: no checkpoint in ", cfg_.ckpt_dir, "; starting from scratch"));
-    } else {
-      CheckpointInfo ci = load_training_state(path, *model_, *sgd_);
-      SPOTRAIN_CHECK(ci.model == cfg_.model, "checkpoint ", path, " is a ", ci.model,
-                     " checkpoint; this run trains ", cfg_.model);
-      scaler_->set_state(ci.scaler);
-      step = ci.global_step;
-      start_epoch = ci.epoch;
-      first_batch = ci.batch_in_epoch;
-      if (first_batch >= per_epoch) {
-        ++start_epoch;
-        first_batch = 0;
-      }
-      log_info(str("resumed from ", path, ": step ", step, ", epoch ", start_epoch + 1, ", batch ",
-                   first_batch));
-    }
+  int64_t step = rp.step, start_epoch = rp.epoch, first_batch = rp.batch_in_epoch;
+  if (first_batch >= per_epoch) {
+    ++start_epoch;
+    first_batch = 0;
   }
   install_stop_handlers();
   double t_start = now_seconds();
   double wall_limit = cfg_.max_wall_time.empty() ? 0 : parse_duration(cfg_.max_wall_time);
-  double ckpt_seconds = 0, last_ckpt_time = t_start, last_step_end = t_start;
+  double last_ckpt_time = t_start, last_step_end = t_start, step_time = 0, snapshot_seconds = 0;
+  // Whether --max-wall-time leaves no room for two more steps and a checkpoint.
+  auto wall_near = [&] {
+    if (wall_limit <= 0) return false;
+    double ckpt_seconds = writer_ ? snapshot_seconds + writer_->last_write_seconds() : 0.0;
+    double margin = std::min(5.0, 0.05 * wall_limit);
+    return now_seconds() - created_ + 2 * step_time + ckpt_seconds + margin > wall_limit;
+  };
   int64_t step0 = step, cur_epoch = start_epoch, cur_batch = first_batch;
   for (int64_t epoch = start_epoch; epoch < epochs && step < total_steps; ++epoch) {
     loader.start_epoch(epoch, epoch == start_epoch ? first_batch : 0);
@@ -343,6 +490,16 @@ TrainResult Trainer::run() {
       float lr = sched.at(step);
       worker_->set_step(step + 1);  // 1-based, as in the progress lines
       inject_fault(comm_->rank(), step + 1);
+      if (sample_log_) {
+        std::fprintf(sample_log_, "%lld", static_cast<long long>(step + 1));
+        for (int64_t id : b.sample_ids) std::fprintf(sample_log_, " %lld", static_cast<long long>(id));
+        std::fprintf(sample_log_, "\n");
+        std::fflush(sample_log_);
+      }
+      // Stop requests seen before the step travel with its last gradient bucket, so all
+      // ranks learn every rank's flag at no extra round trip and stop after the same step.
+      std::string stop_reason = stop_requested() ? "a signal" : wall_near() ? "--max-wall-time" : "";
+      if (reducer_) reducer_->set_control(0, stop_reason.empty() ? 0.f : 1.f);
       StepResult sr = runner_->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
       const LossResult& l = sr.loss;
       ++step;
@@ -393,50 +550,38 @@ TrainResult Trainer::run() {
       cur_epoch = epoch;
       cur_batch = b.batch_index + 1;
       double step_end = now_seconds();
-      double step_time = step_end - last_step_end;  // the latest step, not the warm-up average
+      step_time = step_end - last_step_end;  // the latest step, not the warm-up average
       last_step_end = step_end;
-      // Step boundary: all ranks agree whether to stop (a signal may reach only some).
-      bool stop = stop_requested();
-      std::string stop_reason = "a signal";
-      if (wall_limit > 0) {
-        // Leave room for one more step and the checkpoint before the limit.
-        double now = now_seconds() - created_;
-        double per_step = step_time;
-        double margin = std::min(5.0, 0.05 * wall_limit);
-        if (now + 2 * per_step + ckpt_seconds + margin > wall_limit) {
-          if (!stop) log_info(str("--max-wall-time ", cfg_.max_wall_time, " is near: stopping"));
-          stop = true;
-          stop_reason = "--max-wall-time";
-        }
+      bool stop;
+      if (reducer_) {
+        stop = reducer_->control(0) > 0;
+        if (stop && stop_reason.empty()) stop_reason = "a stop request on another rank";
+      } else {
+        if (stop_reason.empty() && stop_requested()) stop_reason = "a signal";
+        stop = !stop_reason.empty();
       }
-      if (comm_->size() > 1) {
-        float f = stop ? 1.f : 0.f;
-        worker_->run("all-reduce of the stop flag", [&] { comm_->allreduce_sum(&f, 1, DType::f32); });
-        stop = f > 0;
-      }
+      if (stop && stop_reason == "--max-wall-time")
+        log_info(str("--max-wall-time ", cfg_.max_wall_time, " is near: stopping"));
       if (stop && step < total_steps) {
         SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", stop_reason, " at step ", step,
                        " with no --ckpt-dir: nothing was saved");
-        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
+        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch, /*sync=*/true);
         log_info(str("stopped by ", stop_reason, " after step ", step, "; resume with --resume auto"));
         res.stopped = true;
         res.steps = step;
         res.seconds = now_seconds() - t_start;
         return res;
       }
+      poll_checkpoint_writer();
+      // Periodic and epoch-end checkpoints: rank 0 alone decides and writes in the background.
       bool periodic = (cfg_.ckpt_every > 0 && step % cfg_.ckpt_every == 0) ||
                       (cfg_.ckpt_every_min > 0 &&
                        now_seconds() - last_ckpt_time >= cfg_.ckpt_every_min * 60);
-      if (comm_->size() > 1 && cfg_.ckpt_every_min > 0) {  // clocks differ: rank 0 decides
-        float f = periodic ? 1.f : 0.f;
-        worker_->run("broadcast of the checkpoint decision", [&] { comm_->broadcast(&f, 4, 0); });
-        periodic = f > 0;
-      }
       bool epoch_end = cur_batch == per_epoch;
-      if ((periodic || epoch_end) && step < total_steps && !cfg_.ckpt_dir.empty()) {
+      if ((periodic || epoch_end) && step < total_steps && writer_) {
         double t0 = now_seconds();
-        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
-        ckpt_seconds = now_seconds() - t0;
+        res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch, /*sync=*/false);
+        snapshot_seconds = now_seconds() - t0;
         last_ckpt_time = now_seconds();
       }
     }
@@ -474,7 +619,8 @@ TrainResult Trainer::run() {
   res.seconds = now_seconds() - t_start;
   res.skipped_steps = scaler_->state().skipped_steps;
   res.loss_scale = scaler_->scale();
-  if (!cfg_.ckpt_dir.empty()) res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch);
+  if (!cfg_.ckpt_dir.empty())
+    res.checkpoint = write_checkpoint(step, cur_epoch, cur_batch, /*sync=*/true);
   return res;
 }
 

@@ -9,6 +9,7 @@
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 #include "comm/reducer.h"
+#include "checkpoints/async_writer.h"
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
@@ -56,8 +57,21 @@ class Trainer {
   Communicator& comm() { return *comm_; }
 
  private:
+  // Where training continues after --resume (zeros: from scratch).
+  struct ResumePoint {
+    int64_t step = 0, epoch = 0, batch_in_epoch = 0;
+  };
   void check_ranks_agree();
-  std::string write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch);
+  void check_checkpoint_dir();
+  // Rank 0 finds and loads the checkpoint and broadcasts the state to every rank (other
+  // nodes need no copy of the file). A checkpoint from another rank count keeps its global
+  // batch: the per-rank --batch-size becomes global / world.
+  ResumePoint resume();
+  // Rank 0 snapshots the state and writes ckpt-<step>.h5: in the background, or, with
+  // `sync`, before returning (every rank then waits at a barrier). Returns the path.
+  std::string write_checkpoint(int64_t step, int64_t epoch, int64_t batch_in_epoch, bool sync);
+  // Reports a background write that finished (or failed) since the last call.
+  void poll_checkpoint_writer();
   void broadcast_buffers();
   RunConfig cfg_;
   double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
@@ -71,6 +85,9 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<StepRunner> runner_;
   FILE* metrics_ = nullptr;
+  std::unique_ptr<AsyncCheckpointWriter> writer_;  // rank 0 with a --ckpt-dir
+  std::string writing_;                            // path of the write in flight
+  FILE* sample_log_ = nullptr;                     // SPOTRAIN_SAMPLE_LOG test hook
 };
 
 // Evaluates `model` over a whole dataset with fixed (non-random) transforms.

@@ -1,0 +1,50 @@
+// AsyncCheckpointWriter (see async_writer.h).
+#include "checkpoints/async_writer.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "engine/error.h"
+
+namespace spotrain {
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: checkpoint write failed: %s\n", e.what());
+  }
+}
+
+void AsyncCheckpointWriter::submit(std::string path, CheckpointSnapshot snap) {
+  wait();
+  done_ = false;
+  thread_ = std::thread([this, path = std::move(path), snap = std::move(snap)] {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      write_checkpoint_file(path, snap);
+      finish_checkpoint(path, keep_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    done_ = true;
+  });
+}
+
+void AsyncCheckpointWriter::join_finished() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) {
+    auto e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void AsyncCheckpointWriter::wait() { join_finished(); }
+
+void AsyncCheckpointWriter::check() {
+  if (thread_.joinable() && done_.load()) join_finished();
+}
+
+}  // namespace spotrain
