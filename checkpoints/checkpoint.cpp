@@ -153,12 +153,16 @@ int64_t checkpoint_bytes(Model& model, bool with_momentum) {
 }
 
 namespace {
-// Test hook: SPOTRAIN_CKPT_WRITE_DELAY=SECONDS pauses every write half way (the .tmp file
-// exists, the new checkpoint does not), so a test can kill the process mid-write.
-void write_delay_hook() {
-  static const char* v = std::getenv("SPOTRAIN_CKPT_WRITE_DELAY");
-  if (v && std::atof(v) > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(v)));
+// Test hook: SPOTRAIN_CKPT_WRITE_DELAY=SECONDS[:STEP] pauses writes (of checkpoints from
+// global step STEP on) half way: the .tmp file exists, the new checkpoint does not, so a
+// test can kill the process mid-write.
+void write_delay_hook(int64_t step) {
+  const char* v = std::getenv("SPOTRAIN_CKPT_WRITE_DELAY");
+  if (!v) return;
+  double seconds = 0;
+  long long from = 0;
+  if (std::sscanf(v, "%lf:%lld", &seconds, &from) < 1 || step < from) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 }  // namespace
 
@@ -197,7 +201,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
       write_int_attr(sg, "skipped_steps", info.scaler.skipped_steps);
       write_int_attr(sg, "consecutive_overflows", info.scaler.consecutive_overflows);
     }
-    write_delay_hook();
+    write_delay_hook(info.global_step);
     H5Id g(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (auto& [name, t] : snap.model) write_dataset(g, name, t);
     if (snap.sgd_steps >= 0) {

@@ -9,8 +9,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <regex>
 #include <string>
+
+#include "ckpt_state.h"
 
 namespace {
 
@@ -134,6 +138,96 @@ TEST(MpiFaults, MismatchedCompressionIsRefused) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "error: rank 1 was started with a different --grad-compression"))
       << r.out;
+}
+
+// Preemption on 2 ranks: only rank 1 gets SIGTERM, at step 5. The flag travels with the
+// gradient all-reduce, so both ranks stop after the same step, rank 0 saves, both exit 75;
+// the resumed job then ends bitwise identical to a job that was never interrupted.
+namespace fs = std::filesystem;
+
+std::string resume_args(const fs::path& dir, const std::string& more = "") {
+  return std::string(SPOTRAIN_BIN) +
+         " train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --epochs 2"
+         " --threads 1 --deterministic --log-every 1 --keep 100 --ckpt-dir " + dir.string() + " " + more;
+}
+
+std::vector<std::string> rank_files(const fs::path& prefix, int world) {
+  std::vector<std::string> v;
+  for (int r = 0; r < world; ++r) v.push_back(prefix.string() + "." + std::to_string(r));
+  return v;
+}
+
+TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
+  fs::path d = fs::temp_directory_path() / "spotrain_mpi_resume";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  // 256 samples, global batch 32: 8 steps per epoch, 16 in all.
+  std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
+  std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
+  Launch a = run(mpirun(2, log_a) + " " + resume_args(d / "a", "--batch-size 16"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  Launch b1 = run(mpirun(2, log_b + " -x SPOTRAIN_FAULT=term:1:5") + " " +
+                  resume_args(d / "b", "--batch-size 16"));
+  EXPECT_EQ(b1.code, 75) << b1.out;
+  EXPECT_TRUE(contains(b1.out, "stopped by a stop request on another rank after step 5"))
+      << "rank 1's flag (raised as step 5 began) reaches rank 0 with step 5's all-reduce:\n"
+      << b1.out;
+  ASSERT_TRUE(fs::exists(d / "b" / "ckpt-00000005.h5")) << b1.out;
+  Launch b2 = run(mpirun(2, log_b) + " " + resume_args(d / "b", "--batch-size 16 --resume auto"));
+  ASSERT_EQ(b2.code, 0) << b2.out;
+  EXPECT_TRUE(contains(b2.out, "step 5, epoch 1, batch 5")) << b2.out;
+  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000016.h5").string());
+  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000016.h5").string());
+  ASSERT_EQ(sa.params.size(), sb.params.size());
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  auto ids_a = read_sample_log(rank_files(d / "a.ids", 2));
+  auto ids_b = read_sample_log(rank_files(d / "b.ids", 2));
+  ASSERT_EQ(ids_a.size(), 16u);
+  ASSERT_EQ(ids_b.size(), 16u);
+  for (auto& [step, runs] : ids_b) {
+    ASSERT_EQ(runs.size(), 1u) << "step " << step << " was trained twice";
+    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
+  }
+}
+
+// Elastic: a checkpoint taken on 2 ranks (global batch 32) resumes on 1 rank (per-rank
+// batch 32) and on 4 ranks (8 each): the global batches continue in exactly the order of
+// the uninterrupted job, and training finishes.
+TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
+  fs::path d = fs::temp_directory_path() / "spotrain_mpi_elastic";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  Launch a = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
+                 resume_args(d / "a", "--batch-size 16"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  Launch s = run(mpirun(2, "SPOTRAIN_FAULT=term:0:4") + " " + resume_args(d / "s", "--batch-size 16"));
+  ASSERT_EQ(s.code, 75) << s.out;
+  auto ids_a = read_sample_log(rank_files(d / "a.ids", 2));
+  for (int world : {1, 4}) {
+    fs::path w = d / ("w" + std::to_string(world));
+    fs::copy(d / "s", w);
+    std::string log = "SPOTRAIN_SAMPLE_LOG=" + (d / ("w" + std::to_string(world) + ".ids")).string();
+    Launch r = run(mpirun(world, log) + " " + resume_args(w, "--batch-size 16 --resume auto"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "per-rank batch " + std::to_string(32 / world) +
+                                    " keeps its global batch of 32"))
+        << r.out;
+    EXPECT_TRUE(contains(r.out, "step 16/16")) << r.out;
+    auto ids = world == 1 ? read_sample_log({(d / "w1.ids").string()})
+                          : read_sample_log(rank_files(d / "w4.ids", 4));
+    ASSERT_EQ(ids.size(), 12u) << "steps 5..16 after the stop after step 4";
+    for (auto& [step, runs] : ids) {
+      ASSERT_EQ(runs.size(), 1u);
+      ASSERT_EQ(runs[0].size(), 32u);
+      EXPECT_EQ(runs[0], ids_a[step][0]) << world << " rank(s), step " << step;
+    }
+  }
+  // A rank count that does not divide the global batch is refused clearly.
+  fs::copy(d / "s", d / "w3");
+  Launch r3 = run(mpirun(3) + " " + resume_args(d / "w3", "--batch-size 16 --resume auto"));
+  EXPECT_NE(r3.code, 0);
+  EXPECT_TRUE(contains(r3.out, "does not divide over 3 ranks")) << r3.out;
 }
 
 }  // namespace

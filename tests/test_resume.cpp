@@ -16,8 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
+#include "ckpt_state.h"
 #include "run_command.h"
-#include "layers/resnet.h"
+#include <hdf5.h>
+#include <signal.h>
+#include <thread>
 
 namespace fs = std::filesystem;
 using namespace spotrain;
@@ -46,24 +49,6 @@ std::map<int64_t, std::string> step_losses(const fs::path& metrics) {
   return m;
 }
 
-struct State {
-  std::vector<float> params, momentum;
-};
-
-State load_state(const std::string& path) {
-  auto be = make_backend("cpu", BackendOptions{1, true});
-  ResNetOptions ro;
-  ro.arch = "resnet20";
-  Model model(build_resnet(ro), *be);
-  Sgd sgd(model, SgdOptions{});
-  load_training_state(path, model, sgd);
-  State s;
-  s.params.assign(model.flat_params().data<float>(),
-                  model.flat_params().data<float>() + model.num_params());
-  s.momentum.assign(sgd.momentum().data<float>(), sgd.momentum().data<float>() + model.num_params());
-  return s;
-}
-
 }  // namespace
 
 TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
@@ -74,15 +59,18 @@ TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
   std::string common =
       "train --model resnet20 --data fashion-mnist --train-limit 1024 --test-limit 500 "
       "--batch-size 32 --epochs 2 --log-every 4 --threads 2 --deterministic ";
-  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " + (d / "a.jsonl").string());
+  std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
+  std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
+  Out a = run(log_a, common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
+                         (d / "a.jsonl").string());
   ASSERT_EQ(a.code, 0) << a.text;
   // 32 steps per epoch: step 40 is mid-way through the second epoch.
-  Out b1 = run("SPOTRAIN_FAULT=term:0:40", common + "--ckpt-dir " + (d / "b").string() +
-                                               " --metrics " + (d / "b1.jsonl").string());
+  Out b1 = run(log_b + " SPOTRAIN_FAULT=term:0:40", common + "--ckpt-dir " + (d / "b").string() +
+                                                       " --metrics " + (d / "b1.jsonl").string());
   ASSERT_EQ(b1.code, 75) << b1.text;
   ASSERT_TRUE(fs::exists(d / "b" / "ckpt-00000040.h5")) << b1.text;
-  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
-                       (d / "b2.jsonl").string() + " --resume auto");
+  Out b2 = run(log_b, common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
+                          (d / "b2.jsonl").string() + " --resume auto");
   ASSERT_EQ(b2.code, 0) << b2.text;
   EXPECT_NE(b2.text.find("resumed from"), std::string::npos) << b2.text;
   EXPECT_NE(b2.text.find("step 40, epoch 2, batch 8"), std::string::npos) << b2.text;
@@ -95,11 +83,136 @@ TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
     EXPECT_GT(step, 40);
     EXPECT_EQ(loss, la[step]) << "step " << step;
   }
-  State sa = load_state((d / "a" / "ckpt-00000064.h5").string());
-  State sb = load_state((d / "b" / "ckpt-00000064.h5").string());
+  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000064.h5").string());
+  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000064.h5").string());
   ASSERT_EQ(sa.params.size(), sb.params.size());
   EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
   EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+
+  // Data order: the interrupted run consumed exactly the samples of the straight one, in
+  // the same order, none repeated (each step trained once) and none skipped.
+  auto ids_a = read_sample_log({(d / "a.ids").string()});
+  auto ids_b = read_sample_log({(d / "b.ids").string()});
+  ASSERT_EQ(ids_a.size(), 64u);
+  ASSERT_EQ(ids_b.size(), 64u);
+  for (auto& [step, runs] : ids_b) {
+    ASSERT_EQ(runs.size(), 1u) << "step " << step << " was trained twice";
+    ASSERT_EQ(runs[0].size(), 32u);
+    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
+  }
+}
+
+// The same with fp16 dynamic loss scaling on a small synthetic run: the scaler state
+// (scale, good/skipped step counts) comes back exactly, so the continuation is bitwise.
+TEST(Resume, Fp16LossScalerStateResumesBitwise) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_fp16";
+  fs::remove_all(d);
+  std::string common =
+      "train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --batch-size 16 "
+      "--epochs 2 --precision fp16 --log-every 1 --threads 1 --deterministic --keep 100 ";
+  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
+                      (d / "a.jsonl").string());
+  ASSERT_EQ(a.code, 0) << a.text;
+  Out b1 = run("SPOTRAIN_FAULT=term:0:11", common + "--ckpt-dir " + (d / "b").string());
+  ASSERT_EQ(b1.code, 75) << b1.text;
+  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
+                       (d / "b2.jsonl").string() + " --resume auto");
+  ASSERT_EQ(b2.code, 0) << b2.text;
+  EXPECT_NE(b2.text.find("step 11, epoch 1, batch 11"), std::string::npos) << b2.text;
+  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
+  ASSERT_EQ(lb.size(), 21u);
+  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  CheckpointInfo ia = read_checkpoint_info((d / "a" / "ckpt-00000032.h5").string());
+  CheckpointInfo ib = read_checkpoint_info((d / "b" / "ckpt-00000032.h5").string());
+  CheckpointInfo i11 = read_checkpoint_info((d / "b" / "ckpt-00000011.h5").string());
+  EXPECT_EQ(ia.scaler.scale, ib.scaler.scale);
+  EXPECT_EQ(ia.scaler.good_steps, ib.scaler.good_steps);
+  EXPECT_EQ(ia.scaler.skipped_steps, ib.scaler.skipped_steps);
+  EXPECT_GT(i11.scaler.good_steps + i11.scaler.skipped_steps, 0) << "the scaler state was saved";
+  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000032.h5").string());
+  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000032.h5").string());
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+}
+
+// SIGKILL while a checkpoint is being written (the write-delay hook holds the write of
+// step 4 half way): the previous checkpoint and `latest` stay intact, and --resume auto
+// continues from it, removing the half-written file.
+TEST(Resume, KillDuringWriteKeepsThePreviousCheckpoint) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_kill";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::string common = "train --data synthetic --train-limit 128 --batch-size 16 --threads 1 "
+                       "--ckpt-every 2 --ckpt-dir " + d.string();
+  std::string pidfile = (d / "pid").string();
+  std::string cmd = "SPOTRAIN_CKPT_WRITE_DELAY=600:4 " + std::string(SPOTRAIN_BIN) + " " + common +
+                    " --steps 6 > " + (d / "log").string() + " 2>&1 & echo $! > " + pidfile;
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  fs::path tmp = d / "ckpt-00000004.h5.tmp";
+  for (int i = 0; i < 600 && !fs::exists(tmp); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::ifstream pf(pidfile);
+  int pid = 0;
+  pf >> pid;
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(fs::exists(tmp)) << "the delayed write never started";
+  kill(pid, SIGKILL);
+  for (int i = 0; i < 100 && kill(pid, 0) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(fs::exists(d / "ckpt-00000004.h5"));
+  ASSERT_TRUE(fs::exists(d / "ckpt-00000002.h5"));
+  std::ifstream latest(d / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "ckpt-00000002.h5");
+  EXPECT_EQ(run("", "ckpt verify " + (d / "ckpt-00000002.h5").string()).code, 0);
+  Out r = run("", common + " --steps 6 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_NE(r.text.find("removing the unfinished checkpoint"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000002.h5").string()), std::string::npos)
+      << r.text;
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(d / "ckpt-00000006.h5"));
+}
+
+// A checkpoint from a newer (or invalid) format version is refused with a clear message,
+// and --resume auto falls back to the good one before it.
+TEST(Resume, WrongFormatVersionIsRefused) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_version";
+  fs::remove_all(d);
+  std::string common = "train --data synthetic --train-limit 64 --batch-size 16 --threads 1 "
+                       "--ckpt-every 2 --keep 5 --ckpt-dir " + d.string();
+  ASSERT_EQ(run("", common + " --steps 4").code, 0);
+  {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    hid_t f = H5Fopen((d / "ckpt-00000004.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+    int64_t v = 99;
+    ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
+    H5Aclose(a);
+    H5Fclose(f);
+  }
+  Out v = run("", "ckpt verify " + (d / "ckpt-00000004.h5").string());
+  EXPECT_NE(v.code, 0);
+  EXPECT_NE(v.text.find("format version 99"), std::string::npos) << v.text;
+  Out r = run("", common + " --steps 6 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_NE(r.text.find("skipping unusable checkpoint"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000002.h5").string()), std::string::npos)
+      << r.text;
+}
+
+// Too little free space for a checkpoint is refused at start (the SPOTRAIN_FREE_BYTES hook
+// stands in for a full disk), before any training.
+TEST(Resume, FullCheckpointDiskIsRefusedAtStart) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_full";
+  fs::remove_all(d);
+  Out r = run("SPOTRAIN_FREE_BYTES=100000", "train --data synthetic --train-limit 64 "
+              "--batch-size 16 --steps 2 --threads 1 --ckpt-dir " + d.string());
+  EXPECT_EQ(r.code, 1) << r.text;
+  EXPECT_NE(r.text.find("free; writing a checkpoint of this model"), std::string::npos) << r.text;
+  EXPECT_EQ(r.text.find("step 1/"), std::string::npos) << r.text;
 }
 
 TEST(Resume, RefusesAnotherModelsCheckpoint) {
