@@ -88,9 +88,11 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& pat
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   H5Id type(H5Aget_type(attr), H5Tclose);
   size_t n = H5Tget_size(type);
-  std::vector<char> buf(n + 1, 0);
+  // Room for a terminator: strings written by other tools (h5py) are null-padded, not
+  // null-terminated, and converting them to an n-byte terminated type would cut one char.
+  std::vector<char> buf(n + 2, 0);
   H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mem, n);
+  H5Tset_size(mem, n + 1);
   H5_CHECK(H5Aread(attr, mem, buf.data()), name);
   return std::string(buf.data());
 }

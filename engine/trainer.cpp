@@ -211,7 +211,8 @@ void Trainer::check_checkpoint_dir() {
 }
 
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size, DType compute, CommWorker* worker) {
+                          int64_t batch_size, DType compute, CommWorker* worker,
+                          const EvalBatchHook& on_batch) {
   io::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.train = false;
@@ -230,6 +231,7 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
   while (loader.next(b)) {
     Tensor logits = model.forward(be.upload_images(b.images, compute), /*training=*/false);
     LossResult l = be.softmax_xent(logits, b.labels.data(), 0.f, 1.f, nullptr);
+    if (on_batch) on_batch(b, logits);
     int64_t n = int64_t(b.labels.size());
     loss_sum += l.loss * double(n);
     top1 += l.top1;

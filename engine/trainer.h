@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "io/dataset.h"
+#include "io/loader.h"
 
 namespace spotrain {
 
@@ -92,9 +93,10 @@ class Trainer {
 
 // Evaluates `model` over a whole dataset with fixed (non-random) transforms.
 // With a worker, the set is split across ranks and the counts summed, so every rank gets
-// the whole set's figures.
+// the whole set's figures. `on_batch`, when given, sees each batch with its logits.
+using EvalBatchHook = std::function<void(const io::Batch&, const Tensor& logits)>;
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
                           int64_t batch_size, DType compute = DType::f32,
-                          CommWorker* worker = nullptr);
+                          CommWorker* worker = nullptr, const EvalBatchHook& on_batch = nullptr);
 
 }  // namespace spotrain

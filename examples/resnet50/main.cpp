@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -82,10 +83,30 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
 }
 
 struct EvalOptions {
-  std::string ckpt, data, device = "auto";
+  std::string ckpt, data, device = "auto", dump;
   int64_t batch_size = 256, test_limit = 0;
   int threads = 0;
 };
+
+// Writes a float32 tensor as a NumPy .npy file (format 1.0, little-endian, C order).
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const float* data) {
+  std::string dims;
+  int64_t n = 1;
+  for (auto d : shape) {
+    dims += std::to_string(d) + ",";
+    n *= d;
+  }
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  uint16_t len = uint16_t(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
+  SPOTRAIN_CHECK(f.good(), "cannot write ", path);
+}
 
 // `spotrain eval`: top-1 / top-5 of a checkpoint over a whole test set.
 int run_eval(const EvalOptions& o) {
@@ -120,7 +141,26 @@ int run_eval(const EvalOptions& o) {
   ro.in_channels = info.in_channels;
   spotrain::Model model(spotrain::build_resnet(ro), *be);
   spotrain::load_checkpoint_weights(path, model);
-  auto r = spotrain::evaluate_model(model, *pair.test, pair.kind, o.batch_size);
+  spotrain::EvalBatchHook dump;
+  if (!o.dump.empty()) {  // the first batch's inputs (NCHW) and logits, for interop checks
+    dump = [&o, &be, first = true](const spotrain::io::Batch& b, const spotrain::Tensor& logits) mutable {
+      if (!first) return;
+      first = false;
+      const auto& s = b.images.shape();  // logical (N, C, H, W), stored NHWC
+      int64_t N = s[0], C = s[1], H = s[2], W = s[3];
+      std::vector<float> nchw(size_t(N * C * H * W));
+      const float* src = b.images.data<float>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < H * W; ++i)
+            nchw[size_t((n * C + c) * H * W + i)] = src[(n * H * W + i) * C + c];
+      write_npy(o.dump + ".inputs.npy", {N, C, H, W}, nchw.data());
+      spotrain::Tensor l = be->to_host(logits);
+      write_npy(o.dump + ".logits.npy", {l.shape()[0], l.shape()[1]}, l.data<float>());
+    };
+  }
+  auto r = spotrain::evaluate_model(model, *pair.test, pair.kind, o.batch_size, spotrain::DType::f32,
+                                    nullptr, dump);
   spotrain::log_info(spotrain::str("eval ", path, " (", info.model, ", step ", info.global_step,
                                    ") on ", r.samples, " images: top-1 ",
                                    spotrain::fmt_fixed(100 * r.top1, 2), "% top-5 ",
@@ -149,6 +189,9 @@ int main(int argc, char** argv) {
   eval->add_option("--test-limit", eo.test_limit, "evaluate on the first N images (0 = all)");
   eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
   eval->add_option("--threads", eo.threads, "compute threads (0 = all cores)");
+  eval->add_option("--dump-logits", eo.dump,
+                   "write the first batch's inputs and logits to PREFIX.inputs.npy / "
+                   "PREFIX.logits.npy (for scripts/torch_interop.py check)");
 
   std::string ckpt_file;
   auto* ckpt = app.add_subcommand("ckpt", "inspect or verify a checkpoint file");
