@@ -130,17 +130,23 @@ void fsync_path(const std::string& path, bool dir) {
 
 }  // namespace
 
-CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info) {
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
+                                       Tensor* params_buf, Tensor* momentum_buf) {
   Backend& be = model.backend();
   CheckpointSnapshot s;
   s.info = info;
-  // One host copy of each flat buffer (to_host always copies); tensors are views into it.
-  Tensor params = be.to_host(model.flat_params());
+  // One host copy of each flat buffer; the per-parameter tensors are views into it.
+  auto host_copy = [&](const Tensor& src, Tensor* buf) {
+    if (!buf) return be.to_host(src);  // to_host always copies
+    be.copy_to_host(src, *buf);
+    return *buf;
+  };
+  Tensor params = host_copy(model.flat_params(), params_buf);
   for (auto* p : model.params())
     s.model.emplace_back(p->name, Tensor::view(params, model.offset_of(p), p->value.shape()));
   for (auto* b : model.buffers()) s.model.emplace_back(b->name, be.to_host(b->value));
   if (sgd) {
-    Tensor m = be.to_host(sgd->momentum());
+    Tensor m = host_copy(sgd->momentum(), momentum_buf);
     for (auto* p : model.params())
       s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
     s.sgd_steps = sgd->steps();

@@ -40,8 +40,12 @@ struct CheckpointSnapshot {
   std::vector<std::pair<std::string, Tensor>> momentum;  // per parameter (none without sgd)
   int64_t sgd_steps = -1;                                // -1: no optimizer state
 };
-// Copies the model (and momentum when sgd is given) to host memory.
-CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info);
+// Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
+// `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused
+// buffers must not be in use by a write still in flight.
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
+                                       Tensor* params_buf = nullptr,
+                                       Tensor* momentum_buf = nullptr);
 // Writes a snapshot to `path` atomically (PATH.tmp, fsync, rename, fsync of the directory).
 void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap);
 // snapshot_checkpoint + write_checkpoint_file.

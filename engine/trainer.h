@@ -88,6 +88,7 @@ class Trainer {
   FILE* metrics_ = nullptr;
   std::unique_ptr<AsyncCheckpointWriter> writer_;  // rank 0 with a --ckpt-dir
   std::string writing_;                            // path of the write in flight
+  Tensor snap_params_, snap_momentum_;             // warm host buffers for snapshots
   FILE* sample_log_ = nullptr;                     // SPOTRAIN_SAMPLE_LOG test hook
 };
 

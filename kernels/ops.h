@@ -6,10 +6,12 @@
 // are returned as new tensors.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/error.h"
 #include "engine/tensor.h"
 
 namespace spotrain {
@@ -65,6 +67,13 @@ class Backend {
   virtual Tensor to_host(const Tensor& t) = 0;
   // Host plain tensor -> device tensor of the same shape and layout (copy on every backend).
   virtual Tensor from_host(const Tensor& t) = 0;
+  // Copies plain fp32 `src` into `host_dst`, an existing host tensor of as many elements
+  // (checkpoint snapshots reuse one warm host buffer instead of faulting in a new one).
+  virtual void copy_to_host(const Tensor& src, Tensor& host_dst) {
+    Tensor h = to_host(src);
+    SPOTRAIN_CHECK(h.numel() == host_dst.numel(), "copy_to_host: size mismatch");
+    std::memcpy(host_dst.raw(), h.raw(), size_t(h.numel()) * 4);
+  }
   // A zero-filled plain fp32 tensor on this device.
   virtual Tensor zeros(const Shape& shape) = 0;
   virtual void fill(Tensor& t, float value) = 0;

@@ -132,6 +132,14 @@ Tensor CpuBackend::to_host(const Tensor& t0) {
   return out;
 }
 
+void CpuBackend::copy_to_host(const Tensor& src, Tensor& host_dst) {
+  SPOTRAIN_CHECK(src.dtype() == DType::f32 && src.layout() == Layout::plain &&
+                     src.numel() == host_dst.numel() && host_dst.dtype() == DType::f32,
+                 "copy_to_host: expected plain fp32 tensors of one size, got ", src.describe(),
+                 " and ", host_dst.describe());
+  std::memcpy(host_dst.raw(), src.raw(), size_t(src.numel()) * 4);
+}
+
 Tensor CpuBackend::from_host(const Tensor& t) {
   Tensor out(t.shape(), t.dtype(), allocator(), t.layout(), t.storage_elems());
   std::memcpy(out.raw(), t.raw(), t.nbytes());

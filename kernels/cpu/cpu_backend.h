@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
+  void copy_to_host(const Tensor& src, Tensor& host_dst) override;
   Tensor zeros(const Shape& shape) override;
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
