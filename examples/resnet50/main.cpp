@@ -275,14 +275,17 @@ int main(int argc, char** argv) {
     if (*ckpt_info) {
       auto info = spotrain::read_checkpoint_info(ckpt_file);
       std::printf("file          %s (%.1f MiB)\nformat        %d\nmodel         %s (%d classes, %d input "
-                  "channels)\nprecision     %s\nglobal step   %lld\nepoch         %lld, batch %lld\n"
+                  "channels)\nprecision     %s\nglobal step   %lld\nepoch         %lld, batch %lld "
+                  "(%lld samples of the epoch)\nglobal batch  %lld on %d rank(s), seed %llu\n"
                   "loss scale    %g (%lld skipped steps)\nconfig        %s\n",
                   ckpt_file.c_str(), double(std::filesystem::file_size(ckpt_file)) / (1 << 20),
                   info.format_version, info.model.c_str(), info.num_classes, info.in_channels,
                   info.precision.c_str(), static_cast<long long>(info.global_step),
                   static_cast<long long>(info.epoch + 1), static_cast<long long>(info.batch_in_epoch),
-                  info.scaler.scale, static_cast<long long>(info.scaler.skipped_steps),
-                  info.config_json.c_str());
+                  static_cast<long long>(info.samples_in_epoch),
+                  static_cast<long long>(info.global_batch), info.world_size,
+                  static_cast<unsigned long long>(info.seed), info.scaler.scale,
+                  static_cast<long long>(info.scaler.skipped_steps), info.config_json.c_str());
       return 0;
     }
   } catch (const std::exception& e) {
