@@ -150,6 +150,7 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
     for (auto* p : model.params())
       s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
     s.sgd_steps = sgd->steps();
+    s.sgd = sgd->options();
   }
   return s;
 }
@@ -215,6 +216,11 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
     if (snap.sgd_steps >= 0) {
       H5Id og(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       write_int_attr(og, "steps", snap.sgd_steps);
+      write_string_attr(og, "kind", "sgd");
+      write_double_attr(og, "momentum", snap.sgd.momentum);
+      write_int_attr(og, "nesterov", snap.sgd.nesterov ? 1 : 0);
+      write_double_attr(og, "weight_decay", snap.sgd.weight_decay);
+      write_int_attr(og, "decay_bn_and_bias", snap.sgd.decay_bn_and_bias ? 1 : 0);
       H5Id mg(H5Gcreate2(og, "momentum", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       for (auto& [name, t] : snap.momentum) write_dataset(mg, name, t);
     }

@@ -39,6 +39,7 @@ struct CheckpointSnapshot {
   std::vector<std::pair<std::string, Tensor>> model;     // parameters, then BN buffers
   std::vector<std::pair<std::string, Tensor>> momentum;  // per parameter (none without sgd)
   int64_t sgd_steps = -1;                                // -1: no optimizer state
+  SgdOptions sgd;                                        // hyper-parameters (attributes)
 };
 // Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
 // `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused

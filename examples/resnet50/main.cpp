@@ -277,15 +277,19 @@ int main(int argc, char** argv) {
       std::printf("file          %s (%.1f MiB)\nformat        %d\nmodel         %s (%d classes, %d input "
                   "channels)\nprecision     %s\nglobal step   %lld\nepoch         %lld, batch %lld "
                   "(%lld samples of the epoch)\nglobal batch  %lld on %d rank(s), seed %llu\n"
-                  "loss scale    %g (%lld skipped steps)\nconfig        %s\n",
+                  "loss scale    %s\nconfig        %s\n",
                   ckpt_file.c_str(), double(std::filesystem::file_size(ckpt_file)) / (1 << 20),
                   info.format_version, info.model.c_str(), info.num_classes, info.in_channels,
                   info.precision.c_str(), static_cast<long long>(info.global_step),
                   static_cast<long long>(info.epoch + 1), static_cast<long long>(info.batch_in_epoch),
                   static_cast<long long>(info.samples_in_epoch),
                   static_cast<long long>(info.global_batch), info.world_size,
-                  static_cast<unsigned long long>(info.seed), info.scaler.scale,
-                  static_cast<long long>(info.scaler.skipped_steps), info.config_json.c_str());
+                  static_cast<unsigned long long>(info.seed),
+                  info.precision == "fp16"
+                      ? spotrain::str(info.scaler.scale, " (", info.scaler.skipped_steps,
+                                      " skipped steps)").c_str()
+                      : "none (no fp16 loss scaling)",
+                  info.config_json.c_str());
       return 0;
     }
   } catch (const std::exception& e) {
