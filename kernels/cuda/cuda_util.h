@@ -1,0 +1,29 @@
+// Error checks for the CUDA runtime, cuDNN and cuBLAS: each failed call becomes a
+// spotrain::Error naming the call, the library's own error string and file:line.
+// Internal to kernels/cuda/ (host code only).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "engine/error.h"
+
+namespace spotrain::cuda {
+
+inline bool cuda_ok(cudaError_t s) { return s == cudaSuccess; }
+inline const char* cuda_msg(cudaError_t s) { return cudaGetErrorString(s); }
+inline bool cudnn_ok(cudnnStatus_t s) { return s == CUDNN_STATUS_SUCCESS; }
+inline const char* cudnn_msg(cudnnStatus_t s) { return cudnnGetErrorString(s); }
+inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+inline const char* cublas_msg(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+}  // namespace spotrain::cuda
+
+#define CUDA_CHECK(call) \
+  SPOTRAIN_LIB_CHECK("CUDA", call, ::spotrain::cuda::cuda_ok, ::spotrain::cuda::cuda_msg)
+#define CUDNN_CHECK(call) \
+  SPOTRAIN_LIB_CHECK("cuDNN", call, ::spotrain::cuda::cudnn_ok, ::spotrain::cuda::cudnn_msg)
+#define CUBLAS_CHECK(call) \
+  SPOTRAIN_LIB_CHECK("cuBLAS", call, ::spotrain::cuda::cublas_ok, ::spotrain::cuda::cublas_msg)
+// Checks the launch of the kernel just queued (bad configuration, no device code for this GPU).
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
