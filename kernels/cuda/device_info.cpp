@@ -63,7 +63,7 @@ GpuInfo query() {
   cudaError_t e = cudaGetDeviceCount(&g.device_count);
   if (e != cudaSuccess || g.device_count == 0) {
     g.device_count = 0;
-    g.status = str("no CUDA device (", e != cudaSuccess ? cudaGetErrorString(e) : "none visible", ")");
+    g.status = str("no CUDA device: ", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
     cudaGetLastError();  // clear the error so later CUDA calls start clean
     return g;
   }
@@ -71,7 +71,7 @@ GpuInfo query() {
   cudaGetDevice(&dev);
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    g.status = "no CUDA device (cudaGetDeviceProperties failed)";
+    g.status = "no CUDA device: cudaGetDeviceProperties failed";
     return g;
   }
   g.status = "ok";
