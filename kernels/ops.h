@@ -135,6 +135,9 @@ class Backend {
   // Called after parameters changed (optimizer step, load): cached weight copies are stale.
   virtual void weights_changed() = 0;
   virtual void synchronize() {}
+  // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
+  // can order its work after the backend's with an event; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
 };
 
 struct BackendOptions {

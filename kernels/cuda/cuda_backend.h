@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   void weights_changed() override { ++weights_generation_; }
   void synchronize() override;
 
+  void* native_stream() override { return compute_; }
   cudaStream_t compute_stream() const { return compute_; }
 
  private:

@@ -29,6 +29,7 @@ void check_device(const Tensor& t, const char* op) {
                  t.defined() ? t.describe() : std::string("an undefined tensor"));
 }
 void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  SPOTRAIN_CHECK(float_kind(a.dtype()), op, ": unsupported dtype ", a.describe());
   SPOTRAIN_CHECK(a.shape() == b.shape() && a.layout() == b.layout() && a.dtype() == b.dtype() &&
                      a.storage_elems() == b.storage_elems(),
                  op, ": operands differ: ", a.describe(), " vs ", b.describe());
@@ -180,6 +181,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 
 Tensor CudaBackend::relu_forward(const Tensor& x) {
   check_device(x, "relu");
+  SPOTRAIN_CHECK(float_kind(x.dtype()), "relu: unsupported dtype ", x.describe());
   Tensor y = alloc_like(x);
   launch_relu_fwd(x.raw(), y.raw(), x.dtype(), x.numel(), compute_);
   CUDA_CHECK_LAUNCH();

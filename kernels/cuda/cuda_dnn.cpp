@@ -351,7 +351,10 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
           e.stats, g, b, 1.0, rm, rv, double(eps), saved.mean.raw(), saved.aux.raw(), act,
           workspace(ws), ws, rs > 0 ? reserve.raw() : nullptr, rs);
     }
-    if (probing && (st == CUDNN_STATUS_NOT_SUPPORTED || st == CUDNN_STATUS_BAD_PARAM)) continue;
+    // cuDNN 9 returns sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ...): compare categories.
+    if (probing && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+                    CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM))
+      continue;
     CUDNN_CHECK(st);
     chosen = i;
     done = true;

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <string>
+
 #include "engine/error.h"
 
 namespace spotrain::cuda {
@@ -13,7 +15,14 @@ namespace spotrain::cuda {
 inline bool cuda_ok(cudaError_t s) { return s == cudaSuccess; }
 inline const char* cuda_msg(cudaError_t s) { return cudaGetErrorString(s); }
 inline bool cudnn_ok(cudnnStatus_t s) { return s == CUDNN_STATUS_SUCCESS; }
-inline const char* cudnn_msg(cudnnStatus_t s) { return cudnnGetErrorString(s); }
+// The status name plus cuDNN 9's own detail of the last failure, when it has one.
+inline std::string cudnn_msg(cudnnStatus_t s) {
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof detail);
+  std::string m = cudnnGetErrorString(s);
+  if (detail[0]) m += std::string(" (") + detail + ")";
+  return m;
+}
 inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 inline const char* cublas_msg(cublasStatus_t s) { return cublasGetStatusString(s); }
 
