@@ -161,6 +161,8 @@ TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
     Tensor hw = host_plain(ws, ++seed, 1.f / std::sqrt(float(cc.x[1] * cc.k * cc.k)));
     Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
     Tensor wc = c->from_host(hw), wg = g->from_host(hw);
+    c->weights_changed();  // new weight tensors: no cached copy may be reused
+    g->weights_changed();
     Tensor yc = c->conv2d_forward(xc, wc, p), yg = g->conv2d_forward(xg, wg, p);
     ASSERT_EQ(yg.shape(), yc.shape());
     EXPECT_EQ(yg.dtype(), pr.dt);

@@ -149,8 +149,11 @@ const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
   auto& copies = weight_copies_[w.raw()];
   WeightCopy* wc = nullptr;
   for (auto& c : copies)
-    if (c.dt == dt) wc = &c;
-  if (!wc) {
+    if (c.dt == dt && c.data.shape() == w.shape()) wc = &c;
+  if (!wc) {  // (a same-address copy of another shape belonged to a freed tensor)
+    copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                [&](const WeightCopy& c) { return c.dt == dt; }),
+                 copies.end());
     copies.push_back(WeightCopy{dt, Tensor(w.shape(), dt, allocator(), Layout::nhwc), 0});
     wc = &copies.back();
   }
