@@ -102,11 +102,29 @@ if [[ -n "$glibc" ]] && [[ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -1)" 
 fi
 
 # ---- Debian packages into a private prefix ---------------------------------------------
+# unpack_deb DEB DIR: dpkg -x, or where there is no dpkg, Python reading the ar archive.
+unpack_deb() {
+  if command -v dpkg >/dev/null; then dpkg -x "$1" "$2"; return; fi
+  "${python:-python3}" - "$1" "$2" <<'PYDEB'
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"!<arch>\n", "not a .deb"
+pos = 8
+while pos < len(data):
+    name = data[pos:pos + 16].decode().strip().rstrip("/")
+    size = int(data[pos + 48:pos + 58].decode().strip())
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # keep absolute links
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(sys.argv[2], **kw)
+    pos += 60 + size + (size & 1)
+PYDEB
+}
 have_system_pkgs() { dpkg-query -W -f='${Status}' libdnnl-dev 2>/dev/null | grep -q "ok installed"; }
 if compgen -G "$debs/*.deb" >/dev/null; then
   t0=$SECONDS
   rm -rf "$prefix" && mkdir -p "$prefix"
-  for d in "$debs"/*.deb; do dpkg -x "$d" "$prefix" || { note "cannot unpack $d"; exit 1; }; done
+  for d in "$debs"/*.deb; do unpack_deb "$d" "$prefix" || { note "cannot unpack $d"; exit 1; }; done
   # Absolute symlinks point at the host's /usr: re-point them inside the prefix.
   while IFS= read -r l; do
     tgt=$(readlink "$l")
