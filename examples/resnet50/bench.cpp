@@ -65,6 +65,7 @@ int run_bench(const BenchOptions& o) {
   set_log_enabled(comm->rank() == 0);
   BackendOptions bo;
   bo.threads = o.threads;
+  bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
   if (o.device != "cpu") select_cuda_device(comm->local_rank());  // one GPU per rank
   auto be = make_backend(o.device, bo);
   if (world > 1 && be->device() == Device::cuda) {  // GPU ranks all-reduce with NCCL
