@@ -2,8 +2,8 @@
 # The GPU check: on a machine with one NVIDIA GPU, builds spotrain with the CUDA backend, runs
 # the `gpu` tests, then ResNet-50 training throughput (224x224, batch 256, synthetic) with
 # `spotrain bench` at fp16 / bf16 / tf32 and fp16 with gradient checkpointing, and PyTorch
-# (bench/torch_gpu_resnet50.py) in the same run; prints a short table last. Logs, JSON and
-# the table go to ${OUT:-gpu-out}. Everything ends within GPU_BUDGET_S (470 s) seconds.
+# (bench/torch_gpu_resnet50.py) in the same run; prints a short table last. Everything ends
+# within GPU_BUDGET_S (470) seconds.
 #
 # Made for a bare CUDA machine: nvcc, PyTorch, cmake and ninja present; cuDNN, cuBLAS and NCCL
 # only inside Python's site-packages/nvidia/* wheels; no Debian packages and no network. The
@@ -11,16 +11,23 @@
 # are unpacked with dpkg -x into a private prefix; nothing is installed. Without a GPU every
 # step up to the GPU ones still runs, and those report "no CUDA device".
 #
-# Environment: OUT (log folder), GPU_DEBS (.gpu-debs), GPU_PREFIX (/tmp/spotrain-gpu-prefix),
-# GPU_BUILD (build-gpu), GPU_BUDGET_S (470), GPU_JOBS (all cores), GPU_BENCH_STEPS (20),
-# GPU_PYTHON (the python3 with PyTorch),
-# GPU_BENCH_WARMUP (5), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has the
-# packages installed: CMake is kept from finding anything under /usr, so the prefix is used).
+# Results: $OUT/summary.txt (the table), results.json (all figures and versions) and
+# logs.tar.gz (logs/: machine, configure, build, version, gpu-tests, bench-*, torch ...).
+#
+# Environment: OUT (gpu-out), GPU_DEBS (.gpu-debs), GPU_PREFIX (/tmp/spotrain-gpu-prefix),
+# GPU_BUILD (build-gpu), GPU_BUDGET_S (470), GPU_JOBS (all cores), GPU_PYTHON (the python3
+# with PyTorch), GPU_BENCH_STEPS (20), GPU_BENCH_WARMUP (5), GPU_KEEP_LOGS=1 (keep $OUT/logs/
+# unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has the packages
+# installed: CMake is kept from finding anything under /usr, so the prefix is used).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 out=${OUT:-gpu-out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
+# Every log and JSON file goes to $out/logs; at the end they are packed into logs.tar.gz next
+# to summary.txt and results.json (the device tool brings back at most 8 files).
+logs=$out/logs
+rm -rf "$logs" "$out/logs.tar.gz" && mkdir -p "$logs"
 debs=${GPU_DEBS:-$repo/.gpu-debs}
 prefix=${GPU_PREFIX:-/tmp/spotrain-gpu-prefix}
 build=${GPU_BUILD:-$repo/build-gpu}
@@ -30,7 +37,7 @@ steps=${GPU_BENCH_STEPS:-20}
 warmup=${GPU_BENCH_WARMUP:-5}
 arch=x86_64-linux-gnu
 start=$SECONDS
-summary="$out/steps.tsv"
+summary="$logs/steps.tsv"
 : > "$summary"
 # The Python that has PyTorch (its nvidia-* wheels hold cuDNN, cuBLAS and NCCL there).
 python=""
@@ -44,7 +51,7 @@ done
 scale=100
 ((budget > 470)) && scale=$((budget * 100 / 470))
 left() { echo $((budget - (SECONDS - start))); }
-note() { echo "gpu-check: $*" | tee -a "$out/gpu-check.log"; }
+note() { echo "gpu-check: $*" | tee -a "$logs/gpu-check.log"; }
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$summary"; }
 # restatus TEXT: replaces the status of the last step recorded; laststatus prints it.
 laststatus() { tail -n 1 "$summary" | cut -f2; }
@@ -53,7 +60,7 @@ restatus() {
     "$summary" > "$summary.tmp" && mv "$summary.tmp" "$summary"
 }
 
-# run_step NAME MAX_SECONDS COMMAND...: runs COMMAND (stdout and stderr to $out/NAME.log)
+# run_step NAME MAX_SECONDS COMMAND...: runs COMMAND (stdout and stderr to $logs/NAME.log)
 # under a timeout of MAX_SECONDS or what is left of the budget, whichever is less.
 run_step() {
   local name=$1 max=$(($2 * scale / 100))
@@ -67,12 +74,12 @@ run_step() {
   fi
   note "$name (limit ${t} s)"
   local t0=$SECONDS rc=0
-  timeout --kill-after=5 "$t" "$@" > "$out/$name.log" 2>&1 || rc=$?
+  timeout --kill-after=5 "$t" "$@" > "$logs/$name.log" 2>&1 || rc=$?
   local st=ok
   if ((rc == 124 || rc == 137)); then st="TIMEOUT after $t s"
   elif ((rc != 0)); then st="FAILED (exit $rc)"; fi
   record "$name" "$st" $((SECONDS - t0))
-  tail -n 4 "$out/$name.log" | sed 's/^/    /'
+  tail -n 4 "$logs/$name.log" | sed 's/^/    /'
   return $rc
 }
 
@@ -86,7 +93,7 @@ run_step() {
   c++ --version 2>/dev/null | head -1
   ldd --version 2>/dev/null | head -1
   [[ -n "$python" ]] && "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1
-} > "$out/machine.log" 2>&1
+} > "$logs/machine.log" 2>&1
 gpu=""
 if command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
@@ -200,7 +207,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 # ---- configure, build, gpu tests ---------------------------------------------------------
 built=0
 if run_step configure 120 cmake -S "$repo" -B "$build" "${generator[@]}" "${cmake_args[@]}"; then
-  grep -E "spotrain: CUDA|Found (MPI_C|HDF5|GTest|ZLIB)" "$out/configure.log" | sed 's/^/    /'
+  grep -E "spotrain: CUDA|Found (MPI_C|HDF5|GTest|ZLIB)" "$logs/configure.log" | sed 's/^/    /'
   targets=(spotrain)
   for t in $(cmake --build "$build" --target help 2>/dev/null | grep -oE '(^|[ :.])test_gpu[A-Za-z0-9_]*' |
              tr -d ' :.' | sort -u); do targets+=("$t"); done
@@ -212,8 +219,8 @@ if ((built)); then
   if ((${#targets[@]} > 1)); then
     run_step gpu-tests 150 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
     # The status says how many ran and how many skipped (no CUDA device).
-    tally=$(grep -oE '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/gpu-tests.log" | tail -1)
-    skipped=$(grep -c '(Skipped)' "$out/gpu-tests.log")
+    tally=$(grep -oE '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$logs/gpu-tests.log" | tail -1)
+    skipped=$(grep -c '(Skipped)' "$logs/gpu-tests.log")
     [[ -n "$tally" ]] && restatus "$(laststatus): $tally, $skipped skipped"
   else
     note "no test_gpu* targets in this tree"
@@ -225,7 +232,7 @@ fi
 bench() {  # bench NAME PRECISION CHECKPOINT
   run_step "bench-$1" 75 "$build/spotrain" bench --model resnet50 --image-size 224 \
     --batch-size 256 --precision "$2" --grad-checkpoint "$3" --steps "$steps" \
-    --warmup "$warmup" --device cuda --json "$out/bench-$1.json"
+    --warmup "$warmup" --device cuda --json "$logs/bench-$1.json"
 }
 if ((built)) && [[ -n "$gpu" ]]; then
   bench fp16 fp16 none
@@ -236,21 +243,21 @@ elif ((built)); then
   # Shows that asking for the GPU without one fails cleanly with one line.
   run_step bench-no-gpu 30 "$build/spotrain" bench --model resnet18 --image-size 32 \
     --batch-size 2 --steps 1 --warmup 0 --device cuda
-  grep -q "^error: .*no CUDA device" "$out/bench-no-gpu.log" &&
+  grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
     restatus "no CUDA device (one clean error line, exit 1)"
   for b in fp16 bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
 fi
 if [[ -n "$python" ]]; then
   run_step torch 150 env PYTHONUNBUFFERED=1 "$python" "$repo/bench/torch_gpu_resnet50.py" \
     --precision fp16,bf16,tf32 --batch-size 256 --image-size 224 --steps "$steps" \
-    --warmup "$warmup" --json "$out/torch.json"
+    --warmup "$warmup" --json "$logs/torch.json"
   [[ $? == 3 ]] && restatus "no CUDA device"
 fi
 
 # ---- the table -------------------------------------------------------------------------------
-"${python:-python3}" - "$out" "$gpu" > "$out/summary.txt" <<'EOF'
+"${python:-python3}" - "$logs" "$gpu" "$out/results.json" > "$out/summary.txt" <<'EOF'
 import json, os, sys
-out, gpu = sys.argv[1], sys.argv[2]
+out, gpu, results = sys.argv[1], sys.argv[2], sys.argv[3]
 print(f"GPU check ({gpu or 'no CUDA device'})")
 for line in open(os.path.join(out, "version.log")) if os.path.exists(os.path.join(out, "version.log")) else []:
     print("  " + line.rstrip())
@@ -267,6 +274,11 @@ for name in ("fp16", "bf16", "tf32", "fp16-ckpt"):
     f = os.path.join(out, f"bench-{name}.json")
     if os.path.exists(f):
         rows.append(json.load(open(f)))
+version = os.path.join(out, "version.log")
+json.dump({"gpu": gpu or "no CUDA device",
+           "version": open(version).read().splitlines() if os.path.exists(version) else [],
+           "steps": [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "steps.tsv"))],
+           "spotrain": rows, "pytorch": list(torch.values())}, open(results, "w"), indent=2)
 if rows or torch:
     print()
     print("ResNet-50 224x224, batch 256, synthetic data: training images/s (median; p10-p90)")
@@ -281,6 +293,7 @@ if rows or torch:
         print(f"{'pytorch':<9} {p:<9} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")
 EOF
-note "finished in $((SECONDS - start)) s; logs in $out"
+note "finished in $((SECONDS - start)) s; summary.txt, results.json and logs.tar.gz in $out"
+tar -czf "$out/logs.tar.gz" -C "$out" logs && [[ -z "${GPU_KEEP_LOGS:-}" ]] && rm -rf "$logs"
 echo
 cat "$out/summary.txt"
