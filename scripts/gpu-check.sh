@@ -83,12 +83,20 @@ run_step() {
   return $rc
 }
 
+# nvcc: on PATH, in /usr/local/cuda, or from Python's nvidia-cuda-nvcc wheel.
+nvcc=$(command -v nvcc || true)
+[[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+if [[ -z "$nvcc" && -n "$python" ]]; then
+  nvcc=$("$python" -c 'import glob, os, nvidia; print(next(iter(sorted(glob.glob(os.path.join(nvidia.__path__[0], "*", "bin", "nvcc")))), ""))' 2>/dev/null)
+fi
+[[ -n "$nvcc" ]] && export PATH="$(dirname "$nvcc"):$PATH"
+
 # ---- the machine ----------------------------------------------------------------------
 {
   echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -srm), $(nproc) cores"
   grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null
   command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi 2>&1
-  command -v nvcc >/dev/null && nvcc --version | tail -2 || ls /usr/local/cuda/bin/nvcc 2>&1
+  [[ -n "$nvcc" ]] && echo "nvcc: $nvcc" && "$nvcc" --version | tail -2 || echo "no nvcc found"
   cmake --version | head -1; ninja --version 2>/dev/null | sed 's/^/ninja /'
   c++ --version 2>/dev/null | head -1
   ldd --version 2>/dev/null | head -1
@@ -174,6 +182,7 @@ P=$prefix/usr
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSPOTRAIN_CUDA=ON -DSPOTRAIN_BUILD_BENCH=OFF
             -DSPOTRAIN_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 [[ -n "$python" ]] && cmake_args+=(-DSPOTRAIN_CUDA_PYTHON="$python")
+[[ -n "$nvcc" ]] && cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
 if ((use_prefix)); then
   libs="$P/lib/$arch:$P/lib/$arch/openmpi/lib:$P/lib/$arch/hdf5/serial"
   export LD_LIBRARY_PATH="$libs${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
