@@ -169,7 +169,8 @@ TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
     EXPECT_CLOSE(*g, yg, *c, yc, pr.tol);
     Tensor hdy = host_nhwc(yc.shape(), ++seed);
     Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
-    Tensor dxc = c->conv2d_backward_data(dyc, wc, xc, p), dxg = g->conv2d_backward_data(dyg, wg, xg, p);
+    Tensor dxc = c->conv2d_backward_data(dyc, wc, xc, p),
+           dxg = g->conv2d_backward_data(dyg, wg, xg, p);
     EXPECT_EQ(dxg.shape(), xg.shape());
     EXPECT_CLOSE(*g, dxg, *c, dxc, pr.tol);
     Tensor dwc = c->zeros(ws), dwg = g->zeros(ws);
@@ -296,7 +297,8 @@ TEST_P(GpuOps, ReluAddAndTheirBackward) {
     // Same storage dtype and the same shared math: results agree exactly.
     Tensor rc = c->relu_forward(ac), rg = g->relu_forward(ag);
     EXPECT_EQ(nerr(values(*g, rg), values(*c, rc)), 0.0);
-    EXPECT_EQ(nerr(values(*g, g->relu_backward(dg, rg)), values(*c, c->relu_backward(dc, rc))), 0.0);
+    EXPECT_EQ(nerr(values(*g, g->relu_backward(dg, rg)), values(*c, c->relu_backward(dc, rc))),
+              0.0);
     for (bool relu : {false, true}) {
       Tensor yc = c->add_forward(ac, bc, relu), yg = g->add_forward(ag, bg, relu);
       EXPECT_EQ(nerr(values(*g, yg), values(*c, yc)), 0.0);
@@ -323,8 +325,10 @@ TEST_P(GpuOps, CastRoundTripsBitwiseLikeTheCpu) {
   auto rg = values(*g, g->cast(g->cast(g->from_host(h), pr.dt), DType::f32));
   ASSERT_EQ(rc.size(), rg.size());
   for (size_t i = 0; i < rc.size(); ++i) {
-    if (std::isnan(rc[i])) EXPECT_TRUE(std::isnan(rg[i])) << i;
-    else EXPECT_EQ(std::memcmp(&rc[i], &rg[i], 4), 0) << i << ": " << rc[i] << " vs " << rg[i];
+    if (std::isnan(rc[i]))
+      EXPECT_TRUE(std::isnan(rg[i])) << i;
+    else
+      EXPECT_EQ(std::memcmp(&rc[i], &rg[i], 4), 0) << i << ": " << rc[i] << " vs " << rg[i];
   }
 }
 
@@ -340,7 +344,9 @@ TEST_P(GpuLinear, ForwardAndBackward) {
   double tol = tf32 ? 5e-3 : 1e-5;
   auto c = cpu();
   auto g = gpu(tf32);
-  struct Case { int64_t n, k, m; };
+  struct Case {
+    int64_t n, k, m;
+  };
   for (Case cs : {Case{1, 7, 3}, Case{5, 64, 10}, Case{33, 129, 17}}) {
     SCOPED_TRACE(std::to_string(cs.n) + "x" + std::to_string(cs.k) + "x" + std::to_string(cs.m));
     Tensor hx = host_plain({cs.n, cs.k}, 601), hw = host_plain({cs.m, cs.k}, 602);
@@ -370,7 +376,10 @@ TEST(GpuLoss, SoftmaxCrossEntropyMatchesCpu) {
   REQUIRE_GPU();
   auto c = cpu();
   auto g = gpu();
-  struct Case { int64_t n, m; float smoothing, scale; };
+  struct Case {
+    int64_t n, m;
+    float smoothing, scale;
+  };
   for (Case cs : {Case{1, 10, 0.f, 1.f}, Case{37, 10, 0.1f, 128.f}, Case{5, 1000, 0.1f, 1.f}}) {
     SCOPED_TRACE(std::to_string(cs.n) + "x" + std::to_string(cs.m));
     Tensor hz = host_plain({cs.n, cs.m}, 700 + uint64_t(cs.m), 3.f);
@@ -384,7 +393,8 @@ TEST(GpuLoss, SoftmaxCrossEntropyMatchesCpu) {
     EXPECT_EQ(rg.top1, rc.top1);
     EXPECT_EQ(rg.top5, rc.top5);
     EXPECT_CLOSE(*g, dg, *c, dc, 1e-6);
-    LossResult r2 = g->softmax_xent(g->from_host(hz), labels.data(), cs.smoothing, cs.scale, nullptr);
+    LossResult r2 =
+        g->softmax_xent(g->from_host(hz), labels.data(), cs.smoothing, cs.scale, nullptr);
     EXPECT_DOUBLE_EQ(r2.loss, rg.loss);
   }
 }
@@ -474,7 +484,8 @@ TEST(GpuTraining, TwentyStepsFollowTheCpuLossCurve) {
   TrainRun c = make_run(cpu());
   TrainRun g = make_run(gpu(false, /*deterministic=*/true));
   // Same initial weights (the same Philox draws on both).
-  EXPECT_EQ(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())), 0.0);
+  EXPECT_EQ(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())),
+            0.0);
   LossScaler sc{LossScalerOptions{}}, sg{LossScalerOptions{}};
   StepRunner rc(*c.model, *c.sgd, sc, Precision::fp32), rg(*g.model, *g.sgd, sg, Precision::fp32);
   std::vector<double> lc, lg;
@@ -486,7 +497,8 @@ TEST(GpuTraining, TwentyStepsFollowTheCpuLossCurve) {
   for (int step = 0; step < 20; ++step)
     EXPECT_NEAR(lg[size_t(step)], lc[size_t(step)], 1e-3 * (1 + step) * std::fabs(lc[size_t(step)]))
         << "step " << step;
-  EXPECT_LE(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())), 1e-3);
+  EXPECT_LE(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())),
+            1e-3);
   for (size_t i = 0; i < g.model->buffers().size(); ++i)
     EXPECT_LE(nerr(values(*g.be, g.model->buffers()[i]->value),
                    values(*c.be, c.model->buffers()[i]->value)),
@@ -512,7 +524,8 @@ TEST(GpuTraining, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   o.enabled = true;
   o.init_scale = std::ldexp(1.0, 40);
   LossScaler huge(o);
-  StepResult r = StepRunner(*g.model, *g.sgd, huge, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  StepResult r =
+      StepRunner(*g.model, *g.sgd, huge, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
   EXPECT_TRUE(r.overflow);
   EXPECT_TRUE(std::isfinite(r.loss.loss));
   EXPECT_EQ(huge.scale(), std::ldexp(1.0, 39));
@@ -541,7 +554,7 @@ TEST_P(GpuAllocator, SteadyStateStepsAllocateNothingNew) {
   o.enabled = pr.dt == DType::f16;
   o.init_scale = 1024;
   LossScaler s(o);
-  Precision prec = pr.dt == DType::f16 ? Precision::fp16
+  Precision prec = pr.dt == DType::f16    ? Precision::fp16
                    : pr.dt == DType::bf16 ? Precision::bf16
                    : pr.tf32              ? Precision::tf32
                                           : Precision::fp32;
@@ -586,16 +599,17 @@ TEST(SharedMath, BnInferMatchesTheCpuBackend) {
   Tensor hg = host_plain({5}, 1302, 0.2f, 1.f), hb = host_plain({5}, 1303);
   Tensor hm = host_plain({5}, 1304), hv = host_plain({5}, 1305, 0.1f, 1.f);
   for (bool relu : {false, true}) {
-    auto y = values(*c, c->batchnorm_forward_infer(c->from_host(hx), c->from_host(hg),
-                                                   c->from_host(hb), c->from_host(hm),
-                                                   c->from_host(hv), 1e-5f, relu));
+    auto y =
+        values(*c, c->batchnorm_forward_infer(c->from_host(hx), c->from_host(hg), c->from_host(hb),
+                                              c->from_host(hm), c->from_host(hv), 1e-5f, relu));
     // values() is NCHW; hx is NHWC.
     std::vector<float> want(y.size());
     for (int64_t n = 0; n < 2; ++n)
       for (int64_t ch = 0; ch < 5; ++ch)
         for (int64_t p = 0; p < 12; ++p) {
-          float v = bn_infer(hx.data<float>()[(n * 12 + p) * 5 + ch], hm.data<float>()[ch],
-                             hv.data<float>()[ch], hg.data<float>()[ch], hb.data<float>()[ch], 1e-5f);
+          float v =
+              bn_infer(hx.data<float>()[(n * 12 + p) * 5 + ch], hm.data<float>()[ch],
+                       hv.data<float>()[ch], hg.data<float>()[ch], hb.data<float>()[ch], 1e-5f);
           want[size_t((n * 5 + ch) * 12 + p)] = relu ? relu_fwd(v) : v;
         }
     EXPECT_LE(nerr(y, want), 1e-6);

@@ -36,14 +36,14 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0)
-    SPOTRAIN_THROW("--device cuda: no CUDA device (", e == cudaSuccess ? "none found"
-                                                                        : cudaGetErrorString(e),
-                   "); use --device cpu");
+    SPOTRAIN_THROW("--device cuda: no CUDA device (",
+                   e == cudaSuccess ? "none found" : cudaGetErrorString(e), "); use --device cpu");
   return std::make_unique<cuda::CudaBackend>(opt);
 #else
   (void)opt;
-  SPOTRAIN_THROW("--device cuda: this build has no CUDA support (configure with "
-                 "-DSPOTRAIN_CUDA=ON on a machine with nvcc); use --device cpu");
+  SPOTRAIN_THROW(
+      "--device cuda: this build has no CUDA support (configure with "
+      "-DSPOTRAIN_CUDA=ON on a machine with nvcc); use --device cpu");
 #endif
 }
 

@@ -46,13 +46,13 @@ class CudaBackend final : public Backend {
   Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  float eps, bool relu, BnSaved& saved) override;
   Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 const Tensor& running_mean, const Tensor& running_var,
-                                 float eps, bool relu) override;
+                                 const Tensor& running_mean, const Tensor& running_var, float eps,
+                                 bool relu) override;
   Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                             const Tensor& beta, const BnSaved& saved, float eps, bool relu,
                             Tensor& dgamma, Tensor& dbeta) override;
-  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
-                                const BnSaved& saved, float momentum, int64_t n) override;
+  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
+                                float momentum, int64_t n) override;
 
   Tensor relu_forward(const Tensor& x) override;
   Tensor relu_backward(const Tensor& dy, const Tensor& y) override;
@@ -66,8 +66,8 @@ class CudaBackend final : public Backend {
   Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) override;
 
   Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) override;
-  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                         Tensor& db, bool need_dx) override;
+  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
+                         bool need_dx) override;
 
   LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
                           float grad_scale, Tensor* dlogits) override;

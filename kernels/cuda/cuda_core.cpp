@@ -55,7 +55,8 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
   CUBLAS_CHECK(cublasCreate(&blas_));
   CUBLAS_CHECK(cublasSetStream(blas_, compute_));
-  CUBLAS_CHECK(cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(
+      cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   size_t v = cudnnGetVersion();
   int blas_v = 0;
   CUBLAS_CHECK(cublasGetVersion(blas_, &blas_v));
@@ -83,8 +84,8 @@ void* CudaBackend::workspace(size_t bytes) {
 const float* CudaBackend::aligned(const Tensor& t, Tensor& holder) {
   if (reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0) return t.data<float>();
   holder = Tensor(t.shape(), DType::f32, allocator());
-  CUDA_CHECK(cudaMemcpyAsync(holder.raw(), t.raw(), size_t(t.numel()) * 4,
-                             cudaMemcpyDeviceToDevice, compute_));
+  CUDA_CHECK(cudaMemcpyAsync(holder.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDeviceToDevice,
+                             compute_));
   return holder.data<float>();
 }
 
@@ -127,7 +128,6 @@ Tensor CudaBackend::cast(const Tensor& t, DType to) {
     CUDA_CHECK(cudaMemcpyAsync(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToDevice, compute_));
   else
     launch_cast(t.raw(), t.dtype(), out.raw(), to, t.storage_elems(), compute_);
-  CUDA_CHECK_LAUNCH();
   return out;
 }
 
@@ -137,7 +137,8 @@ Tensor CudaBackend::to_host(const Tensor& t0) {
   SPOTRAIN_CHECK(t.dtype() == DType::f32, "to_host: only fp32 host tensors, got ", t.describe());
   bool nhwc = t.ndim() == 4 && t.layout() == Layout::nhwc;
   Tensor raw = Tensor::host(t.shape(), DType::f32, nhwc ? Layout::nhwc : Layout::plain);
-  CUDA_CHECK(cudaMemcpyAsync(raw.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDefault, compute_));
+  CUDA_CHECK(
+      cudaMemcpyAsync(raw.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDefault, compute_));
   CUDA_CHECK(cudaStreamSynchronize(compute_));
   if (!nhwc) return raw.reshaped(t.shape(), Layout::plain);
   SPOTRAIN_CHECK(t.layout() != Layout::nchw16c, "to_host: blocked layout on the GPU");
@@ -167,7 +168,6 @@ void CudaBackend::fill(Tensor& t, float value) {
   check_device(t, "fill");
   SPOTRAIN_CHECK(t.dtype() == DType::f32, "fill: fp32 tensors only, got ", t.describe());
   launch_fill_f32(t.data<float>(), value, t.storage_elems(), compute_);
-  CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
@@ -184,7 +184,6 @@ Tensor CudaBackend::relu_forward(const Tensor& x) {
   SPOTRAIN_CHECK(float_kind(x.dtype()), "relu: unsupported dtype ", x.describe());
   Tensor y = alloc_like(x);
   launch_relu_fwd(x.raw(), y.raw(), x.dtype(), x.numel(), compute_);
-  CUDA_CHECK_LAUNCH();
   return y;
 }
 
@@ -193,7 +192,6 @@ Tensor CudaBackend::relu_backward(const Tensor& dy, const Tensor& y) {
   check_same(dy, y, "relu_backward");
   Tensor dx = alloc_like(y);
   launch_relu_bwd(dy.raw(), y.raw(), dx.raw(), y.dtype(), y.numel(), compute_);
-  CUDA_CHECK_LAUNCH();
   return dx;
 }
 
@@ -202,7 +200,6 @@ Tensor CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
   check_same(a, b, "add");
   Tensor y = alloc_like(a);
   launch_add_fwd(a.raw(), b.raw(), y.raw(), a.dtype(), a.numel(), relu, compute_);
-  CUDA_CHECK_LAUNCH();
   return y;
 }
 
@@ -220,7 +217,6 @@ Tensor CudaBackend::global_avgpool_forward(const Tensor& x) {
   int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
   Tensor y = alloc({n, c}, DType::f32);
   launch_gap_fwd(x.raw(), x.dtype(), y.data<float>(), n, c, hw, compute_);
-  CUDA_CHECK_LAUNCH();
   return y;
 }
 
@@ -228,11 +224,11 @@ Tensor CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
   check_device(dy, "global_avgpool_backward");
   SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && dy.dtype() == DType::f32 &&
                      dy.numel() == x.dim(0) * x.dim(1),
-                 "global_avgpool_backward: gradient ", dy.describe(), " does not match ", x.describe());
+                 "global_avgpool_backward: gradient ", dy.describe(), " does not match ",
+                 x.describe());
   Tensor dx = alloc_like(x);
   launch_gap_bwd(dy.data<float>(), dx.raw(), x.dtype(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
                  compute_);
-  CUDA_CHECK_LAUNCH();
   return dx;
 }
 
@@ -246,13 +242,12 @@ Tensor CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tenso
   int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   Tensor y = alloc({n, m}, DType::f32);
   launch_bias_rows(y.data<float>(), b.data<float>(), n, m, compute_);
-  CUDA_CHECK_LAUNCH();
   if (n == 0 || m == 0) return y;
   const float one = 1.f;
   // y^T (m, n) = w (m, k) x^T (k, n) + y^T
   CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one,
-                           w.data<float>(), int(k), x.data<float>(), int(k), &one,
-                           y.data<float>(), int(m)));
+                           w.data<float>(), int(k), x.data<float>(), int(k), &one, y.data<float>(),
+                           int(m)));
   return y;
 }
 
@@ -260,16 +255,15 @@ Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Ten
                                     Tensor& db, bool need_dx) {
   check_device(dy, "linear_backward");
   int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
-  SPOTRAIN_CHECK(dy.ndim() == 2 && dy.dim(0) == n && dy.dim(1) == m && dw.numel() == m * k &&
-                     db.numel() == m,
-                 "linear_backward: gradient ", dy.describe(), " does not match ", w.describe());
+  SPOTRAIN_CHECK(
+      dy.ndim() == 2 && dy.dim(0) == n && dy.dim(1) == m && dw.numel() == m * k && db.numel() == m,
+      "linear_backward: gradient ", dy.describe(), " does not match ", w.describe());
   const float one = 1.f, zero = 0.f;
   // dw^T (k, m) = x^T (k, n) dy (n, m)
   CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(m), int(n), &one,
                            x.data<float>(), int(k), dy.data<float>(), int(m), &zero,
                            dw.data<float>(), int(k)));
   launch_col_sum(dy.data<float>(), db.data<float>(), n, m, compute_);
-  CUDA_CHECK_LAUNCH();
   if (!need_dx) return Tensor();
   Tensor dx = alloc({n, k}, DType::f32);
   // dx^T (k, n) = w^T (k, m) dy^T (m, n)
@@ -301,7 +295,6 @@ LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels
   int64_t* greater = reinterpret_cast<int64_t*>(loss + n);
   launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), n, m, smoothing,
                       grad_scale / float(n), dz, loss, greater, compute_);
-  CUDA_CHECK_LAUNCH();
   char* host = static_cast<char*>(pinned(size_t(n) * 16));
   CUDA_CHECK(cudaMemcpyAsync(host, rows.raw(), size_t(n) * 16, cudaMemcpyDeviceToHost, compute_));
   CUDA_CHECK(cudaStreamSynchronize(compute_));  // the caller reads the loss now
@@ -318,7 +311,8 @@ LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels
   return r;
 }
 
-// ---- optimizer ------------------------------------------------------------------------------------
+// ---- optimizer
+// ------------------------------------------------------------------------------------
 
 void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                            const std::vector<SgdSegment>& segments, const SgdHyper& h) {
@@ -350,7 +344,6 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
   launch_sgd(params.data<float>(), grads.data<float>(), momentum.data<float>(),
              static_cast<const SgdChunk*>(sgd_chunks_.raw()), sgd_nchunks_, h.lr, h.momentum,
              h.nesterov, h.grad_scale, compute_);
-  CUDA_CHECK_LAUNCH();
 }
 
 bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {
@@ -358,7 +351,6 @@ bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {
   Tensor flag({1}, DType::i32, allocator());
   CUDA_CHECK(cudaMemsetAsync(flag.raw(), 0, 4, compute_));
   launch_unscale_check(grads.data<float>(), grads.numel(), inv_scale, flag.data<int>(), compute_);
-  CUDA_CHECK_LAUNCH();
   int* host = static_cast<int*>(pinned(4));
   CUDA_CHECK(cudaMemcpyAsync(host, flag.raw(), 4, cudaMemcpyDeviceToHost, compute_));
   CUDA_CHECK(cudaStreamSynchronize(compute_));  // the step must know the verdict
@@ -369,24 +361,21 @@ void CudaBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running
                                            const BnSaved& saved, float momentum, int64_t n) {
   check_device(running_mean, "batchnorm_update_running");
   double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
-  launch_bn_running(running_mean.data<float>(), running_var.data<float>(),
-                    saved.mean.data<float>(), saved.var.data<float>(), int(running_mean.numel()),
-                    momentum, unbias, compute_);
-  CUDA_CHECK_LAUNCH();
+  launch_bn_running(running_mean.data<float>(), running_var.data<float>(), saved.mean.data<float>(),
+                    saved.var.data<float>(), int(running_mean.numel()), momentum, unbias, compute_);
 }
 
-Tensor CudaBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                            const Tensor& running_mean, const Tensor& running_var,
-                                            float eps, bool relu) {
+Tensor CudaBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& running_mean,
+                                            const Tensor& running_var, float eps, bool relu) {
   check_device(x, "batchnorm_forward_infer");
   SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && gamma.numel() == x.dim(1),
                  "batchnorm: input ", x.describe(), " has ", x.dim(1),
                  " channels, parameters have ", gamma.numel());
   Tensor y = alloc_like(x);
-  launch_bn_infer(x.raw(), y.raw(), x.dtype(), x.numel(), int(x.dim(1)),
-                  running_mean.data<float>(), running_var.data<float>(), gamma.data<float>(),
-                  beta.data<float>(), eps, relu, compute_);
-  CUDA_CHECK_LAUNCH();
+  launch_bn_infer(x.raw(), y.raw(), x.dtype(), x.numel(), int(x.dim(1)), running_mean.data<float>(),
+                  running_var.data<float>(), gamma.data<float>(), beta.data<float>(), eps, relu,
+                  compute_);
   return y;
 }
 

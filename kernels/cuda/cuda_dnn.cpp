@@ -15,19 +15,23 @@ namespace {
 
 cudnnDataType_t dnn_dtype(DType d) {
   switch (d) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: SPOTRAIN_THROW("cuDNN: unsupported dtype ", dtype_name(d));
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      SPOTRAIN_THROW("cuDNN: unsupported dtype ", dtype_name(d));
   }
 }
 
 void check_activation(const Tensor& x, const char* op) {
-  SPOTRAIN_CHECK(x.defined() && x.device() == Device::cuda && x.ndim() == 4 &&
-                     x.layout() == Layout::nhwc &&
-                     (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
-                 op, ": expected an NHWC activation on the GPU, got ",
-                 x.defined() ? x.describe() : std::string("an undefined tensor"));
+  SPOTRAIN_CHECK(
+      x.defined() && x.device() == Device::cuda && x.ndim() == 4 && x.layout() == Layout::nhwc &&
+          (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
+      op, ": expected an NHWC activation on the GPU, got ",
+      x.defined() ? x.describe() : std::string("an undefined tensor"));
 }
 
 std::string key_of(const Tensor& t) {
@@ -54,8 +58,8 @@ const Perf* pick(const Perf* perf, int count, size_t limit, bool deterministic, 
     const Perf& r = perf[i];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) continue;
     if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
-    if (strict && (r.mathType == CUDNN_TENSOR_OP_MATH ||
-                   r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+    if (strict &&
+        (r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
       continue;
     return &r;
   }
@@ -106,7 +110,6 @@ Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7
 
 // ---- convolution ----------------------------------------------------------------------------
 
-
 cudnnMathType_t CudaBackend::conv_math(DType dt) const {
   if (dt != DType::f32) return CUDNN_TENSOR_OP_MATH;
   // fp32: FMA only (no TF32) unless tf32 was asked for; DEFAULT_MATH lets cuDNN use TF32
@@ -116,8 +119,8 @@ cudnnMathType_t CudaBackend::conv_math(DType dt) const {
 
 CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w,
                                                 const ConvParams& p) {
-  std::string key = key_of(x) + "|" + key_of(w) + "|" + std::to_string(p.stride) + "," +
-                    std::to_string(p.pad);
+  std::string key =
+      key_of(x) + "|" + key_of(w) + "|" + std::to_string(p.stride) + "," + std::to_string(p.pad);
   auto it = conv_cache_.find(key);
   if (it != conv_cache_.end()) return *it->second;
   SPOTRAIN_CHECK(w.ndim() == 4 && w.dim(1) == x.dim(1) && w.dim(2) == p.kh && w.dim(3) == p.kw,
@@ -160,7 +163,6 @@ const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
   if (wc->generation != weights_generation_) {
     launch_oihw_to_ohwi(w.data<float>(), wc->data.raw(), dt, int(w.dim(0)), int(w.dim(1)),
                         int(w.dim(2)), int(w.dim(3)), compute_);
-    CUDA_CHECK_LAUNCH();
     wc->generation = weights_generation_;
   }
   return wc->data.raw();
@@ -216,14 +218,14 @@ Tensor CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, cons
                                                              perf);
         },
         [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws, size_t bytes) {
-          return cudnnFindConvolutionBackwardDataAlgorithmEx(dnn_, e.w, wp, e.y, dy.raw(), e.conv,
-                                                             e.x, dx.raw(), n, got, perf, ws, bytes);
+          return cudnnFindConvolutionBackwardDataAlgorithmEx(
+              dnn_, e.w, wp, e.y, dy.raw(), e.conv, e.x, dx.raw(), n, got, perf, ws, bytes);
         });
     e.bd_algo = r.algo;
     e.bd_math = strict ? CUDNN_FMA_MATH : r.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x,
-                                                             e.bd_algo, &e.bd_ws));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x, e.bd_algo,
+                                                             &e.bd_ws));
     e.have_bd = true;
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
@@ -248,18 +250,19 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bw) {
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-    auto r = choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t,
-                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-        opt_.deterministic, strict, "convolution backward-filter",
-        [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n, got,
-                                                               perf);
-        },
-        [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws, size_t bytes) {
-          return cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn_, e.x, x.raw(), e.y, dy.raw(),
-                                                               e.conv, e.w, tmp.raw(), n, got, perf,
-                                                               ws, bytes);
-        });
+    auto r =
+        choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+            opt_.deterministic, strict, "convolution backward-filter",
+            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+              return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n,
+                                                                   got, perf);
+            },
+            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
+                size_t bytes) {
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn_, e.x, x.raw(), e.y,
+                                                                   dy.raw(), e.conv, e.w, tmp.raw(),
+                                                                   n, got, perf, ws, bytes);
+            });
     e.bw_algo = r.algo;
     e.bw_math = strict ? CUDNN_FMA_MATH : r.mathType;
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
@@ -273,7 +276,6 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
                                              tmp.raw()));
   launch_ohwi_to_oihw(tmp.raw(), x.dtype(), dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
                       int(dw.dim(2)), int(dw.dim(3)), compute_);
-  CUDA_CHECK_LAUNCH();
 }
 
 // ---- batch norm ------------------------------------------------------------------------------
@@ -293,7 +295,6 @@ const BnConfig kBnConfigs[] = {
 constexpr int kNumBnConfigs = 3;
 }  // namespace
 
-
 CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
   std::string key = key_of(x);
   auto it = bn_cache_.find(key);
@@ -303,7 +304,8 @@ CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->stats));
   CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL));
   CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
-  CUDNN_CHECK(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+  CUDNN_CHECK(
+      cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
   auto& ref = *e;
   bn_cache_.emplace(key, std::move(e));
   return ref;
@@ -345,7 +347,8 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
     cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
         dnn_, cf.mode, cf.ops, e.x, nullptr, e.x, e.stats, act, &ws);
     if (st == CUDNN_STATUS_SUCCESS)
-      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x, &rs);
+      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x,
+                                                                &rs);
     Tensor reserve;
     if (st == CUDNN_STATUS_SUCCESS) {
       if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
@@ -364,13 +367,11 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
     saved.workspace = reserve;
     if (relu && !fused) {
       launch_relu_fwd(y.raw(), y.raw(), y.dtype(), y.numel(), compute_);
-      CUDA_CHECK_LAUNCH();
     }
   }
   SPOTRAIN_CHECK(done, "internal: no batch-norm configuration ran");
   saved.output = relu ? y : Tensor();
   launch_invstd_to_var(saved.aux.data<float>(), saved.var.data<float>(), int(c), eps, compute_);
-  CUDA_CHECK_LAUNCH();
   return y;
 }
 
@@ -379,8 +380,8 @@ Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const 
                                        bool relu, Tensor& dgamma, Tensor& dbeta) {
   check_activation(x, "batchnorm_backward");
   check_activation(dy, "batchnorm_backward");
-  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "batchnorm_backward: gradient ",
-                 dy.describe(), " does not match ", x.describe());
+  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(),
+                 "batchnorm_backward: gradient ", dy.describe(), " does not match ", x.describe());
   auto& e = bn_entry(x);
   int chosen = e.cfg[relu ? 1 : 0];
   SPOTRAIN_CHECK(chosen >= 0 && saved.aux.defined() && (!relu || saved.output.defined()),
@@ -413,7 +414,6 @@ Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const 
 }
 
 // ---- max pooling -----------------------------------------------------------------------------
-
 
 CudaBackend::PoolEntry& CudaBackend::pool_entry(const Tensor& x, const PoolParams& p) {
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) + "," +
@@ -462,20 +462,20 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
 // Here, where the cache entries are complete types.
 CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
-  if (compute_) (void)cudaStreamSynchronize(compute_);
+  if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
   conv_cache_.clear();
   bn_cache_.clear();
   pool_cache_.clear();
   weight_copies_.clear();
   workspace_ = Tensor();
   sgd_chunks_ = Tensor();
-  if (pinned_) (void)cudaFreeHost(pinned_);
-  if (blas_) (void)cublasDestroy(blas_);
-  if (dnn_) (void)cudnnDestroy(dnn_);
-  if (copied_) (void)cudaEventDestroy(copied_);
-  if (compute_mark_) (void)cudaEventDestroy(compute_mark_);
-  if (copy_) (void)cudaStreamDestroy(copy_);
-  if (compute_) (void)cudaStreamDestroy(compute_);
+  if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
+  if (blas_) CUBLAS_WARN(cublasDestroy(blas_));
+  if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
+  if (copied_) CUDA_WARN(cudaEventDestroy(copied_));
+  if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
+  if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
+  if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
 }
 
 }  // namespace spotrain::cuda

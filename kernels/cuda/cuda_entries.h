@@ -2,6 +2,7 @@
 // shape. Internal to kernels/cuda/ (the constructor, destructor and ops need them complete).
 #pragma once
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_util.h"
 
 namespace spotrain::cuda {
 
@@ -17,10 +18,10 @@ struct CudaBackend::ConvEntry {
   cudnnMathType_t fwd_math{}, bd_math{}, bw_math{};
   size_t fwd_ws = 0, bd_ws = 0, bw_ws = 0;
   ~ConvEntry() {
-    if (x) (void)cudnnDestroyTensorDescriptor(x);
-    if (y) (void)cudnnDestroyTensorDescriptor(y);
-    if (w) (void)cudnnDestroyFilterDescriptor(w);
-    if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
+    if (w) CUDNN_WARN(cudnnDestroyFilterDescriptor(w));
+    if (conv) CUDNN_WARN(cudnnDestroyConvolutionDescriptor(conv));
   }
 };
 
@@ -29,9 +30,9 @@ struct CudaBackend::BnEntry {
   cudnnActivationDescriptor_t act = nullptr;
   int cfg[2] = {-1, -1};  // chosen config without / with ReLU
   ~BnEntry() {
-    if (x) (void)cudnnDestroyTensorDescriptor(x);
-    if (stats) (void)cudnnDestroyTensorDescriptor(stats);
-    if (act) (void)cudnnDestroyActivationDescriptor(act);
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (stats) CUDNN_WARN(cudnnDestroyTensorDescriptor(stats));
+    if (act) CUDNN_WARN(cudnnDestroyActivationDescriptor(act));
   }
 };
 
@@ -40,9 +41,9 @@ struct CudaBackend::PoolEntry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   int64_t oh = 0, ow = 0;
   ~PoolEntry() {
-    if (pool) (void)cudnnDestroyPoolingDescriptor(pool);
-    if (x) (void)cudnnDestroyTensorDescriptor(x);
-    if (y) (void)cudnnDestroyTensorDescriptor(y);
+    if (pool) CUDNN_WARN(cudnnDestroyPoolingDescriptor(pool));
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
   }
 };
 

@@ -1,5 +1,6 @@
 // Launchers of the CUDA backend's own kernels (kernels/cuda/cuda_kernels.cu). Every launcher
-// queues work on `s` and returns at once; the arithmetic comes from kernels/elementwise.h.
+// queues work on `s`, checks the launch (throws Error) and returns at once; the arithmetic
+// comes from kernels/elementwise.h.
 // Activations are NHWC in fp32, bf16 or fp16; everything else is fp32.
 #pragma once
 #include <cuda_runtime.h>
@@ -31,8 +32,8 @@ void launch_ohwi_to_oihw(const void* in, DType dt, float* out, int o, int i, int
                          cudaStream_t s);
 // y = bn_infer(x) per channel (NHWC, c innermost), then ReLU when relu.
 void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const float* mean,
-                     const float* var, const float* gamma, const float* beta, float eps,
-                     bool relu, cudaStream_t s);
+                     const float* var, const float* gamma, const float* beta, float eps, bool relu,
+                     cudaStream_t s);
 // var = 1 / invstd^2 - eps (the biased batch variance from cuDNN's saved inverse std).
 void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s);
 void launch_bn_running(float* rm, float* rv, const float* mean, const float* var, int c,
@@ -47,8 +48,8 @@ void launch_bias_rows(float* y, const float* b, int64_t n, int64_t m, cudaStream
 void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream_t s);
 // Per-row softmax cross-entropy: loss[i], greater[i] (see softmax_xent_row), dz when non-null.
 void launch_softmax_xent(const float* z, const int32_t* labels, int64_t n, int64_t m,
-                         float smoothing, float dscale, float* dz, double* loss,
-                         int64_t* greater, cudaStream_t s);
+                         float smoothing, float dscale, float* dz, double* loss, int64_t* greater,
+                         cudaStream_t s);
 void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
                 float lr, float momentum, bool nesterov, float grad_scale, cudaStream_t s);
 // g *= inv_scale; *flag = 1 if any result is inf or NaN (flag is not cleared here).
