@@ -171,6 +171,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   if (!cfg_.metrics.empty() && comm_->rank() == 0) {
     metrics_ = std::fopen(cfg_.metrics.c_str(), "w");
     SPOTRAIN_CHECK(metrics_, "cannot write metrics file ", cfg_.metrics, ": ", std::strerror(errno));
+    // A first line saying where the run ran: backend, ranks, GPU and CUDA library versions.
+    nlohmann::json j{{"type", "start"}, {"backend", backend_->name()}, {"ranks", comm_->size()},
+                     {"comm", comm_->name()}, {"precision", cfg_.precision}};
+    for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
+    std::fprintf(metrics_, "%s\n", j.dump().c_str());
+    std::fflush(metrics_);
   }
 }
 
