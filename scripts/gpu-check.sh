@@ -20,7 +20,7 @@
 # unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has the packages
 # installed: CMake is kept from finding anything under /usr, so the prefix is used).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
 out=${OUT:-gpu-out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
@@ -89,7 +89,7 @@ nvcc=$(command -v nvcc || true)
 if [[ -z "$nvcc" && -n "$python" ]]; then
   nvcc=$("$python" -c 'import glob, os, nvidia; print(next(iter(sorted(glob.glob(os.path.join(nvidia.__path__[0], "*", "bin", "nvcc")))), ""))' 2>/dev/null)
 fi
-[[ -n "$nvcc" ]] && export PATH="$(dirname "$nvcc"):$PATH"
+if [[ -n "$nvcc" ]]; then PATH="$(dirname "$nvcc"):$PATH"; export PATH; fi
 
 # ---- the machine ----------------------------------------------------------------------
 {
