@@ -112,7 +112,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     // GPU ranks all-reduce device buffers with NCCL; host values still go over MPI.
     worker_.reset();
     comm_ = communicator_for_device(std::move(comm_), backend_->device(),
-                                    cuda_compute_stream(*backend_));
+                                    backend_->native_stream());
     worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
   }
   if (cfg_.precision == "tf32" && backend_->device() == Device::cpu)  // said once, at start

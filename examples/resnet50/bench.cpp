@@ -70,7 +70,7 @@ int run_bench(const BenchOptions& o) {
   auto be = make_backend(o.device, bo);
   if (world > 1 && be->device() == Device::cuda) {  // GPU ranks all-reduce with NCCL
     worker.reset();
-    comm = communicator_for_device(std::move(comm), be->device(), cuda_compute_stream(*be));
+    comm = communicator_for_device(std::move(comm), be->device(), be->native_stream());
     worker = std::make_unique<CommWorker>(*comm, 300);
   }
   const GpuInfo& gpu = gpu_info();

@@ -6,15 +6,12 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
-#include "kernels/ops.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <nccl.h>
-
-#include "kernels/cuda/cuda_backend.h"
 #endif
 
 namespace spotrain {
@@ -136,15 +133,6 @@ int select_cuda_device(int local_rank) {
   (void)local_rank;
   return -1;
 #endif
-}
-
-void* cuda_compute_stream(Backend& backend) {
-#ifdef SPOTRAIN_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&backend)) return cb->compute_stream();
-#else
-  (void)backend;
-#endif
-  return nullptr;
 }
 
 }  // namespace spotrain

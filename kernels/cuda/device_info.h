@@ -1,7 +1,7 @@
 // Which GPU this process runs on and which CUDA libraries it loaded, for `spotrain bench`
 // (text and --json), `spotrain --version` and the training start-up log: GPU name, driver,
 // CUDA runtime, cuDNN, cuBLAS and NCCL versions, each "none" without a GPU or CUDA build.
-// Also the two GPU hooks the engine needs without including CUDA headers.
+// Also the GPU hook the engine needs without including CUDA headers (device per rank).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,8 +9,6 @@
 #include <vector>
 
 namespace spotrain {
-
-class Backend;
 
 struct GpuInfo {
   bool cuda_build = false;          // this binary has the CUDA backend compiled in
@@ -38,7 +36,5 @@ std::string gpu_info_line(const GpuInfo& g);
 // Makes device (local_rank mod device count) current for this thread (one GPU per rank);
 // returns its index, or -1 when there is no GPU or no CUDA build.
 int select_cuda_device(int local_rank);
-// The CUDA backend's compute stream (a cudaStream_t), or nullptr for any other backend.
-void* cuda_compute_stream(Backend& backend);
 
 }  // namespace spotrain
