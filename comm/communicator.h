@@ -1,7 +1,7 @@
 // Communicator: rank, size, local rank and the collectives data-parallel training needs
 // (all-reduce, broadcast, barrier, all-gather of small values). Implementations: Local (one
-// process), MPI (host buffers, CPU ranks) and NCCL (device buffers, GPU ranks; the unique
-// id travels over MPI). Calls block; the CommWorker runs them off the training thread with a
+// process), MPI (host buffers, CPU ranks) and NCCL (device buffers on its own CUDA stream,
+// GPU ranks; the unique id and host buffers travel over MPI). Calls block; the CommWorker runs them off the training thread with a
 // timeout, so a dead or hung rank ends the job with a clear error instead of a hang.
 #pragma once
 #include <cstdint>
@@ -28,17 +28,39 @@ class Communicator {
   virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
   // Ends every rank of the job with `code` (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // Device communicators (NCCL) all-reduce and broadcast device buffers (host buffers still
+  // work: they go over the host communicator). False for Local and MPI.
+  virtual bool device_buffers() const { return false; }
+  // Device communicators: marks everything queued on the compute stream so far. Called on
+  // the training thread when backward hands over a bucket; the GPU, not the host, waits.
+  // nullptr on host communicators.
+  virtual void* mark_compute() { return nullptr; }
+  // allreduce_sum that starts (on the communication stream) only after `mark`, a value from
+  // mark_compute() that it consumes; host communicators ignore the mark.
+  virtual void allreduce_sum_after(void* mark, void* data, int64_t count, DType dtype) {
+    (void)mark;
+    allreduce_sum(data, count, dtype);
+  }
 };
 
 // True when this process was started by mpirun/srun (an MPI launcher's variables are set).
 bool launched_by_mpi();
 
 // "auto": MPI when launched by an MPI launcher, else Local. "local" / "mpi" force one.
-// (NCCL communicators are made by the CUDA backend from an MPI one: make_nccl_communicator.)
+// (GPU ranks then switch to NCCL with communicator_for_device.)
 std::unique_ptr<Communicator> make_communicator(const std::string& kind = "auto");
 
-// NCCL over the ranks of `mpi` (one GPU per rank, chosen by local rank); throws Error when
-// this build has no NCCL.
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& mpi, void* cuda_stream);
+// NCCL over the ranks of `host` (MPI), which it keeps for host buffers, barrier, allgather
+// and abort; the unique id travels over it. One GPU per rank: the device current when this
+// is called (select_cuda_device). Collectives run on NCCL's own stream, ordered after
+// `compute_stream` (a cudaStream_t) with events. Throws Error when this build has no NCCL.
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
+                                                     void* compute_stream);
+
+// What training uses: NCCL over `host` when the backend runs on a GPU and there are several
+// ranks; `host` itself otherwise (CPU ranks all-reduce with MPI).
+std::unique_ptr<Communicator> communicator_for_device(std::unique_ptr<Communicator> host,
+                                                      Device device, void* compute_stream);
 
 }  // namespace spotrain

@@ -1,7 +1,9 @@
-// The NCCL Communicator for GPU ranks: one GPU per rank (chosen by local rank), the unique
-// id broadcast from rank 0 over MPI, collectives on the caller's CUDA stream. Waiting polls
-// ncclCommGetAsyncError so a dead peer becomes an error (and ncclCommAbort) rather than a
-// hang. Compiled into CUDA builds; exercised on a GPU by the CUDA backend's tests.
+// The NCCL Communicator for GPU ranks: one GPU per rank (the current device), the unique id
+// broadcast from rank 0 over the host communicator (MPI), collectives on a dedicated
+// high-priority NCCL stream that waits for the compute stream through events, so gradient
+// buckets are all-reduced while backward goes on. Host buffers, barrier and allgather go over
+// MPI. Waiting polls ncclCommGetAsyncError, so a dead peer becomes an error (and
+// ncclCommAbort) rather than a hang. Compiled into CUDA builds.
 #include "comm/communicator.h"
 #include "engine/error.h"
 
@@ -9,23 +11,31 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <mutex>
 #include <thread>
+#include <vector>
 
-#define NCCL_CHECK(call)                                                          \
-  do {                                                                            \
-    ncclResult_t r_ = (call);                                                     \
-    if (r_ != ncclSuccess)                                                        \
-      SPOTRAIN_THROW("NCCL call failed: ", #call, " at ", __FILE__, ":", __LINE__, \
-                     ": ", ncclGetErrorString(r_));                               \
-  } while (0)
-#define CUDA_CHECK(call)                                                          \
-  do {                                                                            \
-    cudaError_t e_ = (call);                                                      \
-    if (e_ != cudaSuccess)                                                        \
-      SPOTRAIN_THROW("CUDA call failed: ", #call, " at ", __FILE__, ":", __LINE__, \
-                     ": ", cudaGetErrorString(e_));                               \
-  } while (0)
+namespace spotrain {
+namespace {
+inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess; }
+// NCCL's error class plus its last detailed message (which peer, which system call).
+inline std::string nccl_msg(ncclResult_t r) {
+  std::string detail = ncclGetLastError(nullptr);
+  return detail.empty() ? std::string(ncclGetErrorString(r))
+                        : str(ncclGetErrorString(r), " (", detail, ")");
+}
+inline bool cuda_ok(cudaError_t e) { return e == cudaSuccess; }
+}  // namespace
+}  // namespace spotrain
+
+// One clear line per failure: the call, file:line and NCCL's (or CUDA's) own message.
+#define NCCL_CHECK(call) \
+  SPOTRAIN_LIB_CHECK("NCCL", call, ::spotrain::nccl_ok, ::spotrain::nccl_msg)
+#define COMM_CUDA_CHECK(call) \
+  SPOTRAIN_LIB_CHECK("CUDA", call, ::spotrain::cuda_ok, cudaGetErrorString)
 
 namespace spotrain {
 
@@ -43,64 +53,135 @@ ncclDataType_t nccl_type(DType d) {
 
 class NcclComm final : public Communicator {
  public:
-  NcclComm(Communicator& mpi, cudaStream_t stream) : mpi_(mpi), stream_(stream) {
+  NcclComm(std::unique_ptr<Communicator> host, cudaStream_t compute)
+      : host_(std::move(host)), compute_(compute) {
+    COMM_CUDA_CHECK(cudaGetDevice(&device_));
+    int least = 0, greatest = 0;  // the highest priority, so communication is not starved
+    COMM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    COMM_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     ncclUniqueId id;
-    if (mpi.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    mpi.broadcast(&id, sizeof id, 0);
-    CUDA_CHECK(cudaSetDevice(mpi.local_rank()));
-    NCCL_CHECK(ncclCommInitRank(&comm_, mpi.size(), id, mpi.rank()));
+    if (host_->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    host_->broadcast(&id, sizeof id, 0);
+    ncclComm_t c = nullptr;
+    NCCL_CHECK(ncclCommInitRank(&c, host_->size(), id, host_->rank()));
+    comm_ = c;
   }
   ~NcclComm() override {
-    if (comm_) ncclCommDestroy(comm_);
+    cudaSetDevice(device_);
+    if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommDestroy(c);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
   }
-  int rank() const override { return mpi_.rank(); }
-  int size() const override { return mpi_.size(); }
-  int local_rank() const override { return mpi_.local_rank(); }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  int local_rank() const override { return host_->local_rank(); }
   std::string name() const override {
     int v = 0;
     ncclGetVersion(&v);
-    return str("nccl ", v / 10000, ".", (v / 100) % 100, ".", v % 100);
+    return str("nccl ", v / 10000, ".", (v / 100) % 100, ".", v % 100, " (host values over ",
+               host_->name(), ")");
   }
-  void allreduce_sum(void* data, int64_t count, DType dt) override {
+  bool device_buffers() const override { return true; }
+
+  void* mark_compute() override {
+    COMM_CUDA_CHECK(cudaSetDevice(device_));
+    cudaEvent_t e = take_event();
+    COMM_CUDA_CHECK(cudaEventRecord(e, compute_));
+    return e;
+  }
+  void allreduce_sum_after(void* mark, void* data, int64_t count, DType dt) override {
+    if (!on_device(data)) {
+      if (mark) give_event(static_cast<cudaEvent_t>(mark));
+      host_->allreduce_sum(data, count, dt);
+      return;
+    }
+    COMM_CUDA_CHECK(cudaSetDevice(device_));
+    cudaEvent_t e = mark ? static_cast<cudaEvent_t>(mark) : static_cast<cudaEvent_t>(mark_compute());
+    COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+    give_event(e);  // reusable once the wait is queued: a later record does not affect it
     NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(dt), ncclSum, comm_, stream_));
     wait();
   }
+  void allreduce_sum(void* data, int64_t count, DType dt) override {
+    allreduce_sum_after(nullptr, data, count, dt);
+  }
   void broadcast(void* data, size_t bytes, int root) override {
+    if (!on_device(data)) return host_->broadcast(data, bytes, root);
+    COMM_CUDA_CHECK(cudaSetDevice(device_));
+    cudaEvent_t e = static_cast<cudaEvent_t>(mark_compute());
+    COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+    give_event(e);
     NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
     wait();
   }
-  void barrier() override { mpi_.barrier(); }
-  std::vector<uint64_t> allgather(uint64_t v) override { return mpi_.allgather(v); }
+  void barrier() override { host_->barrier(); }
+  std::vector<uint64_t> allgather(uint64_t v) override { return host_->allgather(v); }
   [[noreturn]] void abort(int code) override {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    mpi_.abort(code);
+    ncclComm_t c = comm_.exchange(nullptr);
+    if (c) ncclCommAbort(c);  // unblocks a collective stuck on a dead peer
+    host_->abort(code);
+    std::abort();  // not reached: the host communicator ends the job
   }
 
  private:
-  // Waits for the stream while watching NCCL's asynchronous error state.
-  void wait() {
-    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
-      ncclResult_t async = ncclSuccess;
-      NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-      if (async != ncclSuccess) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        SPOTRAIN_THROW("NCCL reported ", ncclGetErrorString(async), "; a peer rank failed");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  // Device (or managed) memory goes over NCCL; anything else is a host buffer.
+  static bool on_device(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
-  Communicator& mpi_;
-  cudaStream_t stream_;
-  ncclComm_t comm_ = nullptr;
+  cudaEvent_t take_event() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    COMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give_event(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_events_.push_back(e);
+  }
+  // Waits (on the calling thread: the CommWorker's, which enforces --comm-timeout) for the
+  // NCCL stream while watching NCCL's asynchronous error state.
+  void wait() {
+    for (;;) {
+      cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) COMM_CUDA_CHECK(q);
+      ncclComm_t c = comm_;
+      SPOTRAIN_CHECK(c, "NCCL communicator was aborted");
+      ncclResult_t async = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(c, &async));
+      if (async != ncclSuccess) {
+        if (comm_.exchange(nullptr)) ncclCommAbort(c);
+        SPOTRAIN_THROW("NCCL reported ", ncclGetErrorString(async),
+                       " during a collective; a peer rank failed (see its log)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  std::unique_ptr<Communicator> host_;
+  cudaStream_t compute_;         // the backend's; not ours to destroy
+  cudaStream_t stream_ = nullptr;  // NCCL's own
+  int device_ = 0;
+  std::atomic<ncclComm_t> comm_{nullptr};  // abort() may clear it from another thread
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_events_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& mpi, void* stream) {
-  return std::make_unique<NcclComm>(mpi, static_cast<cudaStream_t>(stream));
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
+                                                     void* compute_stream) {
+  return std::make_unique<NcclComm>(std::move(host), static_cast<cudaStream_t>(compute_stream));
 }
 
 }  // namespace spotrain
@@ -108,10 +189,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& mpi, void* st
 #else
 
 namespace spotrain {
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, void*) {
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator>, void*) {
   SPOTRAIN_THROW("this build has no NCCL (configure with -DSPOTRAIN_CUDA=ON where nvcc and NCCL "
                  "are installed)");
 }
 }  // namespace spotrain
 
 #endif
+
+namespace spotrain {
+
+std::unique_ptr<Communicator> communicator_for_device(std::unique_ptr<Communicator> host,
+                                                      Device device, void* compute_stream) {
+  if (device != Device::cuda || host->size() == 1) return host;
+  return make_nccl_communicator(std::move(host), compute_stream);
+}
+
+}  // namespace spotrain

@@ -16,6 +16,10 @@ Reducer::Reducer(Model& model, CommWorker& worker, const ReducerOptions& opt)
                  "unknown --grad-compression '", opt.compression, "'; use none, fp16 or bf16");
   SPOTRAIN_CHECK(model.flat_grads().device() == Device::cpu || opt.compression == "none",
                  "--grad-compression is implemented for host buffers only");
+  SPOTRAIN_CHECK(model.flat_grads().device() == Device::cpu || worker.comm().size() == 1 ||
+                     worker.comm().device_buffers(),
+                 "internal: GPU gradients need a device communicator (NCCL), got ",
+                 worker.comm().name());
   // Parameters sorted by flat offset (reverse layer order) fill buckets front to back.
   const auto& params = model.params();
   std::vector<std::pair<int64_t, int>> order;
@@ -74,7 +78,10 @@ void Reducer::launch(Bucket& b) {
   Communicator& comm = worker_.comm();
   std::string what = str("all-reduce of gradient bucket [", b.begin, ", ", b.end, ")");
   if (opt_.compression == "none") {
-    b.ticket = worker_.submit(what, [&comm, g, n] { comm.allreduce_sum(g, n, DType::f32); });
+    // On NCCL the all-reduce waits (on the GPU) for the backward work queued so far, which
+    // wrote this bucket; the training thread goes on queueing backward meanwhile.
+    void* mark = comm.mark_compute();
+    b.ticket = worker_.submit(what, [&comm, g, n, mark] { comm.allreduce_sum_after(mark, g, n, DType::f32); });
     return;
   }
   bool bf = opt_.compression == "bf16";

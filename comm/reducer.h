@@ -2,8 +2,10 @@
 // cut into buckets of --bucket-mb (the first one smaller, so communication starts early).
 // Backward reports each parameter's gradient as it is written; when a bucket's last
 // gradient arrives its all-reduce (sum) starts on the CommWorker thread while backward goes
-// on. finish() waits for every bucket. Optional fp16/bf16 compression all-reduces 16-bit
-// copies (pre-divided by the world size so fp16 cannot overflow on the sum).
+// on (on GPU ranks the NCCL all-reduce waits on the GPU, through an event, for the backward
+// work that wrote the bucket). finish() waits for every bucket. Optional fp16/bf16
+// compression all-reduces 16-bit copies (pre-divided by the world size so fp16 cannot
+// overflow on the sum).
 // Control values (the ranks' stop flags) ride along with the last bucket: the gradient tail
 // slots after the flat buffer are summed with it, so agreeing costs no extra round trip.
 #pragma once

@@ -32,15 +32,15 @@ StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr
   r.loss_scale = scaler_.scale();
   double t0 = now();
   Tensor x = be.upload_images(images, dtype_);
-  be.synchronize();
+  if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
   double t1 = now();
   Tensor logits = model_.forward(x, /*training=*/true);
   Tensor dlogits;
   r.loss = be.softmax_xent(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
-  be.synchronize();
+  if (times) be.synchronize();
   double t2 = now();
   model_.backward(dlogits, listener_);
-  be.synchronize();
+  if (times) be.synchronize();
   double t3 = now();
   // Gradients summed over ranks: every rank then reaches the same overflow verdict.
   double waited = finish_ ? finish_() : 0.0;
@@ -56,7 +56,7 @@ StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr
     sgd_.step(lr, grad_scale);
   }
   scaler_.update(r.overflow);
-  be.synchronize();
+  if (times) be.synchronize();
   double t4 = now();
   if (times) *times = StepTimes{t1 - t0, t2 - t1, t3 - t2, waited, t4 - t3b};
   return r;

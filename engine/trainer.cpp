@@ -20,6 +20,7 @@
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
 #include "io/loader.h"
+#include "kernels/cuda/device_info.h"
 #include "layers/resnet.h"
 
 namespace spotrain {
@@ -105,7 +106,15 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   BackendOptions bo;
   bo.threads = cfg_.threads;
   bo.deterministic = cfg_.deterministic;
+  if (cfg_.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
   backend_ = make_backend(cfg_.device, bo);
+  if (comm_->size() > 1 && backend_->device() == Device::cuda) {
+    // GPU ranks all-reduce device buffers with NCCL; host values still go over MPI.
+    worker_.reset();
+    comm_ = communicator_for_device(std::move(comm_), backend_->device(),
+                                    backend_->native_stream());
+    worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
+  }
   if (cfg_.precision == "tf32" && backend_->device() == Device::cpu)  // said once, at start
     log_info("note: tf32 is a GPU math mode; on the CPU it computes in fp32");
   ResNetOptions ro;
@@ -166,6 +175,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   if (!cfg_.metrics.empty() && comm_->rank() == 0) {
     metrics_ = std::fopen(cfg_.metrics.c_str(), "w");
     SPOTRAIN_CHECK(metrics_, "cannot write metrics file ", cfg_.metrics, ": ", std::strerror(errno));
+    // A first line saying where the run ran: backend, ranks, GPU and CUDA library versions.
+    nlohmann::json j{{"type", "start"}, {"backend", backend_->name()}, {"ranks", comm_->size()},
+                     {"comm", comm_->name()}, {"precision", cfg_.precision}};
+    for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
+    std::fprintf(metrics_, "%s\n", j.dump().c_str());
+    std::fflush(metrics_);
   }
 }
 
@@ -467,6 +482,7 @@ TrainResult Trainer::run() {
                  cfg_.batch_size * comm_->size(), ", ", reducer_->num_buckets(),
                  " gradient buckets of up to ", cfg_.bucket_mb, " MB, compression ",
                  cfg_.grad_compression));
+  if (backend_->device() == Device::cuda) log_info(gpu_info_line(gpu_info()));
   log_info(str("backend ", backend_->name(), "; data ", data_.kind, ": ", data_.train->size(),
                " train / ", data_.test->size(), " test samples; ", epochs, " epoch(s) of ",
                per_epoch, " steps, batch ", cfg_.batch_size));

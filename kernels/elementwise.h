@@ -22,6 +22,50 @@ SPOTRAIN_HD void sgd_update(float& p, float grad, float& m, float lr, float mome
 SPOTRAIN_HD float relu_fwd(float x) { return x > 0.f ? x : 0.f; }
 SPOTRAIN_HD float relu_bwd(float dy, float y) { return y > 0.f ? dy : 0.f; }
 
+// Running batch-norm statistics: running = (1 - momentum) * running + momentum * batch, the
+// batch variance (biased) made unbiased with `unbias` = n / (n - 1).
+SPOTRAIN_HD void bn_running_update(float& rm, float& rv, float mean, float var, float momentum,
+                                   double unbias) {
+  rm = (1.f - momentum) * rm + momentum * mean;
+  rv = (1.f - momentum) * rv + momentum * float(var * unbias);
+}
+
+// Batch-norm inference for one element: gamma * (x - mean) / sqrt(var + eps) + beta.
+SPOTRAIN_HD float bn_infer(float x, float mean, float var, float gamma, float beta, float eps) {
+  return gamma * (x - mean) * (1.f / ::sqrtf(var + eps)) + beta;
+}
+
+// Softmax cross-entropy with label smoothing for one row of logits z[0..m) and label y:
+// target q = 1 - smoothing + smoothing/m at y, smoothing/m elsewhere. Returns the row's
+// loss (log-sum-exp in double); *greater receives how many logits beat the label's (ties
+// count for the lower index), so top-k is correct when *greater < k. When dz is non-null it
+// receives (softmax - q) * dscale (dscale = grad_scale / batch).
+SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float smoothing,
+                                    float dscale, float* dz, int64_t* greater) {
+  float off = smoothing / float(m), on = 1.f - smoothing + off;
+  float mx = z[0];
+  for (int64_t j = 1; j < m; ++j) mx = z[j] > mx ? z[j] : mx;
+  double se = 0, sum_z = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    se += ::exp(double(z[j] - mx));
+    sum_z += z[j];
+  }
+  double lse = ::log(se) + mx;
+  double li = on * (lse - z[y]) + off * (double(m) * lse - sum_z) - off * (lse - z[y]);
+  int64_t g = 0;
+  for (int64_t j = 0; j < m; ++j)
+    if (z[j] > z[y] || (z[j] == z[y] && j < y)) ++g;
+  *greater = g;
+  if (dz) {
+    for (int64_t j = 0; j < m; ++j) {
+      float p = float(::exp(double(z[j]) - lse));
+      float q = j == y ? on : off;
+      dz[j] = (p - q) * dscale;
+    }
+  }
+  return li;
+}
+
 }  // namespace spotrain
 
 namespace spotrain {

@@ -29,6 +29,8 @@ struct BnSaved {
   Tensor mean;       // (C) fp32 batch mean
   Tensor var;        // (C) fp32 biased batch variance
   Tensor workspace;  // backend-specific (ReLU mask when fused)
+  Tensor aux;        // backend-specific (CUDA: cuDNN's saved inverse std)
+  Tensor output;     // backend-specific (CUDA with ReLU: the forward output, for the mask)
 };
 
 // One contiguous run of the flat parameter buffer sharing a weight decay.
@@ -142,11 +144,19 @@ class Backend {
   // Called after parameters changed (optimizer step, load): cached weight copies are stale.
   virtual void weights_changed() = 0;
   virtual void synchronize() {}
+  // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
+  // can order its work after the backend's with an event; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
 };
 
 struct BackendOptions {
   int threads = 0;  // 0: all cores
   bool deterministic = false;
+  // GPU: fp32 convolutions and Linear may use TF32 tensor cores (--precision tf32).
+  bool tf32 = false;
+  // GPU, testing: fill every newly allocated output with NaN bytes so an element an op
+  // fails to write shows up.
+  bool poison = false;
 };
 
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is

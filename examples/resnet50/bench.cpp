@@ -22,6 +22,7 @@
 #include "engine/philox.h"
 #include "engine/precision.h"
 #include "engine/step.h"
+#include "kernels/cuda/device_info.h"
 #include "layers/resnet.h"
 
 namespace spotrain {
@@ -59,12 +60,21 @@ int run_bench(const BenchOptions& o) {
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   Precision prec = parse_precision(o.precision);
   auto comm = make_communicator("auto");
-  CommWorker worker(*comm, 300);
+  auto worker = std::make_unique<CommWorker>(*comm, 300);
   const int world = comm->size();
   set_log_enabled(comm->rank() == 0);
   BackendOptions bo;
   bo.threads = o.threads;
+  bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
+  if (o.device != "cpu") select_cuda_device(comm->local_rank());  // one GPU per rank
   auto be = make_backend(o.device, bo);
+  if (world > 1 && be->device() == Device::cuda) {  // GPU ranks all-reduce with NCCL
+    worker.reset();
+    comm = communicator_for_device(std::move(comm), be->device(), be->native_stream());
+    worker = std::make_unique<CommWorker>(*comm, 300);
+  }
+  const GpuInfo& gpu = gpu_info();
+  if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
   ResNetOptions ro;
   ro.arch = o.model;
   ro.num_classes = o.num_classes;
@@ -79,9 +89,9 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<Reducer> reducer;
   if (world > 1) {
     Tensor& flat = model.flat_params();
-    worker.run("broadcast of the initial parameters", [&] { comm->broadcast(flat.raw(), flat.nbytes(), 0); });
+    worker->run("broadcast of the initial parameters", [&] { comm->broadcast(flat.raw(), flat.nbytes(), 0); });
     model.parameters_changed();
-    reducer = std::make_unique<Reducer>(model, worker, ReducerOptions{});
+    reducer = std::make_unique<Reducer>(model, *worker, ReducerOptions{});
   }
   Reducer* red = reducer.get();
   StepRunner runner(model, sgd, scaler, prec, red,
@@ -169,6 +179,7 @@ int run_bench(const BenchOptions& o) {
                        {"comm_exposed", percentile(comm_s, 0.5)},
                        {"optimizer", percentile(opt_s, 0.5)}}},
                      {"machine", {{"cpu", cpu_model()}, {"backend", be->name()}}}};
+    for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
     std::ofstream f(o.json);
     SPOTRAIN_CHECK(f.good(), "cannot write --json file ", o.json);
     f << j.dump(2) << "\n";

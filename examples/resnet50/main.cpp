@@ -20,6 +20,7 @@
 #include "engine/log.h"
 #include "engine/trainer.h"
 #include "examples/resnet50/bench.h"
+#include "kernels/cuda/device_info.h"
 
 namespace {
 
@@ -175,6 +176,11 @@ int main(int argc, char** argv) {
   CLI::App app{"spotrain: data-parallel ResNet training that survives spot interruptions"};
   app.require_subcommand(1);
   app.set_config("--config", "", "read options from a TOML/INI file ([train] / [bench] sections)");
+  app.set_version_flag("--version", [] {
+    const auto& g = spotrain::gpu_info();
+    return spotrain::str("spotrain ", SPOTRAIN_VERSION, " (built with ", g.built_with, ")\n",
+                         spotrain::gpu_info_line(g));
+  }, "print the version, the GPU and the CUDA library versions, and exit");
 
   spotrain::RunConfig cfg;
   auto* train = app.add_subcommand("train", "train a model");
@@ -243,6 +249,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see spotrain --help)\n", e.what());

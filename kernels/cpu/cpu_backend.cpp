@@ -396,35 +396,13 @@ LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
   float* dz = dlogits ? dlogits->data<float>() : nullptr;
   double total = 0;
   int64_t top1 = 0, top5 = 0;
-  float off = smoothing / float(m), on = 1.f - smoothing + off;
 #pragma omp parallel for schedule(static) reduction(+ : total, top1, top5)
   for (int64_t i = 0; i < n; ++i) {
-    const float* zi = z + i * m;
-    int32_t y = labels[i];
-    float mx = zi[0];
-    for (int64_t j = 1; j < m; ++j) mx = std::max(mx, zi[j]);
-    double se = 0, sum_z = 0;
-    for (int64_t j = 0; j < m; ++j) {
-      se += std::exp(double(zi[j] - mx));
-      sum_z += zi[j];
-    }
-    double lse = std::log(se) + mx;
-    // loss_i = -sum_j q_j log p_j with q = on at y, off elsewhere
-    double li = on * (lse - zi[y]) + off * (double(m) * lse - sum_z) - off * (lse - zi[y]);
-    total += li;
     int64_t greater = 0;
-    for (int64_t j = 0; j < m; ++j)
-      if (zi[j] > zi[y] || (zi[j] == zi[y] && j < y)) ++greater;
+    total += softmax_xent_row(z + i * m, m, labels[i], smoothing, grad_scale / float(n),
+                              dz ? dz + i * m : nullptr, &greater);
     top1 += greater == 0;
     top5 += greater < 5;
-    if (dz) {
-      float scale = grad_scale / float(n);
-      for (int64_t j = 0; j < m; ++j) {
-        float p = float(std::exp(double(zi[j]) - lse));
-        float q = j == y ? on : off;
-        dz[i * m + j] = (p - q) * scale;
-      }
-    }
   }
   return LossResult{total / double(n), top1, top5};
 }

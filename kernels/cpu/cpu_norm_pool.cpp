@@ -1,6 +1,7 @@
 // CPU batch norm (training, inference, backward; optional fused ReLU) and max pooling with
 // oneDNN on blocked activations. Running statistics are updated by a plain loop.
 #include "kernels/cpu/cpu_entries.h"
+#include "kernels/elementwise.h"
 
 namespace spotrain::cpu {
 
@@ -120,10 +121,8 @@ void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_
   const float* m = saved.mean.data<float>();
   const float* v = saved.var.data<float>();
   double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
-  for (int64_t c = 0; c < running_mean.numel(); ++c) {
-    rm[c] = (1.f - momentum) * rm[c] + momentum * m[c];
-    rv[c] = (1.f - momentum) * rv[c] + momentum * float(v[c] * unbias);
-  }
+  for (int64_t c = 0; c < running_mean.numel(); ++c)
+    bn_running_update(rm[c], rv[c], m[c], v[c], momentum, unbias);
 }
 
 Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) {

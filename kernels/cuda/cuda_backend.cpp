@@ -1,6 +1,5 @@
-// Entry points of the CUDA backend. This build compiles and links the CUDA target (so the
-// toolchain plumbing is exercised in CI); the cuDNN/cuBLAS backend itself is issue 7 and
-// is not implemented yet, so asking for --device cuda fails with a clear message.
+// Entry points of the CUDA backend: whether a device is present, and make_cuda_backend.
+// Without CUDA support in the build, --device cuda fails with a clear message.
 #include <memory>
 
 #include "engine/error.h"
@@ -8,6 +7,8 @@
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_backend.h"
 #endif
 
 namespace spotrain {
@@ -22,15 +23,27 @@ bool cuda_device_available() {
 }
 
 // Whether this build can train on a GPU; --device auto uses the GPU only then.
-bool cuda_backend_ready() { return false; }
-
-std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
+bool cuda_backend_ready() {
 #ifdef SPOTRAIN_WITH_CUDA
-  SPOTRAIN_THROW("--device cuda: the CUDA backend is not implemented in this version yet; "
-                 "use --device cpu");
+  return true;
 #else
-  SPOTRAIN_THROW("--device cuda: this build has no CUDA support (configure with "
-                 "-DSPOTRAIN_CUDA=ON on a machine with nvcc); use --device cpu");
+  return false;
+#endif
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
+#ifdef SPOTRAIN_WITH_CUDA
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0)
+    SPOTRAIN_THROW("--device cuda: no CUDA device (",
+                   e == cudaSuccess ? "none found" : cudaGetErrorString(e), "); use --device cpu");
+  return std::make_unique<cuda::CudaBackend>(opt);
+#else
+  (void)opt;
+  SPOTRAIN_THROW(
+      "--device cuda: this build has no CUDA support (configure with "
+      "-DSPOTRAIN_CUDA=ON on a machine with nvcc); use --device cpu");
 #endif
 }
 

@@ -1,0 +1,130 @@
+// The CUDA backend: cuDNN 9 for convolution (algorithm chosen once per shape), batch norm
+// and max pooling, cuBLAS for Linear, our own kernels (cuda_kernels.cu) for the rest.
+// Activations are NHWC in the compute dtype; weights are converted once per optimizer step
+// from the fp32 OIHW masters to (O, H, W, I) in the compute dtype. Internal to kernels/cuda/.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/ops.h"
+
+namespace spotrain::cuda {
+
+// The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
+Allocator& device_allocator();
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& opt);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::cuda; }
+  std::string name() const override { return name_; }
+  Allocator& allocator() override { return device_allocator(); }
+
+  Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
+  Tensor cast(const Tensor& t, DType to) override;
+  Tensor to_host(const Tensor& t) override;
+  Tensor from_host(const Tensor& t) override;
+  Tensor zeros(const Shape& shape) override;
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) override;
+  Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
+                              const ConvParams& p) override;
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                               Tensor& dw) override;
+
+  Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, bool relu, BnSaved& saved) override;
+  Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var, float eps,
+                                 bool relu) override;
+  Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
+                            Tensor& dgamma, Tensor& dbeta) override;
+  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
+                                float momentum, int64_t n) override;
+
+  Tensor relu_forward(const Tensor& x) override;
+  Tensor relu_backward(const Tensor& dy, const Tensor& y) override;
+  Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) override;
+  Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) override;
+
+  Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
+  Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                          const PoolParams& p) override;
+  Tensor global_avgpool_forward(const Tensor& x) override;
+  Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) override;
+
+  Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) override;
+  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
+                         bool need_dx) override;
+
+  LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits) override;
+
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  bool unscale_and_check(Tensor& grads, float inv_scale) override;
+  void weights_changed() override { ++weights_generation_; }
+  void synchronize() override;
+
+  void* native_stream() override { return compute_; }
+  cudaStream_t compute_stream() const { return compute_; }
+
+ private:
+  struct ConvEntry;
+  struct BnEntry;
+  struct PoolEntry;
+  ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
+  BnEntry& bn_entry(const Tensor& x);
+  PoolEntry& pool_entry(const Tensor& x, const PoolParams& p);
+  // A new device tensor (NaN-filled when poisoning).
+  Tensor alloc(const Shape& shape, DType dt, Layout layout = Layout::plain);
+  Tensor alloc_like(const Tensor& x) { return alloc(x.shape(), x.dtype(), x.layout()); }
+  // The conv weights `w` (fp32 OIHW) as (O, H, W, I) in `dt`, cached until weights_changed().
+  const void* weights_as(const Tensor& w, DType dt);
+  // The shared cuDNN workspace, grown to at least `bytes`.
+  void* workspace(size_t bytes);
+  // `t`'s data, or a 16-byte aligned device copy of it when its address is not aligned.
+  const float* aligned(const Tensor& t, Tensor& holder);
+  // Pinned host scratch of at least `bytes`.
+  void* pinned(size_t bytes);
+  cudnnMathType_t conv_math(DType dt) const;
+
+  BackendOptions opt_;
+  std::string name_;
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaEvent_t copied_ = nullptr, compute_mark_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  uint64_t weights_generation_ = 1;
+  Tensor workspace_;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
+  std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;
+  std::unordered_map<std::string, std::unique_ptr<PoolEntry>> pool_cache_;
+  struct WeightCopy {
+    DType dt;
+    Tensor data;
+    uint64_t generation = 0;
+  };
+  std::unordered_map<const void*, std::vector<WeightCopy>> weight_copies_;
+  // The SGD chunk table on the device, rebuilt when the segments change.
+  std::vector<SgdSegment> sgd_segments_;
+  Tensor sgd_chunks_;
+  int64_t sgd_nchunks_ = 0;
+};
+
+}  // namespace spotrain::cuda

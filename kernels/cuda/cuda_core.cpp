@@ -1,0 +1,382 @@
+// CUDA backend: set-up, the device allocator, data movement (compute stream, plus a copy
+// stream for image uploads ordered with events), elementwise ops, global pooling, Linear
+// with cuBLAS, the loss, SGD and the overflow check (our kernels, cuda_kernels.cu).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda/cuda_entries.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/elementwise.h"
+
+namespace spotrain::cuda {
+
+namespace {
+void* dev_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error; the allocator reports OOM
+    return nullptr;
+  }
+  return p;
+}
+void dev_free(void* p, size_t) { (void)cudaFree(p); }
+
+bool float_kind(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+void check_device(const Tensor& t, const char* op) {
+  SPOTRAIN_CHECK(t.defined() && t.device() == Device::cuda, op, ": expected a CUDA tensor, got ",
+                 t.defined() ? t.describe() : std::string("an undefined tensor"));
+}
+void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  SPOTRAIN_CHECK(float_kind(a.dtype()), op, ": unsupported dtype ", a.describe());
+  SPOTRAIN_CHECK(a.shape() == b.shape() && a.layout() == b.layout() && a.dtype() == b.dtype() &&
+                     a.storage_elems() == b.storage_elems(),
+                 op, ": operands differ: ", a.describe(), " vs ", b.describe());
+}
+}  // namespace
+
+Allocator& device_allocator() {
+  // Lives to process exit: tensors may outlive any one backend, and cudaFree at exit
+  // would race the driver's own teardown.
+  static Allocator* a = new Allocator(Device::cuda, Allocator::Raw{dev_alloc, dev_free, false});
+  return *a;
+}
+
+CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
+  CUDA_CHECK(cudaGetDevice(&device_));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+  CUDNN_CHECK(cudnnCreate(&dnn_));
+  CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, compute_));
+  CUBLAS_CHECK(
+      cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  size_t v = cudnnGetVersion();
+  int blas_v = 0;
+  CUBLAS_CHECK(cublasGetVersion(blas_, &blas_v));
+  name_ = str("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", cuDNN ", v / 10000, ".",
+              (v % 10000) / 100, ".", v % 100, ", cuBLAS ", blas_v, opt.tf32 ? ", tf32" : "",
+              opt.deterministic ? ", deterministic" : "", ")");
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+
+Tensor CudaBackend::alloc(const Shape& shape, DType dt, Layout layout) {
+  Tensor t(shape, dt, allocator(), layout);
+  if (opt_.poison && t.nbytes() > 0)
+    CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), compute_));
+  return t;
+}
+
+void* CudaBackend::workspace(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (!workspace_.defined() || workspace_.nbytes() < bytes)
+    workspace_ = Tensor({int64_t((bytes + 3) / 4)}, DType::f32, allocator());
+  return workspace_.raw();
+}
+
+const float* CudaBackend::aligned(const Tensor& t, Tensor& holder) {
+  if (reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0) return t.data<float>();
+  holder = Tensor(t.shape(), DType::f32, allocator());
+  CUDA_CHECK(cudaMemcpyAsync(holder.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDeviceToDevice,
+                             compute_));
+  return holder.data<float>();
+}
+
+void* CudaBackend::pinned(size_t bytes) {
+  if (pinned_bytes_ < bytes) {
+    if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    size_t n = bytes < 4096 ? 4096 : bytes;
+    CUDA_CHECK(cudaMallocHost(&pinned_, n));
+    pinned_bytes_ = n;
+  }
+  return pinned_;
+}
+
+// ---- data movement ---------------------------------------------------------------------------
+
+Tensor CudaBackend::upload_images(const Tensor& host, DType compute) {
+  SPOTRAIN_CHECK(host.ndim() == 4 && host.layout() == Layout::nhwc && host.dtype() == DType::f32 &&
+                     host.device() == Device::cpu,
+                 "upload_images expects a host fp32 NHWC batch, got ", host.describe());
+  Tensor dev(host.shape(), DType::f32, allocator(), Layout::nhwc);
+  // The copy stream may reuse memory the compute stream released: start after the work
+  // queued so far, and let the compute stream wait for the copy.
+  CUDA_CHECK(cudaEventRecord(compute_mark_, compute_));
+  CUDA_CHECK(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  CUDA_CHECK(cudaMemcpyAsync(dev.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, copy_));
+  CUDA_CHECK(cudaEventRecord(copied_, copy_));
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, copied_, 0));
+  return compute == DType::f32 ? dev : cast(dev, compute);
+}
+
+Tensor CudaBackend::cast(const Tensor& t, DType to) {
+  check_device(t, "cast");
+  SPOTRAIN_CHECK(float_kind(t.dtype()) && float_kind(to), "cast: unsupported conversion ",
+                 dtype_name(t.dtype()), " -> ", dtype_name(to));
+  Tensor out(t.shape(), to, allocator(), t.layout(), t.storage_elems());
+  if (opt_.poison && out.nbytes() > 0)
+    CUDA_CHECK(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), compute_));
+  if (t.dtype() == to)
+    CUDA_CHECK(cudaMemcpyAsync(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToDevice, compute_));
+  else
+    launch_cast(t.raw(), t.dtype(), out.raw(), to, t.storage_elems(), compute_);
+  return out;
+}
+
+Tensor CudaBackend::to_host(const Tensor& t0) {
+  SPOTRAIN_CHECK(float_kind(t0.dtype()), "to_host: unsupported dtype ", t0.describe());
+  Tensor t = t0.device() == Device::cuda && t0.dtype() != DType::f32 ? cast(t0, DType::f32) : t0;
+  SPOTRAIN_CHECK(t.dtype() == DType::f32, "to_host: only fp32 host tensors, got ", t.describe());
+  bool nhwc = t.ndim() == 4 && t.layout() == Layout::nhwc;
+  Tensor raw = Tensor::host(t.shape(), DType::f32, nhwc ? Layout::nhwc : Layout::plain);
+  CUDA_CHECK(
+      cudaMemcpyAsync(raw.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDefault, compute_));
+  CUDA_CHECK(cudaStreamSynchronize(compute_));
+  if (!nhwc) return raw.reshaped(t.shape(), Layout::plain);
+  SPOTRAIN_CHECK(t.layout() != Layout::nchw16c, "to_host: blocked layout on the GPU");
+  Tensor out = Tensor::host(t.shape());
+  int64_t n = t.dim(0), c = t.dim(1), hw = t.dim(2) * t.dim(3);
+  const float* s = raw.data<float>();
+  float* d = out.data<float>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = 0; p < hw; ++p)
+      for (int64_t ch = 0; ch < c; ++ch) d[(i * c + ch) * hw + p] = s[(i * hw + p) * c + ch];
+  return out;
+}
+
+Tensor CudaBackend::from_host(const Tensor& t) {
+  Tensor out(t.shape(), t.dtype(), allocator(), t.layout(), t.storage_elems());
+  CUDA_CHECK(cudaMemcpyAsync(out.raw(), t.raw(), t.nbytes(), cudaMemcpyDefault, compute_));
+  return out;
+}
+
+Tensor CudaBackend::zeros(const Shape& shape) {
+  Tensor t(shape, DType::f32, allocator());
+  if (t.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), compute_));
+  return t;
+}
+
+void CudaBackend::fill(Tensor& t, float value) {
+  check_device(t, "fill");
+  SPOTRAIN_CHECK(t.dtype() == DType::f32, "fill: fp32 tensors only, got ", t.describe());
+  launch_fill_f32(t.data<float>(), value, t.storage_elems(), compute_);
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
+                 dst.describe());
+  if (src.nbytes() > 0)
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, compute_));
+}
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+Tensor CudaBackend::relu_forward(const Tensor& x) {
+  check_device(x, "relu");
+  SPOTRAIN_CHECK(float_kind(x.dtype()), "relu: unsupported dtype ", x.describe());
+  Tensor y = alloc_like(x);
+  launch_relu_fwd(x.raw(), y.raw(), x.dtype(), x.numel(), compute_);
+  return y;
+}
+
+Tensor CudaBackend::relu_backward(const Tensor& dy, const Tensor& y) {
+  check_device(y, "relu_backward");
+  check_same(dy, y, "relu_backward");
+  Tensor dx = alloc_like(y);
+  launch_relu_bwd(dy.raw(), y.raw(), dx.raw(), y.dtype(), y.numel(), compute_);
+  return dx;
+}
+
+Tensor CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
+  check_device(a, "add");
+  check_same(a, b, "add");
+  Tensor y = alloc_like(a);
+  launch_add_fwd(a.raw(), b.raw(), y.raw(), a.dtype(), a.numel(), relu, compute_);
+  return y;
+}
+
+Tensor CudaBackend::add_backward(const Tensor& dy, const Tensor& y, bool relu) {
+  if (!relu) return dy;
+  return relu_backward(dy, y);
+}
+
+// ---- global average pooling --------------------------------------------------------------------
+
+Tensor CudaBackend::global_avgpool_forward(const Tensor& x) {
+  check_device(x, "global_avgpool");
+  SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && float_kind(x.dtype()),
+                 "global_avgpool: expected an NHWC activation, got ", x.describe());
+  int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
+  Tensor y = alloc({n, c}, DType::f32);
+  launch_gap_fwd(x.raw(), x.dtype(), y.data<float>(), n, c, hw, compute_);
+  return y;
+}
+
+Tensor CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
+  check_device(dy, "global_avgpool_backward");
+  SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && dy.dtype() == DType::f32 &&
+                     dy.numel() == x.dim(0) * x.dim(1),
+                 "global_avgpool_backward: gradient ", dy.describe(), " does not match ",
+                 x.describe());
+  Tensor dx = alloc_like(x);
+  launch_gap_bwd(dy.data<float>(), dx.raw(), x.dtype(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
+                 compute_);
+  return dx;
+}
+
+// ---- linear (row-major tensors seen by column-major cuBLAS as their transposes) ---------------
+
+Tensor CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_device(x, "linear");
+  SPOTRAIN_CHECK(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1) &&
+                     x.dtype() == DType::f32 && b.numel() == w.dim(0),
+                 "linear: input ", x.describe(), " does not match weights ", w.describe());
+  int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  Tensor y = alloc({n, m}, DType::f32);
+  launch_bias_rows(y.data<float>(), b.data<float>(), n, m, compute_);
+  if (n == 0 || m == 0) return y;
+  const float one = 1.f;
+  // y^T (m, n) = w (m, k) x^T (k, n) + y^T
+  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one,
+                           w.data<float>(), int(k), x.data<float>(), int(k), &one, y.data<float>(),
+                           int(m)));
+  return y;
+}
+
+Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                    Tensor& db, bool need_dx) {
+  check_device(dy, "linear_backward");
+  int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  SPOTRAIN_CHECK(
+      dy.ndim() == 2 && dy.dim(0) == n && dy.dim(1) == m && dw.numel() == m * k && db.numel() == m,
+      "linear_backward: gradient ", dy.describe(), " does not match ", w.describe());
+  const float one = 1.f, zero = 0.f;
+  // dw^T (k, m) = x^T (k, n) dy (n, m)
+  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(m), int(n), &one,
+                           x.data<float>(), int(k), dy.data<float>(), int(m), &zero,
+                           dw.data<float>(), int(k)));
+  launch_col_sum(dy.data<float>(), db.data<float>(), n, m, compute_);
+  if (!need_dx) return Tensor();
+  Tensor dx = alloc({n, k}, DType::f32);
+  // dx^T (k, n) = w^T (k, m) dy^T (m, n)
+  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(n), int(m), &one,
+                           w.data<float>(), int(k), dy.data<float>(), int(m), &zero,
+                           dx.data<float>(), int(k)));
+  return dx;
+}
+
+// ---- loss ---------------------------------------------------------------------------------------
+
+LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                                     float grad_scale, Tensor* dlogits) {
+  check_device(logits, "softmax_xent");
+  SPOTRAIN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::f32,
+                 "softmax_xent: logits must be fp32 (N, classes), got ", logits.describe());
+  int64_t n = logits.dim(0), m = logits.dim(1);
+  if (n == 0) return LossResult{};
+  for (int64_t i = 0; i < n; ++i)
+    SPOTRAIN_CHECK(labels[i] >= 0 && labels[i] < m, "softmax_xent: label ", labels[i],
+                   " outside [0, ", m, ")");
+  Tensor lab({n}, DType::i32, allocator());
+  CUDA_CHECK(cudaMemcpyAsync(lab.raw(), labels, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+  if (dlogits && !dlogits->defined()) *dlogits = alloc({n, m}, DType::f32);
+  float* dz = dlogits ? dlogits->data<float>() : nullptr;
+  // Per-row results: n doubles, then n int64 counts.
+  Tensor rows({4 * n}, DType::f32, allocator());
+  double* loss = reinterpret_cast<double*>(rows.raw());
+  int64_t* greater = reinterpret_cast<int64_t*>(loss + n);
+  launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), n, m, smoothing,
+                      grad_scale / float(n), dz, loss, greater, compute_);
+  char* host = static_cast<char*>(pinned(size_t(n) * 16));
+  CUDA_CHECK(cudaMemcpyAsync(host, rows.raw(), size_t(n) * 16, cudaMemcpyDeviceToHost, compute_));
+  CUDA_CHECK(cudaStreamSynchronize(compute_));  // the caller reads the loss now
+  const double* hl = reinterpret_cast<const double*>(host);
+  const int64_t* hg = reinterpret_cast<const int64_t*>(host + size_t(n) * 8);
+  LossResult r;
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    total += hl[i];
+    r.top1 += hg[i] == 0;
+    r.top5 += hg[i] < 5;
+  }
+  r.loss = total / double(n);
+  return r;
+}
+
+// ---- optimizer
+// ------------------------------------------------------------------------------------
+
+void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                           const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+  check_device(params, "sgd_step");
+  check_device(grads, "sgd_step");
+  check_device(momentum, "sgd_step");
+  bool same = segments.size() == sgd_segments_.size();
+  for (size_t i = 0; same && i < segments.size(); ++i)
+    same = segments[i].offset == sgd_segments_[i].offset &&
+           segments[i].count == sgd_segments_[i].count &&
+           segments[i].weight_decay == sgd_segments_[i].weight_decay;
+  if (!same || !sgd_chunks_.defined()) {
+    std::vector<SgdChunk> chunks;
+    for (const auto& s : segments) {
+      SPOTRAIN_CHECK(s.offset >= 0 && s.offset + s.count <= params.numel(),
+                     "sgd_step: segment outside the parameter buffer");
+      for (int64_t o = 0; o < s.count; o += kSgdChunk)
+        chunks.push_back(SgdChunk{s.offset + o, int32_t(std::min<int64_t>(kSgdChunk, s.count - o)),
+                                  s.weight_decay});
+    }
+    static_assert(sizeof(SgdChunk) == 16, "SgdChunk is 16 bytes");
+    sgd_nchunks_ = int64_t(chunks.size());
+    sgd_chunks_ = Tensor({std::max<int64_t>(1, sgd_nchunks_) * 4}, DType::f32, allocator());
+    if (!chunks.empty())
+      CUDA_CHECK(cudaMemcpyAsync(sgd_chunks_.raw(), chunks.data(), chunks.size() * sizeof(SgdChunk),
+                                 cudaMemcpyHostToDevice, compute_));
+    sgd_segments_ = segments;
+  }
+  launch_sgd(params.data<float>(), grads.data<float>(), momentum.data<float>(),
+             static_cast<const SgdChunk*>(sgd_chunks_.raw()), sgd_nchunks_, h.lr, h.momentum,
+             h.nesterov, h.grad_scale, compute_);
+}
+
+bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {
+  check_device(grads, "unscale_and_check");
+  Tensor flag({1}, DType::i32, allocator());
+  CUDA_CHECK(cudaMemsetAsync(flag.raw(), 0, 4, compute_));
+  launch_unscale_check(grads.data<float>(), grads.numel(), inv_scale, flag.data<int>(), compute_);
+  int* host = static_cast<int*>(pinned(4));
+  CUDA_CHECK(cudaMemcpyAsync(host, flag.raw(), 4, cudaMemcpyDeviceToHost, compute_));
+  CUDA_CHECK(cudaStreamSynchronize(compute_));  // the step must know the verdict
+  return *host != 0;
+}
+
+void CudaBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
+                                           const BnSaved& saved, float momentum, int64_t n) {
+  check_device(running_mean, "batchnorm_update_running");
+  double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
+  launch_bn_running(running_mean.data<float>(), running_var.data<float>(), saved.mean.data<float>(),
+                    saved.var.data<float>(), int(running_mean.numel()), momentum, unbias, compute_);
+}
+
+Tensor CudaBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& running_mean,
+                                            const Tensor& running_var, float eps, bool relu) {
+  check_device(x, "batchnorm_forward_infer");
+  SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && gamma.numel() == x.dim(1),
+                 "batchnorm: input ", x.describe(), " has ", x.dim(1),
+                 " channels, parameters have ", gamma.numel());
+  Tensor y = alloc_like(x);
+  launch_bn_infer(x.raw(), y.raw(), x.dtype(), x.numel(), int(x.dim(1)), running_mean.data<float>(),
+                  running_var.data<float>(), gamma.data<float>(), beta.data<float>(), eps, relu,
+                  compute_);
+  return y;
+}
+
+}  // namespace spotrain::cuda

@@ -1,0 +1,481 @@
+// CUDA backend: cuDNN convolution (forward, backward-data, backward-filter; algorithm chosen
+// once per shape by measurement, or by cuDNN's heuristics restricted to deterministic
+// algorithms under --deterministic), batch norm for training (the Ex API, fused ReLU where
+// cuDNN supports it for the shape and dtype, else our ReLU kernel) and max pooling.
+// cuDNN 9 still ships these legacy entry points (deprecated in favour of the graph API).
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_entries.h"
+#include "kernels/cuda/cuda_util.h"
+
+namespace spotrain::cuda {
+
+namespace {
+
+cudnnDataType_t dnn_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      SPOTRAIN_THROW("cuDNN: unsupported dtype ", dtype_name(d));
+  }
+}
+
+void check_activation(const Tensor& x, const char* op) {
+  SPOTRAIN_CHECK(
+      x.defined() && x.device() == Device::cuda && x.ndim() == 4 && x.layout() == Layout::nhwc &&
+          (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
+      op, ": expected an NHWC activation on the GPU, got ",
+      x.defined() ? x.describe() : std::string("an undefined tensor"));
+}
+
+std::string key_of(const Tensor& t) {
+  std::string k = dtype_name(t.dtype());
+  for (auto d : t.shape()) k += "," + std::to_string(d);
+  return k;
+}
+
+cudnnTensorDescriptor_t nhwc_desc(DType dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+  cudnnTensorDescriptor_t d;
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, dnn_dtype(dt), int(n), int(c),
+                                         int(h), int(w)));
+  return d;
+}
+
+const float kOne = 1.f, kZero = 0.f;
+
+// Picks an algorithm from perf results (sorted best first): the first that ran, fits the
+// workspace limit, is deterministic when asked, and (strict fp32) does not use tensor cores.
+template <typename Perf>
+const Perf* pick(const Perf* perf, int count, size_t limit, bool deterministic, bool strict) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = perf[i];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) continue;
+    if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
+    if (strict &&
+        (r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
+    return &r;
+  }
+  return nullptr;
+}
+
+size_t workspace_limit() {
+  size_t free_b = 0, total = 0;
+  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return size_t(256) << 20;
+  return std::min(free_b / 4, size_t(2) << 30);
+}
+
+// Chooses an algorithm: under --deterministic, cuDNN's heuristics (the same choice every run);
+// otherwise by measurement (FindEx) with a workspace as large as the best candidates need.
+// get_v7(n, &returned, perf) and find_ex(n, &returned, perf, ws, ws_bytes) wrap the calls.
+template <typename Perf, int kCount, typename GetV7, typename FindEx>
+Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7, FindEx find_ex) {
+  Perf perf[kCount];
+  int got = 0;
+  size_t limit = workspace_limit();
+  CUDNN_CHECK(get_v7(kCount, &got, perf));
+  if (!deterministic) {
+    size_t want = 0;
+    for (int i = 0; i < got; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit)
+        want = std::max(want, perf[i].memory);
+    void* ws = nullptr;
+    // A transient buffer outside the caching allocator: measured once per shape.
+    if (want > 0 && cudaMalloc(&ws, want) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ws = nullptr;
+      want = 0;
+    }
+    Perf found[kCount];
+    int nfound = 0;
+    cudnnStatus_t st = find_ex(kCount, &nfound, found, ws, want);
+    if (ws) (void)cudaFree(ws);
+    CUDNN_CHECK(st);
+    if (const Perf* r = pick(found, nfound, want, false, strict)) return *r;
+  }
+  if (const Perf* r = pick(perf, got, limit, deterministic, strict)) return *r;
+  SPOTRAIN_THROW("cuDNN offers no ", deterministic ? "deterministic " : "", what,
+                 " algorithm for this shape", strict ? " in strict fp32" : "",
+                 deterministic ? "; try without --deterministic" : "");
+}
+
+}  // namespace
+
+// ---- convolution ----------------------------------------------------------------------------
+
+cudnnMathType_t CudaBackend::conv_math(DType dt) const {
+  if (dt != DType::f32) return CUDNN_TENSOR_OP_MATH;
+  // fp32: FMA only (no TF32) unless tf32 was asked for; DEFAULT_MATH lets cuDNN use TF32
+  // tensor cores on Ampere and later but never converts to fp16/bf16.
+  return opt_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w,
+                                                const ConvParams& p) {
+  std::string key =
+      key_of(x) + "|" + key_of(w) + "|" + std::to_string(p.stride) + "," + std::to_string(p.pad);
+  auto it = conv_cache_.find(key);
+  if (it != conv_cache_.end()) return *it->second;
+  SPOTRAIN_CHECK(w.ndim() == 4 && w.dim(1) == x.dim(1) && w.dim(2) == p.kh && w.dim(3) == p.kw,
+                 "conv2d: input ", x.describe(), " does not match weights ", w.describe());
+  auto e = std::make_unique<ConvEntry>();
+  DType dt = x.dtype();
+  e->x = nhwc_desc(dt, x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, dnn_dtype(dt), CUDNN_TENSOR_NHWC, int(w.dim(0)),
+                                         int(w.dim(1)), int(w.dim(2)), int(w.dim(3))));
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p.pad, p.pad, p.stride, p.stride, 1, 1,
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, conv_math(dt)));
+  int n = 0, c = 0, h = 0, wd = 0;
+  CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &n, &c, &h, &wd));
+  SPOTRAIN_CHECK(h > 0 && wd > 0, "conv2d: input ", x.describe(), " is smaller than the kernel");
+  e->oh = h;
+  e->ow = wd;
+  e->y = nhwc_desc(dt, n, c, h, wd);
+  auto& ref = *e;
+  conv_cache_.emplace(key, std::move(e));
+  return ref;
+}
+
+const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
+  SPOTRAIN_CHECK(w.dtype() == DType::f32 && w.ndim() == 4 && w.device() == Device::cuda,
+                 "conv2d: weights must be fp32 OIHW on the GPU, got ", w.describe());
+  auto& copies = weight_copies_[w.raw()];
+  WeightCopy* wc = nullptr;
+  for (auto& c : copies)
+    if (c.dt == dt && c.data.shape() == w.shape()) wc = &c;
+  if (!wc) {  // (a same-address copy of another shape belonged to a freed tensor)
+    copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                [&](const WeightCopy& c) { return c.dt == dt; }),
+                 copies.end());
+    copies.push_back(WeightCopy{dt, Tensor(w.shape(), dt, allocator(), Layout::nhwc), 0});
+    wc = &copies.back();
+  }
+  if (wc->generation != weights_generation_) {
+    launch_oihw_to_ohwi(w.data<float>(), wc->data.raw(), dt, int(w.dim(0)), int(w.dim(1)),
+                        int(w.dim(2)), int(w.dim(3)), compute_);
+    wc->generation = weights_generation_;
+  }
+  return wc->data.raw();
+}
+
+Tensor CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
+  check_activation(x, "conv2d");
+  auto& e = conv_entry(x, w, p);
+  const void* wp = weights_as(w, x.dtype());
+  Tensor y = alloc({x.dim(0), w.dim(0), e.oh, e.ow}, x.dtype(), Layout::nhwc);
+  bool strict = x.dtype() == DType::f32 && !opt_.tf32;
+  if (!e.have_fwd) {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+    auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+        opt_.deterministic, strict, "convolution forward",
+        [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
+          return cudnnGetConvolutionForwardAlgorithm_v7(dnn_, e.x, e.w, e.conv, e.y, n, got, perf);
+        },
+        [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* ws, size_t bytes) {
+          return cudnnFindConvolutionForwardAlgorithmEx(dnn_, e.x, x.raw(), e.w, wp, e.conv, e.y,
+                                                        y.raw(), n, got, perf, ws, bytes);
+        });
+    e.fwd_algo = r.algo;
+    e.fwd_math = strict ? CUDNN_FMA_MATH : r.mathType;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
+    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn_, e.x, e.w, e.conv, e.y, e.fwd_algo,
+                                                        &e.fwd_ws));
+    e.have_fwd = true;
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
+  CUDNN_CHECK(cudnnConvolutionForward(dnn_, &kOne, e.x, x.raw(), e.w, wp, e.conv, e.fwd_algo,
+                                      workspace(e.fwd_ws), e.fwd_ws, &kZero, e.y, y.raw()));
+  return y;
+}
+
+Tensor CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                         const ConvParams& p) {
+  check_activation(x, "conv2d_backward_data");
+  check_activation(dy, "conv2d_backward_data");
+  auto& e = conv_entry(x, w, p);
+  SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) &&
+                     dy.dim(2) == e.oh && dy.dim(3) == e.ow,
+                 "conv2d_backward_data: gradient ", dy.describe(), " does not match the output");
+  const void* wp = weights_as(w, x.dtype());
+  Tensor dx = alloc_like(x);
+  bool strict = x.dtype() == DType::f32 && !opt_.tf32;
+  if (!e.have_bd) {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+    auto r = choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+        opt_.deterministic, strict, "convolution backward-data",
+        [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+          return cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, e.w, e.y, e.conv, e.x, n, got,
+                                                             perf);
+        },
+        [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws, size_t bytes) {
+          return cudnnFindConvolutionBackwardDataAlgorithmEx(
+              dnn_, e.w, wp, e.y, dy.raw(), e.conv, e.x, dx.raw(), n, got, perf, ws, bytes);
+        });
+    e.bd_algo = r.algo;
+    e.bd_math = strict ? CUDNN_FMA_MATH : r.mathType;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x, e.bd_algo,
+                                                             &e.bd_ws));
+    e.have_bd = true;
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
+  CUDNN_CHECK(cudnnConvolutionBackwardData(dnn_, &kOne, e.w, wp, e.y, dy.raw(), e.conv, e.bd_algo,
+                                           workspace(e.bd_ws), e.bd_ws, &kZero, e.x, dx.raw()));
+  return dx;
+}
+
+void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                          Tensor& dw) {
+  check_activation(x, "conv2d_backward_weights");
+  check_activation(dy, "conv2d_backward_weights");
+  SPOTRAIN_CHECK(dw.dtype() == DType::f32 && dw.ndim() == 4 && dw.device() == Device::cuda,
+                 "conv2d: weight gradient must be fp32 OIHW on the GPU, got ", dw.describe());
+  auto& e = conv_entry(x, dw, p);
+  SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == dw.dim(0) &&
+                     dy.dim(2) == e.oh && dy.dim(3) == e.ow,
+                 "conv2d_backward_weights: gradient ", dy.describe(), " does not match the output");
+  // cuDNN writes the gradient in the filter's (O, H, W, I) layout and the compute dtype; our
+  // kernel then transposes it into the fp32 OIHW gradient.
+  Tensor tmp(dw.shape(), x.dtype(), allocator(), Layout::nhwc);
+  bool strict = x.dtype() == DType::f32 && !opt_.tf32;
+  if (!e.have_bw) {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+    auto r =
+        choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+            opt_.deterministic, strict, "convolution backward-filter",
+            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+              return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n,
+                                                                   got, perf);
+            },
+            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
+                size_t bytes) {
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn_, e.x, x.raw(), e.y,
+                                                                   dy.raw(), e.conv, e.w, tmp.raw(),
+                                                                   n, got, perf, ws, bytes);
+            });
+    e.bw_algo = r.algo;
+    e.bw_math = strict ? CUDNN_FMA_MATH : r.mathType;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, e.x, e.y, e.conv, e.w,
+                                                               e.bw_algo, &e.bw_ws));
+    e.have_bw = true;
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(dnn_, &kOne, e.x, x.raw(), e.y, dy.raw(), e.conv,
+                                             e.bw_algo, workspace(e.bw_ws), e.bw_ws, &kZero, e.w,
+                                             tmp.raw()));
+  launch_ohwi_to_oihw(tmp.raw(), x.dtype(), dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
+                      int(dw.dim(2)), int(dw.dim(3)), compute_);
+}
+
+// ---- batch norm ------------------------------------------------------------------------------
+
+namespace {
+struct BnConfig {
+  cudnnBatchNormMode_t mode;
+  cudnnBatchNormOps_t ops;
+};
+// Tried in order at the first use of a shape; the first cuDNN accepts is kept. With ReLU the
+// search starts at 0 (fused), without at 1.
+const BnConfig kBnConfigs[] = {
+    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN_ACTIVATION},
+    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN},
+    {CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN},
+};
+constexpr int kNumBnConfigs = 3;
+}  // namespace
+
+CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
+  std::string key = key_of(x);
+  auto it = bn_cache_.find(key);
+  if (it != bn_cache_.end()) return *it->second;
+  auto e = std::make_unique<BnEntry>();
+  e->x = nhwc_desc(x.dtype(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->stats));
+  CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL));
+  CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
+  CUDNN_CHECK(
+      cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+  auto& ref = *e;
+  bn_cache_.emplace(key, std::move(e));
+  return ref;
+}
+
+Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, float eps, bool relu,
+                                            BnSaved& saved) {
+  check_activation(x, "batchnorm");
+  int64_t c = x.dim(1);
+  SPOTRAIN_CHECK(gamma.numel() == c && beta.numel() == c, "batchnorm: input ", x.describe(),
+                 " has ", c, " channels, parameters have ", gamma.numel());
+  SPOTRAIN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "batchnorm: eps ", eps, " is below cuDNN's minimum ",
+                 CUDNN_BN_MIN_EPSILON);
+  auto& e = bn_entry(x);
+  Tensor y = alloc_like(x);
+  saved.mean = alloc({c}, DType::f32);
+  saved.aux = alloc({c}, DType::f32);
+  saved.var = alloc({c}, DType::f32);
+  Tensor hg, hb;
+  const float* g = aligned(gamma, hg);
+  const float* b = aligned(beta, hb);
+  // cuDNN also updates running statistics; ours are updated by batchnorm_update_running, so
+  // it gets scratch ones.
+  Tensor scratch({2 * c}, DType::f32, allocator());
+  float* rm = scratch.data<float>();
+  float* rv = rm + c;
+  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c) * 4, compute_));
+  int& chosen = e.cfg[relu ? 1 : 0];
+  int first = chosen >= 0 ? chosen : (relu ? 0 : 1);
+  int last = chosen >= 0 ? chosen : kNumBnConfigs - 1;
+  bool done = false;
+  for (int i = first; i <= last && !done; ++i) {
+    const BnConfig& cf = kBnConfigs[i];
+    bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
+    bool probing = chosen < 0 && i < last;  // NOT_SUPPORTED moves on to the next config
+    size_t ws = 0, rs = 0;
+    cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+        dnn_, cf.mode, cf.ops, e.x, nullptr, e.x, e.stats, act, &ws);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x,
+                                                                &rs);
+    Tensor reserve;
+    if (st == CUDNN_STATUS_SUCCESS) {
+      if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
+      st = cudnnBatchNormalizationForwardTrainingEx(
+          dnn_, cf.mode, cf.ops, &kOne, &kZero, e.x, x.raw(), nullptr, nullptr, e.x, y.raw(),
+          e.stats, g, b, 1.0, rm, rv, double(eps), saved.mean.raw(), saved.aux.raw(), act,
+          workspace(ws), ws, rs > 0 ? reserve.raw() : nullptr, rs);
+    }
+    // cuDNN 9 returns sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ...): compare categories.
+    if (probing && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+                    CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM))
+      continue;
+    CUDNN_CHECK(st);
+    chosen = i;
+    done = true;
+    saved.workspace = reserve;
+    if (relu && !fused) {
+      launch_relu_fwd(y.raw(), y.raw(), y.dtype(), y.numel(), compute_);
+    }
+  }
+  SPOTRAIN_CHECK(done, "internal: no batch-norm configuration ran");
+  saved.output = relu ? y : Tensor();
+  launch_invstd_to_var(saved.aux.data<float>(), saved.var.data<float>(), int(c), eps, compute_);
+  return y;
+}
+
+Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& beta, const BnSaved& saved, float eps,
+                                       bool relu, Tensor& dgamma, Tensor& dbeta) {
+  check_activation(x, "batchnorm_backward");
+  check_activation(dy, "batchnorm_backward");
+  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(),
+                 "batchnorm_backward: gradient ", dy.describe(), " does not match ", x.describe());
+  auto& e = bn_entry(x);
+  int chosen = e.cfg[relu ? 1 : 0];
+  SPOTRAIN_CHECK(chosen >= 0 && saved.aux.defined() && (!relu || saved.output.defined()),
+                 "internal: batch-norm backward without its training forward");
+  const BnConfig& cf = kBnConfigs[chosen];
+  bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+  cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
+  Tensor g = relu && !fused ? relu_backward(dy, saved.output) : dy;
+  int64_t c = x.dim(1);
+  Tensor dx = alloc_like(x);
+  Tensor hg, hb;
+  const float* gp = aligned(gamma, hg);
+  const float* bp = aligned(beta, hb);
+  // Parameter gradients go to aligned scratch, then into the flat gradient buffer.
+  Tensor dparams = alloc({2 * c + 4}, DType::f32);
+  float* dg = dparams.data<float>();
+  float* db = dg + ((c + 3) / 4) * 4;
+  size_t ws = 0;
+  CUDNN_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+      dnn_, cf.mode, cf.ops, e.x, fused ? e.x : nullptr, e.x, nullptr, e.x, e.stats, act, &ws));
+  const Tensor& reserve = saved.workspace;
+  CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
+      dnn_, cf.mode, cf.ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), fused ? e.x : nullptr,
+      fused ? saved.output.raw() : nullptr, e.x, g.raw(), nullptr, nullptr, e.x, dx.raw(), e.stats,
+      gp, bp, dg, db, double(eps), saved.mean.raw(), saved.aux.raw(), act, workspace(ws), ws,
+      reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0));
+  CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), dg, size_t(c) * 4, cudaMemcpyDeviceToDevice, compute_));
+  CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), db, size_t(c) * 4, cudaMemcpyDeviceToDevice, compute_));
+  return dx;
+}
+
+// ---- max pooling -----------------------------------------------------------------------------
+
+CudaBackend::PoolEntry& CudaBackend::pool_entry(const Tensor& x, const PoolParams& p) {
+  std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) + "," +
+                    std::to_string(p.pad);
+  auto it = pool_cache_.find(key);
+  if (it != pool_cache_.end()) return *it->second;
+  auto e = std::make_unique<PoolEntry>();
+  e->x = nhwc_desc(x.dtype(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
+  CUDNN_CHECK(cudnnCreatePoolingDescriptor(&e->pool));
+  CUDNN_CHECK(cudnnSetPooling2dDescriptor(e->pool, CUDNN_POOLING_MAX_DETERMINISTIC,
+                                          CUDNN_PROPAGATE_NAN, p.k, p.k, p.pad, p.pad, p.stride,
+                                          p.stride));
+  int n = 0, c = 0, h = 0, w = 0;
+  CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(e->pool, e->x, &n, &c, &h, &w));
+  SPOTRAIN_CHECK(h > 0 && w > 0, "maxpool: input ", x.describe(), " is smaller than the window");
+  e->oh = h;
+  e->ow = w;
+  e->y = nhwc_desc(x.dtype(), n, c, h, w);
+  auto& ref = *e;
+  pool_cache_.emplace(key, std::move(e));
+  return ref;
+}
+
+Tensor CudaBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace_out) {
+  check_activation(x, "maxpool");
+  auto& e = pool_entry(x, p);
+  Tensor y = alloc({x.dim(0), x.dim(1), e.oh, e.ow}, x.dtype(), Layout::nhwc);
+  CUDNN_CHECK(cudnnPoolingForward(dnn_, e.pool, &kOne, e.x, x.raw(), &kZero, e.y, y.raw()));
+  workspace_out = y;  // cuDNN's backward takes the forward output
+  return y;
+}
+
+Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& ws,
+                                     const PoolParams& p) {
+  check_activation(x, "maxpool_backward");
+  check_activation(dy, "maxpool_backward");
+  auto& e = pool_entry(x, p);
+  SPOTRAIN_CHECK(ws.defined() && ws.shape() == dy.shape() && dy.dtype() == x.dtype(),
+                 "maxpool_backward: gradient ", dy.describe(), " does not match the forward");
+  Tensor dx = alloc_like(x);
+  CUDNN_CHECK(cudnnPoolingBackward(dnn_, e.pool, &kOne, e.y, ws.raw(), e.y, dy.raw(), e.x, x.raw(),
+                                   &kZero, e.x, dx.raw()));
+  return dx;
+}
+
+// Here, where the cache entries are complete types.
+CudaBackend::~CudaBackend() {
+  // No throwing here: report and go on.
+  if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
+  conv_cache_.clear();
+  bn_cache_.clear();
+  pool_cache_.clear();
+  weight_copies_.clear();
+  workspace_ = Tensor();
+  sgd_chunks_ = Tensor();
+  if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
+  if (blas_) CUBLAS_WARN(cublasDestroy(blas_));
+  if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
+  if (copied_) CUDA_WARN(cudaEventDestroy(copied_));
+  if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
+  if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
+  if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
+}
+
+}  // namespace spotrain::cuda

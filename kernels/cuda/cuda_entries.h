@@ -1,0 +1,50 @@
+// Cached cuDNN descriptors and algorithm choices of the CUDA backend, one entry per op and
+// shape. Internal to kernels/cuda/ (the constructor, destructor and ops need them complete).
+#pragma once
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_util.h"
+
+namespace spotrain::cuda {
+
+struct CudaBackend::ConvEntry {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int64_t oh = 0, ow = 0;
+  bool have_fwd = false, have_bd = false, have_bw = false;
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t bd_algo{};
+  cudnnConvolutionBwdFilterAlgo_t bw_algo{};
+  cudnnMathType_t fwd_math{}, bd_math{}, bw_math{};
+  size_t fwd_ws = 0, bd_ws = 0, bw_ws = 0;
+  ~ConvEntry() {
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
+    if (w) CUDNN_WARN(cudnnDestroyFilterDescriptor(w));
+    if (conv) CUDNN_WARN(cudnnDestroyConvolutionDescriptor(conv));
+  }
+};
+
+struct CudaBackend::BnEntry {
+  cudnnTensorDescriptor_t x = nullptr, stats = nullptr;
+  cudnnActivationDescriptor_t act = nullptr;
+  int cfg[2] = {-1, -1};  // chosen config without / with ReLU
+  ~BnEntry() {
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (stats) CUDNN_WARN(cudnnDestroyTensorDescriptor(stats));
+    if (act) CUDNN_WARN(cudnnDestroyActivationDescriptor(act));
+  }
+};
+
+struct CudaBackend::PoolEntry {
+  cudnnPoolingDescriptor_t pool = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  int64_t oh = 0, ow = 0;
+  ~PoolEntry() {
+    if (pool) CUDNN_WARN(cudnnDestroyPoolingDescriptor(pool));
+    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
+    if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
+  }
+};
+
+}  // namespace spotrain::cuda

@@ -1,0 +1,368 @@
+// The CUDA backend's own kernels: casts, ReLU, Add, BN inference and statistics, global
+// average pooling, bias and column sums, softmax cross-entropy, the multi-tensor SGD update
+// and the overflow check. Per-element math comes from kernels/elementwise.h (shared with
+// the CPU backend and covered by its tests). Simple grid-stride loops over int64 indices.
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/elementwise.h"
+
+namespace spotrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  if (b > 65535 * 8) b = 65535 * 8;  // grid-stride beyond this
+  return unsigned(b);
+}
+
+struct F32 {
+  using T = float;
+  static __device__ float ld(const T* p, int64_t i) { return p[i]; }
+  static __device__ void st(T* p, int64_t i, float v) { p[i] = v; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static __device__ float ld(const T* p, int64_t i) { return bf16_to_float(p[i]); }
+  static __device__ void st(T* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
+};
+struct F16 {
+  using T = uint16_t;
+  static __device__ float ld(const T* p, int64_t i) { return half_to_float(p[i]); }
+  static __device__ void st(T* p, int64_t i, float v) { p[i] = float_to_half(v); }
+};
+
+// Calls f(Tag{}) for the storage type of dt.
+template <typename F>
+void dispatch(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(F32{});
+      break;
+    case DType::bf16:
+      f(BF16{});
+      break;
+    case DType::f16:
+      f(F16{});
+      break;
+    default:
+      break;  // callers check dtypes on the host
+  }
+}
+
+#define GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+template <typename In, typename Out>
+__global__ void cast_kernel(const typename In::T* a, typename Out::T* b, int64_t n) {
+  GRID_STRIDE(i, n) Out::st(b, i, In::ld(a, i));
+}
+
+__global__ void fill_kernel(float* p, float v, int64_t n) { GRID_STRIDE(i, n) p[i] = v; }
+
+template <typename D>
+__global__ void relu_fwd_kernel(const typename D::T* x, typename D::T* y, int64_t n) {
+  GRID_STRIDE(i, n) D::st(y, i, relu_fwd(D::ld(x, i)));
+}
+
+template <typename D>
+__global__ void relu_bwd_kernel(const typename D::T* dy, const typename D::T* y, typename D::T* dx,
+                                int64_t n) {
+  GRID_STRIDE(i, n) D::st(dx, i, relu_bwd(D::ld(dy, i), D::ld(y, i)));
+}
+
+template <typename D>
+__global__ void add_fwd_kernel(const typename D::T* a, const typename D::T* b, typename D::T* y,
+                               int64_t n, bool relu) {
+  GRID_STRIDE(i, n) {
+    float v = D::ld(a, i) + D::ld(b, i);
+    D::st(y, i, relu ? relu_fwd(v) : v);
+  }
+}
+
+// out[o][r][s][c] = w[o][c][r][s]
+template <typename D>
+__global__ void oihw_to_ohwi_kernel(const float* w, typename D::T* out, int o, int ci, int h,
+                                    int wd) {
+  int64_t n = int64_t(o) * ci * h * wd;
+  GRID_STRIDE(idx, n) {
+    int64_t t = idx;
+    int c = int(t % ci);
+    t /= ci;
+    int s = int(t % wd);
+    t /= wd;
+    int r = int(t % h);
+    t /= h;
+    int k = int(t);
+    D::st(out, idx, w[((int64_t(k) * ci + c) * h + r) * wd + s]);
+  }
+}
+
+template <typename D>
+__global__ void ohwi_to_oihw_kernel(const typename D::T* in, float* out, int o, int ci, int h,
+                                    int wd) {
+  int64_t n = int64_t(o) * ci * h * wd;
+  GRID_STRIDE(idx, n) {  // idx walks the OIHW output
+    int64_t t = idx;
+    int s = int(t % wd);
+    t /= wd;
+    int r = int(t % h);
+    t /= h;
+    int c = int(t % ci);
+    t /= ci;
+    int k = int(t);
+    out[idx] = D::ld(in, ((int64_t(k) * h + r) * wd + s) * ci + c);
+  }
+}
+
+template <typename D>
+__global__ void bn_infer_fwd_kernel(const typename D::T* x, typename D::T* y, int64_t n, int c,
+                                    const float* mean, const float* var, const float* gamma,
+                                    const float* beta, float eps, bool relu) {
+  GRID_STRIDE(i, n) {
+    int ch = int(i % c);
+    float v = bn_infer(D::ld(x, i), mean[ch], var[ch], gamma[ch], beta[ch], eps);
+    D::st(y, i, relu ? relu_fwd(v) : v);
+  }
+}
+
+__global__ void invstd_to_var_kernel(const float* invstd, float* var, int c, float eps) {
+  GRID_STRIDE(i, c) {
+    float s = invstd[i];
+    var[i] = 1.f / (s * s) - eps;
+  }
+}
+
+__global__ void bn_running_kernel(float* rm, float* rv, const float* mean, const float* var, int c,
+                                  float momentum, double unbias) {
+  GRID_STRIDE(i, c) bn_running_update(rm[i], rv[i], mean[i], var[i], momentum, unbias);
+}
+
+template <typename D>
+__global__ void gap_fwd_kernel(const typename D::T* x, float* y, int64_t n, int64_t c, int64_t hw) {
+  float inv = 1.f / float(hw);
+  GRID_STRIDE(idx, n * c) {  // idx = i * c + ch; neighbouring threads read neighbouring channels
+    int64_t i = idx / c, ch = idx % c;
+    const typename D::T* base = x + i * hw * c + ch;
+    float s = 0.f;
+    for (int64_t p = 0; p < hw; ++p) s += D::ld(base, p * c);
+    y[idx] = s * inv;
+  }
+}
+
+template <typename D>
+__global__ void gap_bwd_kernel(const float* dy, typename D::T* dx, int64_t n, int64_t c,
+                               int64_t hw) {
+  float inv = 1.f / float(hw);
+  GRID_STRIDE(idx, n * hw * c) {
+    int64_t ch = idx % c, i = idx / (hw * c);
+    D::st(dx, idx, dy[i * c + ch] * inv);
+  }
+}
+
+__global__ void bias_rows_kernel(float* y, const float* b, int64_t n, int64_t m) {
+  GRID_STRIDE(idx, n * m) y[idx] = b[idx % m];
+}
+
+__global__ void col_sum_kernel(const float* dy, float* db, int64_t n, int64_t m) {
+  GRID_STRIDE(j, m) {
+    float s = 0.f;
+    for (int64_t i = 0; i < n; ++i) s += dy[i * m + j];
+    db[j] = s;
+  }
+}
+
+__global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, int64_t n, int64_t m,
+                                        float smoothing, float dscale, float* dz, double* loss,
+                                        int64_t* greater) {
+  GRID_STRIDE(i, n) {
+    loss[i] = softmax_xent_row(z + i * m, m, labels[i], smoothing, dscale,
+                               dz ? dz + i * m : nullptr, greater + i);
+  }
+}
+
+// One block per chunk of one weight-decay segment.
+__global__ void sgd_kernel(float* p, const float* g, float* m, const SgdChunk* chunks, float lr,
+                           float momentum, bool nesterov, float grad_scale) {
+  SgdChunk ck = chunks[blockIdx.x];
+  for (int j = threadIdx.x; j < ck.count; j += blockDim.x) {
+    int64_t i = ck.offset + j;
+    float pi = p[i], mi = m[i];
+    sgd_update(pi, g[i], mi, lr, momentum, ck.weight_decay, nesterov, grad_scale);
+    p[i] = pi;
+    m[i] = mi;
+  }
+}
+
+__global__ void unscale_check_kernel(float* g, int64_t n, float inv_scale, int* flag) {
+  bool bad = false;
+  GRID_STRIDE(i, n) {
+    float v = g[i] * inv_scale;
+    g[i] = v;
+    bad |= !isfinite(v);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+}  // namespace
+
+void launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(from, [&](auto in) {
+    using In = decltype(in);
+    dispatch(to, [&](auto out) {
+      using Out = decltype(out);
+      cast_kernel<In, Out><<<blocks_for(n), kThreads, 0, s>>>(
+          static_cast<const typename In::T*>(src), static_cast<typename Out::T*>(dst), n);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill_f32(float* p, float v, int64_t n, cudaStream_t s) {
+  if (n > 0) fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, v, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_relu_fwd(const void* x, void* y, DType dt, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    relu_fwd_kernel<D>
+        <<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_relu_bwd(const void* dy, const void* y, void* dx, DType dt, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    relu_bwd_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dx), n);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_fwd(const void* a, const void* b, void* y, DType dt, int64_t n, bool relu,
+                    cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    add_fwd_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, relu);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_oihw_to_ohwi(const float* w, void* out, DType dt, int o, int i, int h, int w_,
+                         cudaStream_t s) {
+  int64_t n = int64_t(o) * i * h * w_;
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    oihw_to_ohwi_kernel<D>
+        <<<blocks_for(n), kThreads, 0, s>>>(w, static_cast<typename D::T*>(out), o, i, h, w_);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_ohwi_to_oihw(const void* in, DType dt, float* out, int o, int i, int h, int w_,
+                         cudaStream_t s) {
+  int64_t n = int64_t(o) * i * h * w_;
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    ohwi_to_oihw_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const typename D::T*>(in),
+                                                              out, o, i, h, w_);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const float* mean,
+                     const float* var, const float* gamma, const float* beta, float eps, bool relu,
+                     cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    bn_infer_fwd_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, c, mean, var, gamma, beta, eps, relu);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s) {
+  if (c > 0) invstd_to_var_kernel<<<blocks_for(c), kThreads, 0, s>>>(invstd, var, c, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_bn_running(float* rm, float* rv, const float* mean, const float* var, int c,
+                       float momentum, double unbias, cudaStream_t s) {
+  if (c > 0)
+    bn_running_kernel<<<blocks_for(c), kThreads, 0, s>>>(rm, rv, mean, var, c, momentum, unbias);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_gap_fwd(const void* x, DType dt, float* y, int64_t n, int64_t c, int64_t hw,
+                    cudaStream_t s) {
+  if (n * c <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    gap_fwd_kernel<D>
+        <<<blocks_for(n * c), kThreads, 0, s>>>(static_cast<const typename D::T*>(x), y, n, c, hw);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_gap_bwd(const float* dy, void* dx, DType dt, int64_t n, int64_t c, int64_t hw,
+                    cudaStream_t s) {
+  if (n * c * hw <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    gap_bwd_kernel<D>
+        <<<blocks_for(n * c * hw), kThreads, 0, s>>>(dy, static_cast<typename D::T*>(dx), n, c, hw);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_bias_rows(float* y, const float* b, int64_t n, int64_t m, cudaStream_t s) {
+  if (n * m > 0) bias_rows_kernel<<<blocks_for(n * m), kThreads, 0, s>>>(y, b, n, m);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream_t s) {
+  if (m > 0) col_sum_kernel<<<blocks_for(m), kThreads, 0, s>>>(dy, db, n, m);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_softmax_xent(const float* z, const int32_t* labels, int64_t n, int64_t m,
+                         float smoothing, float dscale, float* dz, double* loss, int64_t* greater,
+                         cudaStream_t s) {
+  if (n > 0)
+    softmax_xent_fwd_kernel<<<unsigned((n + 63) / 64), 64, 0, s>>>(z, labels, n, m, smoothing,
+                                                                   dscale, dz, loss, greater);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
+                float lr, float momentum, bool nesterov, float grad_scale, cudaStream_t s) {
+  if (nchunks > 0)
+    sgd_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, m, chunks, lr, momentum, nesterov,
+                                                      grad_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_unscale_check(float* g, int64_t n, float inv_scale, int* flag, cudaStream_t s) {
+  if (n > 0) unscale_check_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, inv_scale, flag);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace spotrain::cuda

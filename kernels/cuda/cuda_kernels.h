@@ -1,0 +1,58 @@
+// Launchers of the CUDA backend's own kernels (kernels/cuda/cuda_kernels.cu). Every launcher
+// queues work on `s`, checks the launch (throws Error) and returns at once; the arithmetic
+// comes from kernels/elementwise.h.
+// Activations are NHWC in fp32, bf16 or fp16; everything else is fp32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+
+namespace spotrain::cuda {
+
+// One block of work of the multi-tensor SGD update: `count` elements from `offset`.
+struct SgdChunk {
+  int64_t offset;
+  int32_t count;
+  float weight_decay;
+};
+constexpr int kSgdChunk = 8192;
+
+void launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s);
+void launch_fill_f32(float* p, float v, int64_t n, cudaStream_t s);
+void launch_relu_fwd(const void* x, void* y, DType dt, int64_t n, cudaStream_t s);
+void launch_relu_bwd(const void* dy, const void* y, void* dx, DType dt, int64_t n, cudaStream_t s);
+void launch_add_fwd(const void* a, const void* b, void* y, DType dt, int64_t n, bool relu,
+                    cudaStream_t s);
+// Canonical fp32 OIHW -> (O, H, W, I) in dt, and back (the weight gradient).
+void launch_oihw_to_ohwi(const float* w, void* out, DType dt, int o, int i, int h, int w_,
+                         cudaStream_t s);
+void launch_ohwi_to_oihw(const void* in, DType dt, float* out, int o, int i, int h, int w_,
+                         cudaStream_t s);
+// y = bn_infer(x) per channel (NHWC, c innermost), then ReLU when relu.
+void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const float* mean,
+                     const float* var, const float* gamma, const float* beta, float eps, bool relu,
+                     cudaStream_t s);
+// var = 1 / invstd^2 - eps (the biased batch variance from cuDNN's saved inverse std).
+void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s);
+void launch_bn_running(float* rm, float* rv, const float* mean, const float* var, int c,
+                       float momentum, double unbias, cudaStream_t s);
+// Global average pool of NHWC x (n, c, hw pixels) -> y (n, c) fp32, and its backward.
+void launch_gap_fwd(const void* x, DType dt, float* y, int64_t n, int64_t c, int64_t hw,
+                    cudaStream_t s);
+void launch_gap_bwd(const float* dy, void* dx, DType dt, int64_t n, int64_t c, int64_t hw,
+                    cudaStream_t s);
+// y (n, m) row i = b; db (m) = column sums of dy (n, m).
+void launch_bias_rows(float* y, const float* b, int64_t n, int64_t m, cudaStream_t s);
+void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream_t s);
+// Per-row softmax cross-entropy: loss[i], greater[i] (see softmax_xent_row), dz when non-null.
+void launch_softmax_xent(const float* z, const int32_t* labels, int64_t n, int64_t m,
+                         float smoothing, float dscale, float* dz, double* loss, int64_t* greater,
+                         cudaStream_t s);
+void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
+                float lr, float momentum, bool nesterov, float grad_scale, cudaStream_t s);
+// g *= inv_scale; *flag = 1 if any result is inf or NaN (flag is not cleared here).
+void launch_unscale_check(float* g, int64_t n, float inv_scale, int* flag, cudaStream_t s);
+
+}  // namespace spotrain::cuda

@@ -1,0 +1,619 @@
+// The CUDA backend against the CPU backend: every op of kernels/ops.h on fresh random inputs
+// in fp32, tf32, bf16 and fp16 (normalized error within a per-dtype tolerance), odd shapes
+// and batch 1, with every GPU output poisoned (NaN bytes) before it is written; then 20
+// training steps of ResNet-20 on 28x28x1 images CPU vs GPU, fp16 overflow injection on the
+// GPU, and the caching allocator's steady state. Each GPU test skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/loss_scaler.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/philox.h"
+#include "engine/step.h"
+#include "kernels/elementwise.h"
+#include "kernels/ops.h"
+#include "layers/resnet.h"
+
+namespace spotrain {
+bool cuda_device_available();  // kernels/cuda/cuda_backend.cpp
+bool cuda_backend_ready();
+}  // namespace spotrain
+
+using namespace spotrain;
+
+namespace {
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+bool have_gpu() {
+  static const bool yes = cuda_backend_ready() && cuda_device_available();
+  return yes;
+}
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+struct Prec {
+  const char* name;
+  DType dt;
+  bool tf32;
+  double tol;  // normalized error allowed for GEMM-like ops (conv, linear, BN)
+};
+const Prec kPrecs[] = {
+    {"fp32", DType::f32, false, 1e-4},
+    {"tf32", DType::f32, true, 5e-3},
+    {"bf16", DType::bf16, false, 3e-2},
+    {"fp16", DType::f16, false, 5e-3},
+};
+std::string prec_name(const ::testing::TestParamInfo<Prec>& i) { return i.param.name; }
+
+std::unique_ptr<Backend> cpu() {
+  BackendOptions o;
+  o.threads = 2;
+  return make_backend("cpu", o);
+}
+
+std::unique_ptr<Backend> gpu(bool tf32 = false, bool deterministic = false) {
+  BackendOptions o;
+  o.tf32 = tf32;
+  o.deterministic = deterministic;
+  o.poison = true;
+  return make_backend("cuda", o);
+}
+
+std::vector<float> normals(int64_t n, uint64_t seed, float scale = 1.f, float shift = 0.f) {
+  Philox rng(seed, 77);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = rng.normal() * scale + shift;
+  return v;
+}
+
+// Host fp32 tensors: 4-D ones NHWC (the logical order (N, C, H, W) filled from `v` in memory
+// order, which is all a random input needs), others plain.
+Tensor host_nhwc(const Shape& s, uint64_t seed, float scale = 1.f) {
+  Tensor t = Tensor::host(s, DType::f32, Layout::nhwc);
+  auto v = normals(t.numel(), seed, scale);
+  std::memcpy(t.raw(), v.data(), v.size() * 4);
+  return t;
+}
+Tensor host_plain(const Shape& s, uint64_t seed, float scale = 1.f, float shift = 0.f) {
+  Tensor t = Tensor::host(s);
+  auto v = normals(t.numel(), seed, scale, shift);
+  std::memcpy(t.raw(), v.data(), v.size() * 4);
+  return t;
+}
+
+// Like host_nhwc, but no two elements of one (n, c) plane within 250 pixels of each other
+// are equal, and all are exact in bf16 and fp16: max pooling then has no ties, whose
+// gradient each backend may route differently.
+Tensor host_nhwc_distinct(const Shape& s, uint64_t seed) {
+  Tensor t = Tensor::host(s, DType::f32, Layout::nhwc);
+  Philox rng(seed, 78);
+  int64_t c = s[1], hw = s[2] * s[3];
+  for (int64_t n = 0; n < s[0]; ++n)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      int64_t mult = 1 + rng.below(250), off = rng.below(251);
+      for (int64_t p = 0; p < hw; ++p)
+        t.data<float>()[(n * hw + p) * c + ch] = float((p * mult + off) % 251) / 16.f - 8.f;
+    }
+  return t;
+}
+
+std::vector<float> values(Backend& be, const Tensor& t) {
+  Tensor h = be.to_host(t);
+  return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+}
+
+// ||got - want|| / ||want||; infinite when got has a NaN or inf where want has none (an
+// unwritten, poisoned element) or the sizes differ.
+double nerr(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return kInf;
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isfinite(want[i]) && !std::isfinite(got[i])) return kInf;
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(w), 1e-30);
+}
+
+#define EXPECT_CLOSE(be_gpu, tg, be_cpu, tc, tol) \
+  EXPECT_LE(nerr(values(be_gpu, tg), values(be_cpu, tc)), (tol)) << #tg
+
+// Storage-dtype rounding: the tolerance of elementwise results in dt.
+double elem_tol(DType dt) { return dt == DType::bf16 ? 8e-3 : dt == DType::f16 ? 1e-3 : 1e-6; }
+
+class GpuOps : public ::testing::TestWithParam<Prec> {};
+
+// ---- convolution -----------------------------------------------------------------------
+
+struct ConvCase {
+  Shape x;  // (N, C, H, W)
+  int out, k, stride, pad;
+};
+
+TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const ConvCase cases[] = {
+      {{1, 3, 7, 5}, 5, 3, 1, 1},    // batch 1, odd sizes
+      {{2, 16, 9, 9}, 8, 3, 2, 1},   // strided
+      {{3, 8, 6, 6}, 16, 1, 1, 0},   // 1x1
+      {{2, 3, 17, 17}, 8, 7, 2, 3},  // stem-like
+      {{1, 5, 4, 3}, 7, 1, 2, 0},    // 1x1 strided, odd channels
+  };
+  uint64_t seed = 100;
+  for (const auto& cc : cases) {
+    SCOPED_TRACE(shape_str(cc.x) + " k" + std::to_string(cc.k) + " s" + std::to_string(cc.stride));
+    ConvParams p{cc.k, cc.k, cc.stride, cc.pad};
+    Shape ws{cc.out, cc.x[1], cc.k, cc.k};
+    Tensor hx = host_nhwc(cc.x, ++seed);
+    Tensor hw = host_plain(ws, ++seed, 1.f / std::sqrt(float(cc.x[1] * cc.k * cc.k)));
+    Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+    Tensor wc = c->from_host(hw), wg = g->from_host(hw);
+    c->weights_changed();  // new weight tensors: no cached copy may be reused
+    g->weights_changed();
+    Tensor yc = c->conv2d_forward(xc, wc, p), yg = g->conv2d_forward(xg, wg, p);
+    ASSERT_EQ(yg.shape(), yc.shape());
+    EXPECT_EQ(yg.dtype(), pr.dt);
+    EXPECT_CLOSE(*g, yg, *c, yc, pr.tol);
+    Tensor hdy = host_nhwc(yc.shape(), ++seed);
+    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+    Tensor dxc = c->conv2d_backward_data(dyc, wc, xc, p),
+           dxg = g->conv2d_backward_data(dyg, wg, xg, p);
+    EXPECT_EQ(dxg.shape(), xg.shape());
+    EXPECT_CLOSE(*g, dxg, *c, dxc, pr.tol);
+    Tensor dwc = c->zeros(ws), dwg = g->zeros(ws);
+    g->fill(dwg, kNaN);
+    c->conv2d_backward_weights(xc, dyc, p, dwc);
+    g->conv2d_backward_weights(xg, dyg, p, dwg);
+    EXPECT_CLOSE(*g, dwg, *c, dwc, pr.tol);
+    // Twice with the same weights (cached copy) and after weights_changed() (refreshed).
+    EXPECT_CLOSE(*g, g->conv2d_forward(xg, wg, p), *c, yc, pr.tol);
+    Tensor hw2 = host_plain(ws, ++seed);
+    g->copy(g->from_host(hw2), wg);
+    c->copy(c->from_host(hw2), wc);
+    g->weights_changed();
+    c->weights_changed();
+    EXPECT_CLOSE(*g, g->conv2d_forward(xg, wg, p), *c, c->conv2d_forward(xc, wc, p), pr.tol);
+  }
+}
+
+// ---- batch norm ------------------------------------------------------------------------------
+
+TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const Shape shapes[] = {{1, 3, 5, 7}, {4, 16, 6, 6}, {2, 64, 3, 3}, {8, 5, 1, 1}};
+  uint64_t seed = 200;
+  double tol = std::max(pr.tol, 10 * elem_tol(pr.dt));
+  for (const Shape& s : shapes) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(shape_str(s) + (relu ? " relu" : ""));
+      int64_t C = s[1];
+      Tensor hx = host_nhwc(s, ++seed, 2.f);
+      Tensor hg = host_plain({C}, ++seed, 0.2f, 1.f), hb = host_plain({C}, ++seed, 0.5f);
+      Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+      // Parameters and their gradients as unaligned views of a flat buffer, as in a Model.
+      Tensor flat_c = c->zeros({4 * C + 1}), flat_g = g->zeros({4 * C + 1});
+      Tensor gc = Tensor::view(flat_c, 1, {C}), bc = Tensor::view(flat_c, 1 + C, {C});
+      Tensor gg = Tensor::view(flat_g, 1, {C}), bg = Tensor::view(flat_g, 1 + C, {C});
+      c->copy(c->from_host(hg), gc);
+      c->copy(c->from_host(hb), bc);
+      g->copy(g->from_host(hg), gg);
+      g->copy(g->from_host(hb), bg);
+      BnSaved sc, sg;
+      Tensor yc = c->batchnorm_forward_train(xc, gc, bc, 1e-5f, relu, sc);
+      Tensor yg = g->batchnorm_forward_train(xg, gg, bg, 1e-5f, relu, sg);
+      EXPECT_CLOSE(*g, yg, *c, yc, tol);
+      EXPECT_CLOSE(*g, sg.mean, *c, sc.mean, tol);
+      EXPECT_CLOSE(*g, sg.var, *c, sc.var, tol);
+      Tensor hdy = host_nhwc(s, ++seed);
+      Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+      Tensor dgc = Tensor::view(flat_c, 1 + 2 * C, {C}), dbc = Tensor::view(flat_c, 1 + 3 * C, {C});
+      Tensor dgg = Tensor::view(flat_g, 1 + 2 * C, {C}), dbg = Tensor::view(flat_g, 1 + 3 * C, {C});
+      g->fill(dgg, kNaN);
+      g->fill(dbg, kNaN);
+      Tensor dxc = c->batchnorm_backward(dyc, xc, gc, bc, sc, 1e-5f, relu, dgc, dbc);
+      Tensor dxg = g->batchnorm_backward(dyg, xg, gg, bg, sg, 1e-5f, relu, dgg, dbg);
+      EXPECT_CLOSE(*g, dxg, *c, dxc, 2 * tol);
+      EXPECT_CLOSE(*g, dgg, *c, dgc, 2 * tol);
+      EXPECT_CLOSE(*g, dbg, *c, dbc, 2 * tol);
+      // Running statistics, then inference with them.
+      Tensor hrm = host_plain({C}, ++seed, 0.1f), hrv = host_plain({C}, ++seed, 0.1f, 1.f);
+      Tensor rmc = c->from_host(hrm), rvc = c->from_host(hrv);
+      Tensor rmg = g->from_host(hrm), rvg = g->from_host(hrv);
+      int64_t n = s[0] * s[2] * s[3];
+      c->batchnorm_update_running(rmc, rvc, sc, 0.1f, n);
+      g->batchnorm_update_running(rmg, rvg, sg, 0.1f, n);
+      EXPECT_CLOSE(*g, rmg, *c, rmc, tol);
+      EXPECT_CLOSE(*g, rvg, *c, rvc, tol);
+      Tensor ic = c->batchnorm_forward_infer(xc, gc, bc, rmc, rvc, 1e-5f, relu);
+      Tensor ig = g->batchnorm_forward_infer(xg, gg, bg, rmg, rvg, 1e-5f, relu);
+      EXPECT_CLOSE(*g, ig, *c, ic, tol);
+    }
+  }
+}
+
+// ---- pooling -------------------------------------------------------------------------------
+
+TEST_P(GpuOps, MaxPoolAndGlobalAveragePool) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const Shape shapes[] = {{1, 3, 6, 5}, {2, 8, 9, 9}, {3, 16, 4, 4}};
+  uint64_t seed = 300;
+  double tol = elem_tol(pr.dt);
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(shape_str(s));
+    PoolParams p{3, 2, 1};
+    Tensor hx = host_nhwc_distinct(s, ++seed);
+    Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+    Tensor wsc, wsg;
+    Tensor yc = c->maxpool_forward(xc, p, wsc), yg = g->maxpool_forward(xg, p, wsg);
+    ASSERT_EQ(yg.shape(), yc.shape());
+    EXPECT_CLOSE(*g, yg, *c, yc, tol);
+    Tensor hdy = host_nhwc(yc.shape(), ++seed);
+    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+    EXPECT_CLOSE(*g, g->maxpool_backward(dyg, xg, wsg, p), *c, c->maxpool_backward(dyc, xc, wsc, p),
+                 tol);
+    Tensor pc = c->global_avgpool_forward(xc), pg = g->global_avgpool_forward(xg);
+    EXPECT_EQ(pg.dtype(), DType::f32);
+    EXPECT_CLOSE(*g, pg, *c, pc, 1e-5);
+    Tensor hd = host_plain({s[0], s[1]}, ++seed);
+    Tensor gbc = c->global_avgpool_backward(c->from_host(hd), xc);
+    Tensor gbg = g->global_avgpool_backward(g->from_host(hd), xg);
+    EXPECT_EQ(gbg.dtype(), pr.dt);
+    EXPECT_CLOSE(*g, gbg, *c, gbc, tol);
+  }
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+TEST_P(GpuOps, ReluAddAndTheirBackward) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  for (const Shape& s : {Shape{1, 3, 5, 7}, Shape{4, 33, 7, 3}}) {
+    SCOPED_TRACE(shape_str(s));
+    Tensor ha = host_nhwc(s, 401), hb = host_nhwc(s, 402), hd = host_nhwc(s, 403);
+    Tensor ac = c->upload_images(ha, pr.dt), ag = g->upload_images(ha, pr.dt);
+    Tensor bc = c->upload_images(hb, pr.dt), bg = g->upload_images(hb, pr.dt);
+    Tensor dc = c->upload_images(hd, pr.dt), dg = g->upload_images(hd, pr.dt);
+    // Same storage dtype and the same shared math: results agree exactly.
+    Tensor rc = c->relu_forward(ac), rg = g->relu_forward(ag);
+    EXPECT_EQ(nerr(values(*g, rg), values(*c, rc)), 0.0);
+    EXPECT_EQ(nerr(values(*g, g->relu_backward(dg, rg)), values(*c, c->relu_backward(dc, rc))),
+              0.0);
+    for (bool relu : {false, true}) {
+      Tensor yc = c->add_forward(ac, bc, relu), yg = g->add_forward(ag, bg, relu);
+      EXPECT_EQ(nerr(values(*g, yg), values(*c, yc)), 0.0);
+      EXPECT_EQ(nerr(values(*g, g->add_backward(dg, yg, relu)),
+                     values(*c, c->add_backward(dc, yc, relu))),
+                0.0);
+    }
+  }
+}
+
+TEST_P(GpuOps, CastRoundTripsBitwiseLikeTheCpu) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  if (pr.dt == DType::f32) GTEST_SKIP() << "casts are covered by the bf16 and fp16 cases";
+  auto c = cpu();
+  auto g = gpu();
+  std::vector<float> v = normals(4099, 501, 1e4f);  // overflows fp16 at the tails
+  v[7] = kNaN;
+  v[8] = kInf;
+  v[9] = 1e-7f;  // fp16 subnormal
+  Tensor h = Tensor::host({int64_t(v.size())});
+  std::memcpy(h.raw(), v.data(), v.size() * 4);
+  auto rc = values(*c, c->cast(c->cast(c->from_host(h), pr.dt), DType::f32));
+  auto rg = values(*g, g->cast(g->cast(g->from_host(h), pr.dt), DType::f32));
+  ASSERT_EQ(rc.size(), rg.size());
+  for (size_t i = 0; i < rc.size(); ++i) {
+    if (std::isnan(rc[i]))
+      EXPECT_TRUE(std::isnan(rg[i])) << i;
+    else
+      EXPECT_EQ(std::memcmp(&rc[i], &rg[i], 4), 0) << i << ": " << rc[i] << " vs " << rg[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuOps, ::testing::ValuesIn(kPrecs), prec_name);
+
+// ---- fp32-only ops: Linear (fp32 and tf32), loss, optimizer, overflow check -------------------
+
+class GpuLinear : public ::testing::TestWithParam<bool> {};  // tf32
+
+TEST_P(GpuLinear, ForwardAndBackward) {
+  REQUIRE_GPU();
+  bool tf32 = GetParam();
+  double tol = tf32 ? 5e-3 : 1e-5;
+  auto c = cpu();
+  auto g = gpu(tf32);
+  struct Case {
+    int64_t n, k, m;
+  };
+  for (Case cs : {Case{1, 7, 3}, Case{5, 64, 10}, Case{33, 129, 17}}) {
+    SCOPED_TRACE(std::to_string(cs.n) + "x" + std::to_string(cs.k) + "x" + std::to_string(cs.m));
+    Tensor hx = host_plain({cs.n, cs.k}, 601), hw = host_plain({cs.m, cs.k}, 602);
+    Tensor hb = host_plain({cs.m}, 603), hdy = host_plain({cs.n, cs.m}, 604);
+    Tensor xc = c->from_host(hx), wc = c->from_host(hw), bc = c->from_host(hb);
+    Tensor xg = g->from_host(hx), wg = g->from_host(hw), bg = g->from_host(hb);
+    EXPECT_CLOSE(*g, g->linear_forward(xg, wg, bg), *c, c->linear_forward(xc, wc, bc), tol);
+    Tensor dwc = c->zeros({cs.m, cs.k}), dbc = c->zeros({cs.m});
+    Tensor dwg = g->zeros({cs.m, cs.k}), dbg = g->zeros({cs.m});
+    g->fill(dwg, kNaN);
+    g->fill(dbg, kNaN);
+    Tensor dxc = c->linear_backward(c->from_host(hdy), xc, wc, dwc, dbc, true);
+    Tensor dxg = g->linear_backward(g->from_host(hdy), xg, wg, dwg, dbg, true);
+    EXPECT_CLOSE(*g, dxg, *c, dxc, tol);
+    EXPECT_CLOSE(*g, dwg, *c, dwc, tol);
+    EXPECT_CLOSE(*g, dbg, *c, dbc, 1e-5);
+    EXPECT_FALSE(g->linear_backward(g->from_host(hdy), xg, wg, dwg, dbg, false).defined());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MathMode, GpuLinear, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "tf32" : "fp32");
+                         });
+
+TEST(GpuLoss, SoftmaxCrossEntropyMatchesCpu) {
+  REQUIRE_GPU();
+  auto c = cpu();
+  auto g = gpu();
+  struct Case {
+    int64_t n, m;
+    float smoothing, scale;
+  };
+  for (Case cs : {Case{1, 10, 0.f, 1.f}, Case{37, 10, 0.1f, 128.f}, Case{5, 1000, 0.1f, 1.f}}) {
+    SCOPED_TRACE(std::to_string(cs.n) + "x" + std::to_string(cs.m));
+    Tensor hz = host_plain({cs.n, cs.m}, 700 + uint64_t(cs.m), 3.f);
+    std::vector<int32_t> labels;
+    Philox rng(701);
+    for (int64_t i = 0; i < cs.n; ++i) labels.push_back(int32_t(rng.below(uint32_t(cs.m))));
+    Tensor dc, dg;
+    LossResult rc = c->softmax_xent(c->from_host(hz), labels.data(), cs.smoothing, cs.scale, &dc);
+    LossResult rg = g->softmax_xent(g->from_host(hz), labels.data(), cs.smoothing, cs.scale, &dg);
+    EXPECT_NEAR(rg.loss, rc.loss, 1e-9 * std::fabs(rc.loss));
+    EXPECT_EQ(rg.top1, rc.top1);
+    EXPECT_EQ(rg.top5, rc.top5);
+    EXPECT_CLOSE(*g, dg, *c, dc, 1e-6);
+    LossResult r2 =
+        g->softmax_xent(g->from_host(hz), labels.data(), cs.smoothing, cs.scale, nullptr);
+    EXPECT_DOUBLE_EQ(r2.loss, rg.loss);
+  }
+}
+
+TEST(GpuOptimizer, FusedSgdMatchesCpuPerSegment) {
+  REQUIRE_GPU();
+  auto c = cpu();
+  auto g = gpu();
+  int64_t n = 3 * 8192 + 77;  // several chunks, a ragged tail
+  std::vector<SgdSegment> segs = {{0, 1000, 1e-4f}, {1000, 20000, 0.f}, {21000, n - 21000, 5e-4f}};
+  for (bool nesterov : {false, true}) {
+    Tensor hp = host_plain({n}, 801), hgr = host_plain({n}, 802), hm = host_plain({n}, 803, 0.1f);
+    Tensor pc = c->from_host(hp), gc = c->from_host(hgr), mc = c->from_host(hm);
+    Tensor pg = g->from_host(hp), gg = g->from_host(hgr), mg = g->from_host(hm);
+    SgdHyper h{0.05f, 0.9f, nesterov, 0.5f};
+    for (int step = 0; step < 3; ++step) {
+      c->sgd_step(pc, gc, mc, segs, h);
+      g->sgd_step(pg, gg, mg, segs, h);
+    }
+    EXPECT_CLOSE(*g, pg, *c, pc, 1e-6);
+    EXPECT_CLOSE(*g, mg, *c, mc, 1e-6);
+  }
+}
+
+TEST(GpuOptimizer, UnscaleAndCheck) {
+  REQUIRE_GPU();
+  auto g = gpu();
+  int64_t n = 100003;
+  Tensor h = host_plain({n}, 901);
+  Tensor t = g->from_host(h);
+  EXPECT_FALSE(g->unscale_and_check(t, 0.25f));
+  auto v = values(*g, t);
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(v[size_t(i)], h.data<float>()[i] * 0.25f);
+  for (float bad : {kInf, -kInf, kNaN}) {
+    for (int64_t at : {int64_t(0), n / 2, n - 1}) {
+      Tensor hb = host_plain({n}, 902);
+      hb.data<float>()[at] = bad;
+      Tensor tb = g->from_host(hb);
+      EXPECT_TRUE(g->unscale_and_check(tb, 1.f)) << at;
+    }
+  }
+  Tensor big = g->from_host(host_plain({n}, 903, 1e30f));
+  EXPECT_TRUE(g->unscale_and_check(big, 1e10f)) << "overflow of the product itself";
+  EXPECT_FALSE(g->unscale_and_check(t, 1.f)) << "no stale verdict";
+}
+
+// ---- whole steps -----------------------------------------------------------------------------
+
+struct TrainRun {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Sgd> sgd;
+};
+
+TrainRun make_run(std::unique_ptr<Backend> be) {
+  TrainRun r;
+  r.be = std::move(be);
+  ResNetOptions o;
+  o.arch = "resnet20";
+  o.in_channels = 1;
+  o.num_classes = 10;
+  r.model = std::make_unique<Model>(build_resnet(o), *r.be);
+  r.model->initialize(2024);
+  r.sgd = std::make_unique<Sgd>(*r.model, SgdOptions{});
+  return r;
+}
+
+struct Batch {
+  Tensor images;
+  std::vector<int32_t> labels;
+};
+
+// Fashion-MNIST-shaped batches (N, 1, 28, 28), the label a function of the image so the
+// loss falls.
+Batch batch(int64_t n, uint64_t seed) {
+  Batch b;
+  b.images = host_nhwc({n, 1, 28, 28}, seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = b.images.data<float>() + i * 784;
+    b.labels.push_back(int32_t(std::fabs(p[0] + p[400]) * 4.f) % 10);
+  }
+  return b;
+}
+
+TEST(GpuTraining, TwentyStepsFollowTheCpuLossCurve) {
+  REQUIRE_GPU();
+  TrainRun c = make_run(cpu());
+  TrainRun g = make_run(gpu(false, /*deterministic=*/true));
+  // Same initial weights (the same Philox draws on both).
+  EXPECT_EQ(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())),
+            0.0);
+  LossScaler sc{LossScalerOptions{}}, sg{LossScalerOptions{}};
+  StepRunner rc(*c.model, *c.sgd, sc, Precision::fp32), rg(*g.model, *g.sgd, sg, Precision::fp32);
+  std::vector<double> lc, lg;
+  for (int step = 0; step < 20; ++step) {
+    Batch b = batch(16, 1000 + uint64_t(step));
+    lc.push_back(rc.run(b.images, b.labels.data(), 0.05f, 0.1f).loss.loss);
+    lg.push_back(rg.run(b.images, b.labels.data(), 0.05f, 0.1f).loss.loss);
+  }
+  for (int step = 0; step < 20; ++step)
+    EXPECT_NEAR(lg[size_t(step)], lc[size_t(step)], 1e-3 * (1 + step) * std::fabs(lc[size_t(step)]))
+        << "step " << step;
+  EXPECT_LE(nerr(values(*g.be, g.model->flat_params()), values(*c.be, c.model->flat_params())),
+            1e-3);
+  for (size_t i = 0; i < g.model->buffers().size(); ++i)
+    EXPECT_LE(nerr(values(*g.be, g.model->buffers()[i]->value),
+                   values(*c.be, c.model->buffers()[i]->value)),
+              1e-3)
+        << g.model->buffers()[i]->name;
+  // Deterministic: a second GPU run repeats the first bitwise.
+  TrainRun g2 = make_run(gpu(false, true));
+  LossScaler s2{LossScalerOptions{}};
+  StepRunner r2(*g2.model, *g2.sgd, s2, Precision::fp32);
+  for (int step = 0; step < 20; ++step) {
+    Batch b = batch(16, 1000 + uint64_t(step));
+    double l = r2.run(b.images, b.labels.data(), 0.05f, 0.1f).loss.loss;
+    EXPECT_EQ(std::memcmp(&l, &lg[size_t(step)], sizeof l), 0) << "step " << step;
+  }
+}
+
+TEST(GpuTraining, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  REQUIRE_GPU();
+  TrainRun g = make_run(gpu());
+  Batch b = batch(8, 1100);
+  auto p0 = values(*g.be, g.model->flat_params()), m0 = values(*g.be, g.sgd->momentum());
+  LossScalerOptions o;
+  o.enabled = true;
+  o.init_scale = std::ldexp(1.0, 40);
+  LossScaler huge(o);
+  StepResult r =
+      StepRunner(*g.model, *g.sgd, huge, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_TRUE(r.overflow);
+  EXPECT_TRUE(std::isfinite(r.loss.loss));
+  EXPECT_EQ(huge.scale(), std::ldexp(1.0, 39));
+  EXPECT_EQ(g.sgd->steps(), 0);
+  auto p1 = values(*g.be, g.model->flat_params()), m1 = values(*g.be, g.sgd->momentum());
+  ASSERT_EQ(p1.size(), p0.size());
+  EXPECT_EQ(std::memcmp(p0.data(), p1.data(), p0.size() * 4), 0) << "params changed on overflow";
+  EXPECT_EQ(std::memcmp(m0.data(), m1.data(), m0.size() * 4), 0) << "momentum changed on overflow";
+  // A scale that fits: the step is applied.
+  o.init_scale = 1024;
+  LossScaler fits(o);
+  r = StepRunner(*g.model, *g.sgd, fits, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(g.sgd->steps(), 1);
+  auto p2 = values(*g.be, g.model->flat_params());
+  EXPECT_NE(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "params did not change";
+}
+
+class GpuAllocator : public ::testing::TestWithParam<Prec> {};
+
+TEST_P(GpuAllocator, SteadyStateStepsAllocateNothingNew) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  TrainRun g = make_run(gpu(pr.tf32));
+  LossScalerOptions o;
+  o.enabled = pr.dt == DType::f16;
+  o.init_scale = 1024;
+  LossScaler s(o);
+  Precision prec = pr.dt == DType::f16    ? Precision::fp16
+                   : pr.dt == DType::bf16 ? Precision::bf16
+                   : pr.tf32              ? Precision::tf32
+                                          : Precision::fp32;
+  StepRunner runner(*g.model, *g.sgd, s, prec);
+  Batch b = batch(32, 1200);
+  for (int i = 0; i < 3; ++i) runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+  g.be->synchronize();
+  AllocatorStats before = g.be->allocator().stats();
+  for (int i = 0; i < 5; ++i) runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+  g.be->synchronize();
+  AllocatorStats after = g.be->allocator().stats();
+  EXPECT_EQ(after.system_allocs, before.system_allocs) << "cudaMalloc in a steady-state step";
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(after.current_bytes, before.current_bytes) << "device memory leaks per step";
+  EXPECT_GT(after.peak_bytes, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuAllocator, ::testing::ValuesIn(kPrecs), prec_name);
+
+// ---- without a GPU ---------------------------------------------------------------------------
+
+TEST(GpuBackend, WithoutADeviceCudaFailsCleanlyAndAutoPicksTheCpu) {
+  if (have_gpu()) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    make_backend("cuda", BackendOptions{});
+    FAIL() << "make_backend(\"cuda\") succeeded without a device";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_TRUE(m.find("no CUDA device") != std::string::npos ||
+                m.find("no CUDA support") != std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(make_backend("auto", BackendOptions{})->device(), Device::cpu);
+}
+
+// bn_infer (kernels/elementwise.h) is what the GPU's inference kernel runs: check it on the
+// CPU against oneDNN's inference batch norm.
+TEST(SharedMath, BnInferMatchesTheCpuBackend) {
+  auto c = cpu();
+  Shape s{2, 5, 3, 4};
+  Tensor hx = host_nhwc(s, 1301);
+  Tensor hg = host_plain({5}, 1302, 0.2f, 1.f), hb = host_plain({5}, 1303);
+  Tensor hm = host_plain({5}, 1304), hv = host_plain({5}, 1305, 0.1f, 1.f);
+  for (bool relu : {false, true}) {
+    auto y =
+        values(*c, c->batchnorm_forward_infer(c->from_host(hx), c->from_host(hg), c->from_host(hb),
+                                              c->from_host(hm), c->from_host(hv), 1e-5f, relu));
+    // values() is NCHW; hx is NHWC.
+    std::vector<float> want(y.size());
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t ch = 0; ch < 5; ++ch)
+        for (int64_t p = 0; p < 12; ++p) {
+          float v =
+              bn_infer(hx.data<float>()[(n * 12 + p) * 5 + ch], hm.data<float>()[ch],
+                       hv.data<float>()[ch], hg.data<float>()[ch], hb.data<float>()[ch], 1e-5f);
+          want[size_t((n * 5 + ch) * 12 + p)] = relu ? relu_fwd(v) : v;
+        }
+    EXPECT_LE(nerr(y, want), 1e-6);
+  }
+}
+
+}  // namespace
