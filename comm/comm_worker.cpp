@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/error.h"
 
@@ -78,6 +79,7 @@ void CommWorker::fail(const std::string& what, const std::string& why) {
                what.c_str(), static_cast<long long>(step_), why.c_str());
   std::fflush(stderr);
   comm_.abort(1);
+  std::abort();  // not reached: abort() ends the job
 }
 
 }  // namespace spotrain

@@ -106,6 +106,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   BackendOptions bo;
   bo.threads = cfg_.threads;
   bo.deterministic = cfg_.deterministic;
+  bo.tf32 = cfg_.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
   if (cfg_.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
   backend_ = make_backend(cfg_.device, bo);
   if (comm_->size() > 1 && backend_->device() == Device::cuda) {
