@@ -329,11 +329,13 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
   const float* g = aligned(gamma, hg);
   const float* b = aligned(beta, hb);
   // cuDNN also updates running statistics; ours are updated by batchnorm_update_running, so
-  // it gets scratch ones.
-  Tensor scratch({2 * c}, DType::f32, allocator());
+  // it gets scratch ones (factor 1: overwritten, never read). Both 16-byte aligned, like
+  // every per-channel pointer handed to cuDNN (its NHWC kernels load them as vectors).
+  int64_t c4 = (c + 3) / 4 * 4;
+  Tensor scratch({2 * c4}, DType::f32, allocator());
   float* rm = scratch.data<float>();
-  float* rv = rm + c;
-  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c) * 4, compute_));
+  float* rv = rm + c4;
+  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c4) * 4, compute_));
   int& chosen = e.cfg[relu ? 1 : 0];
   int first = chosen >= 0 ? chosen : (relu ? 0 : 1);
   int last = chosen >= 0 ? chosen : kNumBnConfigs - 1;
