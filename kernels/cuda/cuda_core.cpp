@@ -20,7 +20,14 @@ void* dev_alloc(size_t bytes) {
   }
   return p;
 }
-void dev_free(void* p, size_t) { (void)cudaFree(p); }
+// The allocator frees only cached blocks, but a kernel queued before the block was released
+// may still be using it: wait for the device first (cudaFree alone is synchronous only "for
+// most use cases"). Reached when the cache is trimmed (out of memory, cache limit), never in
+// a steady-state step.
+void dev_free(void* p, size_t) {
+  (void)cudaDeviceSynchronize();
+  (void)cudaFree(p);
+}
 
 bool float_kind(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
