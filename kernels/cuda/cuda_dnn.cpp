@@ -465,6 +465,7 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
 CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
   if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
+  if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));
   conv_cache_.clear();
   bn_cache_.clear();
   pool_cache_.clear();
@@ -474,7 +475,10 @@ CudaBackend::~CudaBackend() {
   if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
   if (blas_) CUBLAS_WARN(cublasDestroy(blas_));
   if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
-  if (copied_) CUDA_WARN(cudaEventDestroy(copied_));
+  for (auto& st : staging_) {
+    if (st.host) CUDA_WARN(cudaFreeHost(st.host));
+    if (st.copied) CUDA_WARN(cudaEventDestroy(st.copied));
+  }
   if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
   if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
   if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
