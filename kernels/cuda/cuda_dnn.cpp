@@ -5,6 +5,7 @@
 // cuDNN 9 still ships these legacy entry points (deprecated in favour of the graph API).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
@@ -106,6 +107,13 @@ Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7
                  deterministic ? "; try without --deterministic" : "");
 }
 
+// A bf16/fp16 convolution direction without a cuDNN algorithm (e.g. a stem with 1 or 3 input
+// channels on some cuDNN builds): say so once; the caller computes it in fp32 instead.
+void note_f32_fallback(const char* what, const Tensor& x, const Error& err) {
+  std::fprintf(stderr, "note: convolution %s on %s runs in fp32: %s\n", what,
+               x.describe().c_str(), err.what());
+}
+
 }  // namespace
 
 // ---- convolution ----------------------------------------------------------------------------
@@ -171,10 +179,11 @@ const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
 Tensor CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
   check_activation(x, "conv2d");
   auto& e = conv_entry(x, w, p);
+  if (e.fwd_f32) return cast(conv2d_forward(cast(x, DType::f32), w, p), x.dtype());
   const void* wp = weights_as(w, x.dtype());
   Tensor y = alloc({x.dim(0), w.dim(0), e.oh, e.ow}, x.dtype(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
-  if (!e.have_fwd) {
+  if (!e.have_fwd) try {
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
     auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
         opt_.deterministic, strict, "convolution forward",
@@ -191,6 +200,11 @@ Tensor CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvP
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn_, e.x, e.w, e.conv, e.y, e.fwd_algo,
                                                         &e.fwd_ws));
     e.have_fwd = true;
+  } catch (const Error& err) {
+    if (x.dtype() == DType::f32) throw;
+    note_f32_fallback("forward", x, err);
+    e.fwd_f32 = true;
+    return cast(conv2d_forward(cast(x, DType::f32), w, p), x.dtype());
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
   CUDNN_CHECK(cudnnConvolutionForward(dnn_, &kOne, e.x, x.raw(), e.w, wp, e.conv, e.fwd_algo,
@@ -206,10 +220,12 @@ Tensor CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, cons
   SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) &&
                      dy.dim(2) == e.oh && dy.dim(3) == e.ow,
                  "conv2d_backward_data: gradient ", dy.describe(), " does not match the output");
+  if (e.bd_f32)
+    return cast(conv2d_backward_data(cast(dy, DType::f32), w, cast(x, DType::f32), p), x.dtype());
   const void* wp = weights_as(w, x.dtype());
   Tensor dx = alloc_like(x);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
-  if (!e.have_bd) {
+  if (!e.have_bd) try {
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
     auto r = choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
         opt_.deterministic, strict, "convolution backward-data",
@@ -227,6 +243,11 @@ Tensor CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, cons
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x, e.bd_algo,
                                                              &e.bd_ws));
     e.have_bd = true;
+  } catch (const Error& err) {
+    if (x.dtype() == DType::f32) throw;
+    note_f32_fallback("backward-data", x, err);
+    e.bd_f32 = true;
+    return cast(conv2d_backward_data(cast(dy, DType::f32), w, cast(x, DType::f32), p), x.dtype());
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
   CUDNN_CHECK(cudnnConvolutionBackwardData(dnn_, &kOne, e.w, wp, e.y, dy.raw(), e.conv, e.bd_algo,
@@ -244,11 +265,13 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
   SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == dw.dim(0) &&
                      dy.dim(2) == e.oh && dy.dim(3) == e.ow,
                  "conv2d_backward_weights: gradient ", dy.describe(), " does not match the output");
+  if (e.bw_f32)
+    return conv2d_backward_weights(cast(x, DType::f32), cast(dy, DType::f32), p, dw);
   // cuDNN writes the gradient in the filter's (O, H, W, I) layout and the compute dtype; our
   // kernel then transposes it into the fp32 OIHW gradient.
   Tensor tmp(dw.shape(), x.dtype(), allocator(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
-  if (!e.have_bw) {
+  if (!e.have_bw) try {
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
     auto r =
         choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
@@ -269,6 +292,11 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, e.x, e.y, e.conv, e.w,
                                                                e.bw_algo, &e.bw_ws));
     e.have_bw = true;
+  } catch (const Error& err) {
+    if (x.dtype() == DType::f32) throw;
+    note_f32_fallback("backward-filter", x, err);
+    e.bw_f32 = true;
+    return conv2d_backward_weights(cast(x, DType::f32), cast(dy, DType::f32), p, dw);
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(dnn_, &kOne, e.x, x.raw(), e.y, dy.raw(), e.conv,

@@ -17,6 +17,8 @@ struct CudaBackend::ConvEntry {
   cudnnConvolutionBwdFilterAlgo_t bw_algo{};
   cudnnMathType_t fwd_math{}, bd_math{}, bw_math{};
   size_t fwd_ws = 0, bd_ws = 0, bw_ws = 0;
+  // bf16/fp16 directions cuDNN has no algorithm for: computed in fp32 on cast operands.
+  bool fwd_f32 = false, bd_f32 = false, bw_f32 = false;
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
