@@ -59,7 +59,8 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  for (auto& st : staging_) CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
+  for (auto& st : staging_)
+    CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
@@ -160,8 +161,8 @@ void CudaBackend::stage_and_copy(const void* src, void* staging, void* dst, size
     for (size_t off = begin; e == cudaSuccess && off < end; off += kChunk) {
       size_t n = std::min(kChunk, end - off);
       std::memcpy(static_cast<char*>(staging) + off, static_cast<const char*>(src) + off, n);
-      e = cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(staging) + off,
-                          n, cudaMemcpyHostToDevice, copy_);
+      e = cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(staging) + off, n,
+                          cudaMemcpyHostToDevice, copy_);
     }
     return e;
   };

@@ -31,6 +31,9 @@ struct CudaBackend::BnEntry {
   cudnnTensorDescriptor_t x = nullptr, stats = nullptr;
   cudnnActivationDescriptor_t act = nullptr;
   int cfg[2] = {-1, -1};  // chosen config without / with ReLU
+  // No cuDNN configuration runs this dtype (bf16 on cuDNN builds without bf16 batch norm):
+  // computed in fp32 on cast operands, the ReLU applied in the activation dtype.
+  bool f32 = false;
   ~BnEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (stats) CUDNN_WARN(cudnnDestroyTensorDescriptor(stats));
