@@ -505,8 +505,23 @@ CudaBackend::PoolEntry& CudaBackend::pool_entry(const Tensor& x, const PoolParam
 Tensor CudaBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace_out) {
   check_activation(x, "maxpool");
   auto& e = pool_entry(x, p);
+  // fp32 route (the workspace is then the fp32 output, which backward recognizes).
+  auto via_f32 = [&] {
+    return cast(maxpool_forward(cast(x, DType::f32), p, workspace_out), x.dtype());
+  };
+  if (e.f32) return via_f32();
   Tensor y = alloc({x.dim(0), x.dim(1), e.oh, e.ow}, x.dtype(), Layout::nhwc);
-  CUDNN_CHECK(cudnnPoolingForward(dnn_, e.pool, &kOne, e.x, x.raw(), &kZero, e.y, y.raw()));
+  cudnnStatus_t st = cudnnPoolingForward(dnn_, e.pool, &kOne, e.x, x.raw(), &kZero, e.y, y.raw());
+  if (!e.ran && x.dtype() != DType::f32 &&
+      (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+       CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM)) {
+    std::fprintf(stderr, "note: max pooling on %s runs in fp32: %s\n", x.describe().c_str(),
+                 cudnn_msg(st).c_str());
+    e.f32 = true;
+    return via_f32();
+  }
+  CUDNN_CHECK(st);
+  e.ran = true;
   workspace_out = y;  // cuDNN's backward takes the forward output
   return y;
 }
@@ -518,6 +533,8 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
   auto& e = pool_entry(x, p);
   SPOTRAIN_CHECK(ws.defined() && ws.shape() == dy.shape() && dy.dtype() == x.dtype(),
                  "maxpool_backward: gradient ", dy.describe(), " does not match the forward");
+  if (e.f32)
+    return cast(maxpool_backward(cast(dy, DType::f32), cast(x, DType::f32), ws, p), x.dtype());
   Tensor dx = alloc_like(x);
   CUDNN_CHECK(cudnnPoolingBackward(dnn_, e.pool, &kOne, e.y, ws.raw(), e.y, dy.raw(), e.x, x.raw(),
                                    &kZero, e.x, dx.raw()));
