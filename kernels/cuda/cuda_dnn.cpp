@@ -338,7 +338,11 @@ CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
   auto e = std::make_unique<BnEntry>();
   e->x = nhwc_desc(x.dtype(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->stats));
-  CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL));
+  // Per-channel parameters and statistics: 1 x C x 1 x 1 fp32 (what the derivation gives for
+  // fp32/fp16/bf16 activations; set directly where a cuDNN build does not derive one for bf16).
+  if (!cudnn_ok(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL)))
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->stats, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
+                                           int(x.dim(1)), 1, 1));
   CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
   CUDNN_CHECK(
       cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
