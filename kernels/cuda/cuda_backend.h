@@ -99,13 +99,27 @@ class CudaBackend final : public Backend {
   const float* aligned(const Tensor& t, Tensor& holder);
   // Pinned host scratch of at least `bytes`.
   void* pinned(size_t bytes);
+  // Copies `bytes` from pageable `src` through pinned `staging` to device `dst` on the copy
+  // stream, chunk by chunk (several host threads on a large batch), so the DMA of one chunk
+  // overlaps the host copy of the next.
+  void stage_and_copy(const void* src, void* staging, void* dst, size_t bytes);
   cudnnMathType_t conv_math(DType dt) const;
 
   BackendOptions opt_;
   std::string name_;
   int device_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
-  cudaEvent_t copied_ = nullptr, compute_mark_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;
+  // upload_images: a ring of two pinned staging buffers; `copied` marks the end of the last
+  // host-to-device copy out of each, so it is refilled only once that copy is done.
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+    bool pending = false;
+  };
+  Staging staging_[2];
+  int next_staging_ = 0;
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   uint64_t weights_generation_ = 1;

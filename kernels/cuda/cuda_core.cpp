@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
@@ -20,7 +23,14 @@ void* dev_alloc(size_t bytes) {
   }
   return p;
 }
-void dev_free(void* p, size_t) { (void)cudaFree(p); }
+// The allocator frees only cached blocks, but a kernel queued before the block was released
+// may still be using it: wait for the device first (cudaFree alone is synchronous only "for
+// most use cases"). Reached when the cache is trimmed (out of memory, cache limit), never in
+// a steady-state step.
+void dev_free(void* p, size_t) {
+  (void)cudaDeviceSynchronize();
+  (void)cudaFree(p);
+}
 
 bool float_kind(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
@@ -49,7 +59,8 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  for (auto& st : staging_)
+    CUDA_CHECK(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
@@ -107,14 +118,73 @@ Tensor CudaBackend::upload_images(const Tensor& host, DType compute) {
                      host.device() == Device::cpu,
                  "upload_images expects a host fp32 NHWC batch, got ", host.describe());
   Tensor dev(host.shape(), DType::f32, allocator(), Layout::nhwc);
-  // The copy stream may reuse memory the compute stream released: start after the work
-  // queued so far, and let the compute stream wait for the copy.
-  CUDA_CHECK(cudaEventRecord(compute_mark_, compute_));
-  CUDA_CHECK(cudaStreamWaitEvent(copy_, compute_mark_, 0));
-  CUDA_CHECK(cudaMemcpyAsync(dev.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, copy_));
-  CUDA_CHECK(cudaEventRecord(copied_, copy_));
-  CUDA_CHECK(cudaStreamWaitEvent(compute_, copied_, 0));
+  size_t bytes = host.nbytes();
+  if (bytes > 0) {
+    // The staging buffer of two uploads ago: refilled once its copy finished (long since,
+    // in a training loop), so the host never waits for the step before.
+    Staging& st = staging_[next_staging_];
+    next_staging_ = 1 - next_staging_;
+    if (st.pending) CUDA_CHECK(cudaEventSynchronize(st.copied));
+    st.pending = false;
+    if (st.bytes < bytes) {
+      if (st.host) CUDA_CHECK(cudaFreeHost(st.host));
+      st.host = nullptr;
+      st.bytes = 0;
+      CUDA_CHECK(cudaHostAlloc(&st.host, bytes, cudaHostAllocDefault));
+      st.bytes = bytes;
+    }
+    // `dev` may be memory the compute stream released: the copy starts after the work queued
+    // so far (a wait on the GPU; the host goes on), and the compute stream waits for the copy.
+    CUDA_CHECK(cudaEventRecord(compute_mark_, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+    st.pending = true;  // from here on copies out of st.host may be queued
+    try {
+      stage_and_copy(host.raw(), st.host, dev.raw(), bytes);
+    } catch (...) {
+      (void)cudaEventRecord(st.copied, copy_);  // what was queued still reads st.host
+      throw;
+    }
+    CUDA_CHECK(cudaEventRecord(st.copied, copy_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, st.copied, 0));
+  }
   return compute == DType::f32 ? dev : cast(dev, compute);
+}
+
+void CudaBackend::stage_and_copy(const void* src, void* staging, void* dst, size_t bytes) {
+  constexpr size_t kChunk = size_t(8) << 20;
+  size_t chunks = (bytes + kChunk - 1) / kChunk;
+  size_t threads = std::max(1u, std::thread::hardware_concurrency() / 2);
+  threads = std::min({threads, size_t(8), chunks});
+  // Copies [begin, end) chunk by chunk, queueing each chunk's DMA as soon as it is staged.
+  auto copy_range = [&](size_t begin, size_t end) {
+    cudaError_t e = cudaSetDevice(device_);  // a new host thread starts on device 0
+    for (size_t off = begin; e == cudaSuccess && off < end; off += kChunk) {
+      size_t n = std::min(kChunk, end - off);
+      std::memcpy(static_cast<char*>(staging) + off, static_cast<const char*>(src) + off, n);
+      e = cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(staging) + off, n,
+                          cudaMemcpyHostToDevice, copy_);
+    }
+    return e;
+  };
+  if (threads <= 1) {
+    CUDA_CHECK(copy_range(0, bytes));
+    return;
+  }
+  // Whole chunks per thread; this thread takes the first share.
+  size_t per = (chunks + threads - 1) / threads * kChunk;
+  std::vector<cudaError_t> status(threads, cudaSuccess);
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads; ++t) {
+    size_t b = std::min(bytes, t * per), e = std::min(bytes, (t + 1) * per);
+    try {
+      workers.emplace_back([&, t, b, e] { status[t] = copy_range(b, e); });
+    } catch (const std::system_error&) {  // no thread to spare: this one copies the share
+      status[t] = copy_range(b, e);
+    }
+  }
+  status[0] = copy_range(0, std::min(bytes, per));
+  for (auto& w : workers) w.join();
+  for (cudaError_t s : status) CUDA_CHECK(s);
 }
 
 Tensor CudaBackend::cast(const Tensor& t, DType to) {

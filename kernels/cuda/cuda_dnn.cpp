@@ -5,6 +5,7 @@
 // cuDNN 9 still ships these legacy entry points (deprecated in favour of the graph API).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
@@ -106,6 +107,13 @@ Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7
                  deterministic ? "; try without --deterministic" : "");
 }
 
+// A bf16/fp16 convolution direction without a cuDNN algorithm (e.g. a stem with 1 or 3 input
+// channels on some cuDNN builds): say so once; the caller computes it in fp32 instead.
+void note_f32_fallback(const char* what, const Tensor& x, const Error& err) {
+  std::fprintf(stderr, "note: convolution %s on %s runs in fp32: %s\n", what, x.describe().c_str(),
+               err.what());
+}
+
 }  // namespace
 
 // ---- convolution ----------------------------------------------------------------------------
@@ -171,26 +179,35 @@ const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
 Tensor CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
   check_activation(x, "conv2d");
   auto& e = conv_entry(x, w, p);
+  if (e.fwd_f32) return cast(conv2d_forward(cast(x, DType::f32), w, p), x.dtype());
   const void* wp = weights_as(w, x.dtype());
   Tensor y = alloc({x.dim(0), w.dim(0), e.oh, e.ow}, x.dtype(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_fwd) {
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-    auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
-        opt_.deterministic, strict, "convolution forward",
-        [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
-          return cudnnGetConvolutionForwardAlgorithm_v7(dnn_, e.x, e.w, e.conv, e.y, n, got, perf);
-        },
-        [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* ws, size_t bytes) {
-          return cudnnFindConvolutionForwardAlgorithmEx(dnn_, e.x, x.raw(), e.w, wp, e.conv, e.y,
-                                                        y.raw(), n, got, perf, ws, bytes);
-        });
-    e.fwd_algo = r.algo;
-    e.fwd_math = strict ? CUDNN_FMA_MATH : r.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
-    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn_, e.x, e.w, e.conv, e.y, e.fwd_algo,
-                                                        &e.fwd_ws));
-    e.have_fwd = true;
+    try {
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          opt_.deterministic, strict, "convolution forward",
+          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(dnn_, e.x, e.w, e.conv, e.y, n, got,
+                                                          perf);
+          },
+          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* ws, size_t bytes) {
+            return cudnnFindConvolutionForwardAlgorithmEx(dnn_, e.x, x.raw(), e.w, wp, e.conv, e.y,
+                                                          y.raw(), n, got, perf, ws, bytes);
+          });
+      e.fwd_algo = r.algo;
+      e.fwd_math = strict ? CUDNN_FMA_MATH : r.mathType;
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
+      CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn_, e.x, e.w, e.conv, e.y, e.fwd_algo,
+                                                          &e.fwd_ws));
+      e.have_fwd = true;
+    } catch (const Error& err) {
+      if (x.dtype() == DType::f32) throw;
+      note_f32_fallback("forward", x, err);
+      e.fwd_f32 = true;
+      return cast(conv2d_forward(cast(x, DType::f32), w, p), x.dtype());
+    }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
   CUDNN_CHECK(cudnnConvolutionForward(dnn_, &kOne, e.x, x.raw(), e.w, wp, e.conv, e.fwd_algo,
@@ -206,27 +223,38 @@ Tensor CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, cons
   SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) &&
                      dy.dim(2) == e.oh && dy.dim(3) == e.ow,
                  "conv2d_backward_data: gradient ", dy.describe(), " does not match the output");
+  if (e.bd_f32)
+    return cast(conv2d_backward_data(cast(dy, DType::f32), w, cast(x, DType::f32), p), x.dtype());
   const void* wp = weights_as(w, x.dtype());
   Tensor dx = alloc_like(x);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bd) {
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-    auto r = choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
-        opt_.deterministic, strict, "convolution backward-data",
-        [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-          return cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, e.w, e.y, e.conv, e.x, n, got,
-                                                             perf);
-        },
-        [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws, size_t bytes) {
-          return cudnnFindConvolutionBackwardDataAlgorithmEx(
-              dnn_, e.w, wp, e.y, dy.raw(), e.conv, e.x, dx.raw(), n, got, perf, ws, bytes);
-        });
-    e.bd_algo = r.algo;
-    e.bd_math = strict ? CUDNN_FMA_MATH : r.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x, e.bd_algo,
-                                                             &e.bd_ws));
-    e.have_bd = true;
+    try {
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      auto r =
+          choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+              opt_.deterministic, strict, "convolution backward-data",
+              [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+                return cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, e.w, e.y, e.conv, e.x, n,
+                                                                   got, perf);
+              },
+              [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws,
+                  size_t bytes) {
+                return cudnnFindConvolutionBackwardDataAlgorithmEx(
+                    dnn_, e.w, wp, e.y, dy.raw(), e.conv, e.x, dx.raw(), n, got, perf, ws, bytes);
+              });
+      e.bd_algo = r.algo;
+      e.bd_math = strict ? CUDNN_FMA_MATH : r.mathType;
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
+      CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x,
+                                                               e.bd_algo, &e.bd_ws));
+      e.have_bd = true;
+    } catch (const Error& err) {
+      if (x.dtype() == DType::f32) throw;
+      note_f32_fallback("backward-data", x, err);
+      e.bd_f32 = true;
+      return cast(conv2d_backward_data(cast(dy, DType::f32), w, cast(x, DType::f32), p), x.dtype());
+    }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
   CUDNN_CHECK(cudnnConvolutionBackwardData(dnn_, &kOne, e.w, wp, e.y, dy.raw(), e.conv, e.bd_algo,
@@ -244,31 +272,39 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
   SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == dw.dim(0) &&
                      dy.dim(2) == e.oh && dy.dim(3) == e.ow,
                  "conv2d_backward_weights: gradient ", dy.describe(), " does not match the output");
+  if (e.bw_f32) return conv2d_backward_weights(cast(x, DType::f32), cast(dy, DType::f32), p, dw);
   // cuDNN writes the gradient in the filter's (O, H, W, I) layout and the compute dtype; our
   // kernel then transposes it into the fp32 OIHW gradient.
   Tensor tmp(dw.shape(), x.dtype(), allocator(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bw) {
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-    auto r =
-        choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-            opt_.deterministic, strict, "convolution backward-filter",
-            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-              return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n,
-                                                                   got, perf);
-            },
-            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
-                size_t bytes) {
-              return cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn_, e.x, x.raw(), e.y,
-                                                                   dy.raw(), e.conv, e.w, tmp.raw(),
-                                                                   n, got, perf, ws, bytes);
-            });
-    e.bw_algo = r.algo;
-    e.bw_math = strict ? CUDNN_FMA_MATH : r.mathType;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, e.x, e.y, e.conv, e.w,
-                                                               e.bw_algo, &e.bw_ws));
-    e.have_bw = true;
+    try {
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      auto r =
+          choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+              opt_.deterministic, strict, "convolution backward-filter",
+              [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+                return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n,
+                                                                     got, perf);
+              },
+              [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
+                  size_t bytes) {
+                return cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                    dnn_, e.x, x.raw(), e.y, dy.raw(), e.conv, e.w, tmp.raw(), n, got, perf, ws,
+                    bytes);
+              });
+      e.bw_algo = r.algo;
+      e.bw_math = strict ? CUDNN_FMA_MATH : r.mathType;
+      CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
+      CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, e.x, e.y, e.conv, e.w,
+                                                                 e.bw_algo, &e.bw_ws));
+      e.have_bw = true;
+    } catch (const Error& err) {
+      if (x.dtype() == DType::f32) throw;
+      note_f32_fallback("backward-filter", x, err);
+      e.bw_f32 = true;
+      return conv2d_backward_weights(cast(x, DType::f32), cast(dy, DType::f32), p, dw);
+    }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(dnn_, &kOne, e.x, x.raw(), e.y, dy.raw(), e.conv,
@@ -302,7 +338,11 @@ CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
   auto e = std::make_unique<BnEntry>();
   e->x = nhwc_desc(x.dtype(), x.dim(0), x.dim(1), x.dim(2), x.dim(3));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->stats));
-  CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL));
+  // Per-channel parameters and statistics: 1 x C x 1 x 1 fp32 (what the derivation gives for
+  // fp32/fp16/bf16 activations; set directly where a cuDNN build does not derive one for bf16).
+  if (!cudnn_ok(cudnnDeriveBNTensorDescriptor(e->stats, e->x, CUDNN_BATCHNORM_SPATIAL)))
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->stats, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
+                                           int(x.dim(1)), 1, 1));
   CUDNN_CHECK(cudnnCreateActivationDescriptor(&e->act));
   CUDNN_CHECK(
       cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
@@ -321,6 +361,16 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
   SPOTRAIN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "batchnorm: eps ", eps, " is below cuDNN's minimum ",
                  CUDNN_BN_MIN_EPSILON);
   auto& e = bn_entry(x);
+  // The fp32 route: statistics and normalization in fp32, ReLU after the cast back, so what
+  // backward keeps (saved.output) stays in x's dtype.
+  auto via_f32 = [&] {
+    Tensor y32 = batchnorm_forward_train(cast(x, DType::f32), gamma, beta, eps, false, saved);
+    Tensor yc = cast(y32, x.dtype());
+    if (relu) launch_relu_fwd(yc.raw(), yc.raw(), yc.dtype(), yc.numel(), compute_);
+    saved.output = relu ? yc : Tensor();
+    return yc;
+  };
+  if (e.f32) return via_f32();
   Tensor y = alloc_like(x);
   saved.mean = alloc({c}, DType::f32);
   saved.aux = alloc({c}, DType::f32);
@@ -329,45 +379,56 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
   const float* g = aligned(gamma, hg);
   const float* b = aligned(beta, hb);
   // cuDNN also updates running statistics; ours are updated by batchnorm_update_running, so
-  // it gets scratch ones.
-  Tensor scratch({2 * c}, DType::f32, allocator());
+  // it gets scratch ones (factor 1: overwritten, never read). Both 16-byte aligned, like
+  // every per-channel pointer handed to cuDNN (its NHWC kernels load them as vectors).
+  int64_t c4 = (c + 3) / 4 * 4;
+  Tensor scratch({2 * c4}, DType::f32, allocator());
   float* rm = scratch.data<float>();
-  float* rv = rm + c;
-  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c) * 4, compute_));
+  float* rv = rm + c4;
+  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c4) * 4, compute_));
   int& chosen = e.cfg[relu ? 1 : 0];
   int first = chosen >= 0 ? chosen : (relu ? 0 : 1);
   int last = chosen >= 0 ? chosen : kNumBnConfigs - 1;
   bool done = false;
-  for (int i = first; i <= last && !done; ++i) {
-    const BnConfig& cf = kBnConfigs[i];
-    bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-    cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
-    bool probing = chosen < 0 && i < last;  // NOT_SUPPORTED moves on to the next config
-    size_t ws = 0, rs = 0;
-    cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        dnn_, cf.mode, cf.ops, e.x, nullptr, e.x, e.stats, act, &ws);
-    if (st == CUDNN_STATUS_SUCCESS)
-      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x,
-                                                                &rs);
-    Tensor reserve;
-    if (st == CUDNN_STATUS_SUCCESS) {
-      if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
-      st = cudnnBatchNormalizationForwardTrainingEx(
-          dnn_, cf.mode, cf.ops, &kOne, &kZero, e.x, x.raw(), nullptr, nullptr, e.x, y.raw(),
-          e.stats, g, b, 1.0, rm, rv, double(eps), saved.mean.raw(), saved.aux.raw(), act,
-          workspace(ws), ws, rs > 0 ? reserve.raw() : nullptr, rs);
+  try {
+    for (int i = first; i <= last && !done; ++i) {
+      const BnConfig& cf = kBnConfigs[i];
+      bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+      cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
+      bool probing = chosen < 0 && i < last;  // NOT_SUPPORTED moves on to the next config
+      size_t ws = 0, rs = 0;
+      cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+          dnn_, cf.mode, cf.ops, e.x, nullptr, e.x, e.stats, act, &ws);
+      if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x,
+                                                                  &rs);
+      Tensor reserve;
+      if (st == CUDNN_STATUS_SUCCESS) {
+        if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
+        st = cudnnBatchNormalizationForwardTrainingEx(
+            dnn_, cf.mode, cf.ops, &kOne, &kZero, e.x, x.raw(), nullptr, nullptr, e.x, y.raw(),
+            e.stats, g, b, 1.0, rm, rv, double(eps), saved.mean.raw(), saved.aux.raw(), act,
+            workspace(ws), ws, rs > 0 ? reserve.raw() : nullptr, rs);
+      }
+      // cuDNN 9 returns sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ...): compare categories.
+      if (probing && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+                      CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM))
+        continue;
+      CUDNN_CHECK(st);
+      chosen = i;
+      done = true;
+      saved.workspace = reserve;
+      if (relu && !fused) {
+        launch_relu_fwd(y.raw(), y.raw(), y.dtype(), y.numel(), compute_);
+      }
     }
-    // cuDNN 9 returns sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ...): compare categories.
-    if (probing && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
-                    CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM))
-      continue;
-    CUDNN_CHECK(st);
-    chosen = i;
-    done = true;
-    saved.workspace = reserve;
-    if (relu && !fused) {
-      launch_relu_fwd(y.raw(), y.raw(), y.dtype(), y.numel(), compute_);
-    }
+  } catch (const Error& err) {
+    // A dtype no configuration takes (found at the first use of a shape): fp32 instead.
+    if (x.dtype() == DType::f32 || e.cfg[0] >= 0 || e.cfg[1] >= 0) throw;
+    std::fprintf(stderr, "note: batch norm on %s runs in fp32: %s\n", x.describe().c_str(),
+                 err.what());
+    e.f32 = true;
+    return via_f32();
   }
   SPOTRAIN_CHECK(done, "internal: no batch-norm configuration ran");
   saved.output = relu ? y : Tensor();
@@ -383,6 +444,14 @@ Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const 
   SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(),
                  "batchnorm_backward: gradient ", dy.describe(), " does not match ", x.describe());
   auto& e = bn_entry(x);
+  if (e.f32) {  // see batchnorm_forward_train
+    SPOTRAIN_CHECK(!relu || saved.output.defined(),
+                   "internal: batch-norm backward without its training forward");
+    Tensor g = relu ? relu_backward(dy, saved.output) : dy;
+    return cast(batchnorm_backward(cast(g, DType::f32), cast(x, DType::f32), gamma, beta, saved,
+                                   eps, false, dgamma, dbeta),
+                x.dtype());
+  }
   int chosen = e.cfg[relu ? 1 : 0];
   SPOTRAIN_CHECK(chosen >= 0 && saved.aux.defined() && (!relu || saved.output.defined()),
                  "internal: batch-norm backward without its training forward");
@@ -440,8 +509,23 @@ CudaBackend::PoolEntry& CudaBackend::pool_entry(const Tensor& x, const PoolParam
 Tensor CudaBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace_out) {
   check_activation(x, "maxpool");
   auto& e = pool_entry(x, p);
+  // fp32 route (the workspace is then the fp32 output, which backward recognizes).
+  auto via_f32 = [&] {
+    return cast(maxpool_forward(cast(x, DType::f32), p, workspace_out), x.dtype());
+  };
+  if (e.f32) return via_f32();
   Tensor y = alloc({x.dim(0), x.dim(1), e.oh, e.ow}, x.dtype(), Layout::nhwc);
-  CUDNN_CHECK(cudnnPoolingForward(dnn_, e.pool, &kOne, e.x, x.raw(), &kZero, e.y, y.raw()));
+  cudnnStatus_t st = cudnnPoolingForward(dnn_, e.pool, &kOne, e.x, x.raw(), &kZero, e.y, y.raw());
+  if (!e.ran && x.dtype() != DType::f32 &&
+      (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+       CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM)) {
+    std::fprintf(stderr, "note: max pooling on %s runs in fp32: %s\n", x.describe().c_str(),
+                 cudnn_msg(st).c_str());
+    e.f32 = true;
+    return via_f32();
+  }
+  CUDNN_CHECK(st);
+  e.ran = true;
   workspace_out = y;  // cuDNN's backward takes the forward output
   return y;
 }
@@ -453,6 +537,8 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
   auto& e = pool_entry(x, p);
   SPOTRAIN_CHECK(ws.defined() && ws.shape() == dy.shape() && dy.dtype() == x.dtype(),
                  "maxpool_backward: gradient ", dy.describe(), " does not match the forward");
+  if (e.f32)
+    return cast(maxpool_backward(cast(dy, DType::f32), cast(x, DType::f32), ws, p), x.dtype());
   Tensor dx = alloc_like(x);
   CUDNN_CHECK(cudnnPoolingBackward(dnn_, e.pool, &kOne, e.y, ws.raw(), e.y, dy.raw(), e.x, x.raw(),
                                    &kZero, e.x, dx.raw()));
@@ -463,6 +549,7 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
 CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
   if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
+  if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));
   conv_cache_.clear();
   bn_cache_.clear();
   pool_cache_.clear();
@@ -472,7 +559,10 @@ CudaBackend::~CudaBackend() {
   if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
   if (blas_) CUBLAS_WARN(cublasDestroy(blas_));
   if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
-  if (copied_) CUDA_WARN(cudaEventDestroy(copied_));
+  for (auto& st : staging_) {
+    if (st.host) CUDA_WARN(cudaFreeHost(st.host));
+    if (st.copied) CUDA_WARN(cudaEventDestroy(st.copied));
+  }
   if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
   if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
   if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));

@@ -17,6 +17,8 @@ struct CudaBackend::ConvEntry {
   cudnnConvolutionBwdFilterAlgo_t bw_algo{};
   cudnnMathType_t fwd_math{}, bd_math{}, bw_math{};
   size_t fwd_ws = 0, bd_ws = 0, bw_ws = 0;
+  // bf16/fp16 directions cuDNN has no algorithm for: computed in fp32 on cast operands.
+  bool fwd_f32 = false, bd_f32 = false, bw_f32 = false;
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
@@ -29,6 +31,9 @@ struct CudaBackend::BnEntry {
   cudnnTensorDescriptor_t x = nullptr, stats = nullptr;
   cudnnActivationDescriptor_t act = nullptr;
   int cfg[2] = {-1, -1};  // chosen config without / with ReLU
+  // No cuDNN configuration runs this dtype (bf16 on cuDNN builds without bf16 batch norm):
+  // computed in fp32 on cast operands, the ReLU applied in the activation dtype.
+  bool f32 = false;
   ~BnEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (stats) CUDNN_WARN(cudnnDestroyTensorDescriptor(stats));
@@ -40,6 +45,8 @@ struct CudaBackend::PoolEntry {
   cudnnPoolingDescriptor_t pool = nullptr;
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   int64_t oh = 0, ow = 0;
+  bool ran = false;  // forward succeeded once in this dtype
+  bool f32 = false;  // cuDNN refused the dtype: pooled in fp32 on cast operands
   ~PoolEntry() {
     if (pool) CUDNN_WARN(cudnnDestroyPoolingDescriptor(pool));
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));

@@ -133,7 +133,8 @@ __global__ void bn_infer_fwd_kernel(const typename D::T* x, typename D::T* y, in
 __global__ void invstd_to_var_kernel(const float* invstd, float* var, int c, float eps) {
   GRID_STRIDE(i, c) {
     float s = invstd[i];
-    var[i] = 1.f / (s * s) - eps;
+    float v = 1.f / (s * s) - eps;
+    var[i] = v > 0.f ? v : 0.f;  // a constant channel can round to a tiny negative
   }
 }
 
