@@ -54,6 +54,8 @@ const Prec kPrecs[] = {
     {"fp16", DType::f16, false, 5e-3},
 };
 std::string prec_name(const ::testing::TestParamInfo<Prec>& i) { return i.param.name; }
+// How gtest (and so the CTest test list) prints a parameter: its name, not its bytes.
+void PrintTo(const Prec& p, std::ostream* os) { *os << p.name; }
 
 std::unique_ptr<Backend> cpu() {
   BackendOptions o;
