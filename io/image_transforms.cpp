@@ -1,0 +1,192 @@
+// ImageNet transforms (see image_transforms.h): crop-box draws that follow torchvision, and a
+// separable two-pass resampler with PIL's bilinear coefficients that also flips and normalizes.
+#include "io/image_transforms.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/error.h"
+#include "engine/philox.h"
+
+namespace spotrain {
+namespace io {
+namespace {
+
+// Python's round(): half to even (the default floating-point rounding mode).
+int py_round(double v) { return int(std::nearbyint(v)); }
+
+// PIL's precompute_coeffs for one axis with the bilinear (triangle) filter: output i reads
+// source pixels [start[i], start[i] + count[i]) with weights w[i * ksize + k].
+struct AxisCoeffs {
+  int ksize = 0;
+  std::vector<int> start, count;
+  std::vector<float> w;
+};
+
+void axis_coeffs(double in0, double in_size, int lo, int hi, int out, AxisCoeffs* c) {
+  const double scale = in_size / out;
+  const double fs = std::max(scale, 1.0);
+  const double support = fs;  // bilinear support 1.0, widened when shrinking (antialias)
+  c->ksize = int(std::ceil(support)) * 2 + 1;
+  c->start.assign(size_t(out), 0);
+  c->count.assign(size_t(out), 0);
+  c->w.assign(size_t(out) * size_t(c->ksize), 0.0f);
+  const double ss = 1.0 / fs;
+  std::vector<double> tmp(size_t(c->ksize));
+  for (int i = 0; i < out; ++i) {
+    const double center = in0 + (i + 0.5) * scale;
+    int xmin = std::max(int(center - support + 0.5), lo);
+    int xmax = std::min(int(center + support + 0.5), hi) - xmin;
+    if (xmax < 1) {  // a box at the very edge: read its nearest pixel
+      xmin = std::min(std::max(xmin, lo), hi - 1);
+      xmax = 1;
+    }
+    xmax = std::min(xmax, c->ksize);
+    double total = 0;
+    for (int x = 0; x < xmax; ++x) {
+      double t = std::fabs((x + xmin - center + 0.5) * ss);
+      double v = t < 1.0 ? 1.0 - t : 0.0;
+      tmp[size_t(x)] = v;
+      total += v;
+    }
+    float* w = c->w.data() + size_t(i) * size_t(c->ksize);
+    for (int x = 0; x < xmax; ++x) w[x] = float(total != 0.0 ? tmp[size_t(x)] / total : (x == 0 ? 1.0 : 0.0));
+    c->start[size_t(i)] = xmin;
+    c->count[size_t(i)] = xmax;
+  }
+}
+
+}  // namespace
+
+CropBox random_resized_crop(int width, int height, const ImageTransformOptions& opt, bool train_flip,
+                            uint64_t seed, int64_t epoch, int64_t sample_id) {
+  SPOTRAIN_CHECK(width > 0 && height > 0, "random_resized_crop: empty image ", width, "x", height);
+  Philox rng(seed, uint32_t(epoch), uint32_t(sample_id), uint32_t(uint64_t(sample_id) >> 32));
+  CropBox b;
+  b.flip = (rng.uniform() < 0.5f) && train_flip && opt.flip;
+  const double area = double(width) * height;
+  const double lr0 = std::log(double(opt.ratio_min)), lr1 = std::log(double(opt.ratio_max));
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (opt.scale_min + (opt.scale_max - opt.scale_min) * double(rng.uniform()));
+    const double aspect = std::exp(lr0 + (lr1 - lr0) * double(rng.uniform()));
+    const int w = py_round(std::sqrt(target * aspect));
+    const int h = py_round(std::sqrt(target / aspect));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      b.y = rng.below(uint32_t(height - h + 1));
+      b.x = rng.below(uint32_t(width - w + 1));
+      b.w = w;
+      b.h = h;
+      return b;
+    }
+  }
+  // Fallback: the whole image, cut to the nearest allowed aspect ratio, centred.
+  const double in_ratio = double(width) / height;
+  int w = width, h = height;
+  if (in_ratio < opt.ratio_min) {
+    h = py_round(w / double(opt.ratio_min));
+  } else if (in_ratio > opt.ratio_max) {
+    w = py_round(h * double(opt.ratio_max));
+  }
+  b.y = (height - h) / 2;
+  b.x = (width - w) / 2;
+  b.w = w;
+  b.h = h;
+  return b;
+}
+
+CropBox center_crop_box(int width, int height, const ImageTransformOptions& opt) {
+  SPOTRAIN_CHECK(width > 0 && height > 0, "center_crop_box: empty image ", width, "x", height);
+  // torchvision Resize(int): shorter side to `resize`, longer side int(resize * long / short).
+  int new_w, new_h;
+  if (width <= height) {
+    new_w = opt.resize;
+    new_h = int(int64_t(opt.resize) * height / width);
+  } else {
+    new_h = opt.resize;
+    new_w = int(int64_t(opt.resize) * width / height);
+  }
+  const int top = py_round((new_h - opt.out_size) / 2.0);
+  const int left = py_round((new_w - opt.out_size) / 2.0);
+  const double sx = double(width) / new_w, sy = double(height) / new_h;
+  CropBox b;
+  b.x = left * sx;
+  b.y = top * sy;
+  b.w = opt.out_size * sx;
+  b.h = opt.out_size * sy;
+  return b;
+}
+
+int pick_jpeg_denom(const CropBox& box, int out_size) {
+  for (int d : {8, 4, 2})
+    if (box.w / d >= out_size && box.h / d >= out_size) return d;
+  return 1;
+}
+
+void resample_normalize(const uint8_t* rgb, int width, int height, const CropBox& box,
+                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch) {
+  const int out = opt.out_size;
+  // Taps stay inside the image; a training crop (integer box) is cut out first, as torchvision's
+  // crop-then-resize does, so its taps stay inside the box.
+  const bool integer_box = box.x == std::floor(box.x) && box.y == std::floor(box.y) &&
+                           box.w == std::floor(box.w) && box.h == std::floor(box.h);
+  int xlo = 0, xhi = width, ylo = 0, yhi = height;
+  if (integer_box) {
+    xlo = std::max(0, int(box.x));
+    xhi = std::min(width, int(box.x + box.w));
+    ylo = std::max(0, int(box.y));
+    yhi = std::min(height, int(box.y + box.h));
+  }
+  AxisCoeffs cx, cy;
+  axis_coeffs(box.x, box.w, xlo, xhi, out, &cx);
+  axis_coeffs(box.y, box.h, ylo, yhi, out, &cy);
+  const int row0 = cy.start.front();
+  const int row1 = cy.start.back() + cy.count.back();  // source rows [row0, row1) are read
+  scratch->resize(size_t(row1 - row0) * size_t(out) * 3);
+  float* tmp = scratch->data();  // (row1 - row0, out, 3)
+  // Horizontal pass over the rows the vertical pass needs.
+  for (int y = row0; y < row1; ++y) {
+    const uint8_t* src = rgb + size_t(y) * size_t(width) * 3;
+    float* t = tmp + size_t(y - row0) * size_t(out) * 3;
+    for (int x = 0; x < out; ++x) {
+      const float* w = cx.w.data() + size_t(x) * size_t(cx.ksize);
+      const uint8_t* p = src + size_t(cx.start[size_t(x)]) * 3;
+      float r = 0, g = 0, b = 0;
+      for (int k = 0, n = cx.count[size_t(x)]; k < n; ++k, p += 3) {
+        r += w[k] * p[0];
+        g += w[k] * p[1];
+        b += w[k] * p[2];
+      }
+      t[3 * x] = r;
+      t[3 * x + 1] = g;
+      t[3 * x + 2] = b;
+    }
+  }
+  // Vertical pass, then mirror and normalize into the output row.
+  float mul[3], add[3];
+  for (int c = 0; c < 3; ++c) {
+    mul[c] = 1.0f / (255.0f * opt.std[c]);
+    add[c] = -opt.mean[c] / opt.std[c];
+  }
+  std::vector<float>& row = *scratch;  // the row buffer sits after tmp
+  const size_t row_off = size_t(row1 - row0) * size_t(out) * 3;
+  row.resize(row_off + size_t(out) * 3);
+  tmp = row.data();
+  float* acc = row.data() + row_off;
+  for (int y = 0; y < out; ++y) {
+    const float* w = cy.w.data() + size_t(y) * size_t(cy.ksize);
+    std::fill(acc, acc + size_t(out) * 3, 0.0f);
+    for (int k = 0, n = cy.count[size_t(y)]; k < n; ++k) {
+      const float* t = tmp + size_t(cy.start[size_t(y)] - row0 + k) * size_t(out) * 3;
+      const float wk = w[k];
+      for (int i = 0; i < out * 3; ++i) acc[i] += wk * t[i];
+    }
+    float* d = dst + size_t(y) * size_t(out) * 3;
+    for (int x = 0; x < out; ++x) {
+      const float* a = acc + 3 * (box.flip ? out - 1 - x : x);
+      for (int c = 0; c < 3; ++c) d[3 * x + c] = a[c] * mul[c] + add[c];
+    }
+  }
+}
+
+}  // namespace io
+}  // namespace spotrain
