@@ -3,8 +3,14 @@
 #include "io/jpeg.h"
 
 #include <turbojpeg.h>
+// libjpeg's API after TurboJPEG's: jpeglib.h needs stdio's FILE and size_t declared first.
+#include <cstdio>
+#include <jpeglib.h>
 
+#include <csetjmp>
 #include <cstring>
+
+#include <algorithm>
 
 #include "engine/error.h"
 
@@ -83,6 +89,91 @@ void decode_jpeg_rgb(const uint8_t* data, size_t size, int denom, bool fast, std
   }
   *width = w;
   *height = ht;
+}
+
+namespace {
+
+// libjpeg reports errors through callbacks: jump back out of the library, and treat warnings
+// (corrupt or truncated data, which libjpeg would paper over with grey) as errors too.
+struct JpegErr {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char msg[JMSG_LENGTH_MAX];
+};
+
+void on_error(j_common_ptr c) {
+  JpegErr* e = reinterpret_cast<JpegErr*>(c->err);
+  (*c->err->format_message)(c, e->msg);
+  std::longjmp(e->jump, 1);
+}
+
+void on_message(j_common_ptr c, int level) {
+  if (level < 0) on_error(c);  // a warning: corrupt data
+}
+
+// CMYK as stored (Adobe-inverted) -> RGB as PIL converts it.
+void cmyk_row_to_rgb(const uint8_t* in, uint8_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i, in += 4, out += 3) {
+    const unsigned k = in[3];
+    for (int c = 0; c < 3; ++c) out[c] = uint8_t((in[c] * k + 127) / 255);
+  }
+}
+
+}  // namespace
+
+void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, JpegRegion want,
+                        std::vector<uint8_t>* rgb, JpegRegion* got) {
+  SPOTRAIN_CHECK(denom == 1 || denom == 2 || denom == 4 || denom == 8,
+                 "JPEG scale denominator must be 1, 2, 4 or 8, got ", denom);
+  SPOTRAIN_CHECK(size >= 4 && data[0] == 0xFF && data[1] == 0xD8, "not a JPEG file (no SOI marker)");
+  // Rows below the region are never read, so check the end of the file is there at all.
+  bool eoi = false;
+  for (size_t i = size - 1; i > 0 && i + 64 >= size && !eoi; --i) eoi = data[i - 1] == 0xFF && data[i] == 0xD9;
+  SPOTRAIN_CHECK(eoi, "truncated JPEG file (no end-of-image marker)");
+  jpeg_decompress_struct cinfo;
+  JpegErr err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = on_error;
+  err.mgr.emit_message = on_message;
+  thread_local std::vector<uint8_t> row;  // one CMYK row
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    SPOTRAIN_THROW(err.msg);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, (unsigned long)size);
+  jpeg_read_header(&cinfo, TRUE);
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = unsigned(denom);
+  cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+  cinfo.do_fancy_upsampling = fast ? FALSE : TRUE;
+  jpeg_start_decompress(&cinfo);
+  const int W = int(cinfo.output_width), H = int(cinfo.output_height);
+  int x0 = std::max(0, std::min(want.x, W - 1)), y0 = std::max(0, std::min(want.y, H - 1));
+  int x1 = std::max(x0 + 1, std::min(want.x + want.w, W)), y1 = std::max(y0 + 1, std::min(want.y + want.h, H));
+  JDIMENSION xoff = JDIMENSION(x0), cw = JDIMENSION(x1 - x0);
+  if (x0 > 0 || x1 < W) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to iMCU edges
+  if (y0 > 0) jpeg_skip_scanlines(&cinfo, JDIMENSION(y0));
+  const int ow = int(cinfo.output_width), oh = y1 - y0;
+  rgb->resize(size_t(ow) * size_t(oh) * 3);
+  if (cmyk) row.resize(size_t(ow) * 4);
+  for (int y = 0; y < oh; ++y) {
+    uint8_t* dst = rgb->data() + size_t(y) * size_t(ow) * 3;
+    JSAMPROW r = cmyk ? row.data() : dst;
+    if (jpeg_read_scanlines(&cinfo, &r, 1) != 1) {
+      std::snprintf(err.msg, sizeof err.msg, "JPEG data ended at row %d of %d", y0 + y, H);
+      jpeg_destroy_decompress(&cinfo);
+      SPOTRAIN_THROW(err.msg);
+    }
+    if (cmyk) cmyk_row_to_rgb(row.data(), dst, size_t(ow));
+  }
+  jpeg_destroy_decompress(&cinfo);  // without reading the rest: the rows below are not decoded
+  got->x = int(xoff);
+  got->y = y0;
+  got->w = ow;
+  got->h = oh;
 }
 
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int channels,

@@ -30,6 +30,18 @@ inline int jpeg_scaled(int dim, int denom) { return (dim + denom - 1) / denom; }
 void decode_jpeg_rgb(const uint8_t* data, size_t size, int denom, bool fast, std::vector<uint8_t>* rgb,
                      int* width, int* height);
 
+// Region-of-interest decode (libjpeg-turbo's libjpeg API: jpeg_crop_scanline and
+// jpeg_skip_scanlines, which TurboJPEG 2.x lacks): decodes at 1/denom only the rows and
+// (iMCU-aligned) columns covering [x0, x0 + w) x [y0, y0 + h) of the scaled image, stopping
+// after the last needed row. Writes the pixels (*out_h, *out_w, 3) and where they start in
+// the scaled image (*out_x, *out_y; out_x may be left of x0). Same colour handling and
+// errors as decode_jpeg_rgb.
+struct JpegRegion {
+  int x = 0, y = 0, w = 0, h = 0;  // in the scaled image's pixels
+};
+void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, JpegRegion want,
+                        std::vector<uint8_t>* rgb, JpegRegion* got);
+
 // Encodes (H, W, channels) 8-bit pixels: channels 1 (grayscale JPEG), 3 (RGB -> YCbCr 4:2:0)
 // or 4 (CMYK, stored Adobe-inverted so that decode_jpeg_rgb and PIL read it back).
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int width, int height, int channels,

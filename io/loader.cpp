@@ -4,6 +4,7 @@
 #include "io/loader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "engine/error.h"
@@ -175,16 +176,29 @@ void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label
                     ? random_resized_crop(info.width, info.height, t, true, opt_.seed, epoch, id)
                     : center_crop_box(info.width, info.height, t);
   const int denom = pick_jpeg_denom(box, t.out_size);
-  int w = 0, h = 0;
-  decode_jpeg_rgb(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, &s.u8, &w, &h);
   if (denom > 1) {  // the crop box in the reduced image's pixels
-    const double sx = double(w) / info.width, sy = double(h) / info.height;
+    const double sx = double(jpeg_scaled(info.width, denom)) / info.width;
+    const double sy = double(jpeg_scaled(info.height, denom)) / info.height;
     box.x *= sx;
     box.w *= sx;
     box.y *= sy;
     box.h *= sy;
   }
-  resample_normalize(s.u8.data(), w, h, box, t, dst, &s.f);
+  // Decode only the rows and columns the resampler reads: the box, plus the filter's reach
+  // where taps may fall outside it (fractional boxes clamp at the image edge, not the box).
+  const bool integer_box = box.x == std::floor(box.x) && box.y == std::floor(box.y) &&
+                           box.w == std::floor(box.w) && box.h == std::floor(box.h);
+  const int margin = integer_box ? 0 : int(std::ceil(std::max({box.w / t.out_size, box.h / t.out_size, 1.0}))) + 1;
+  JpegRegion want;
+  want.x = int(std::floor(box.x)) - margin;
+  want.y = int(std::floor(box.y)) - margin;
+  want.w = int(std::ceil(box.x + box.w)) + margin - want.x;
+  want.h = int(std::ceil(box.y + box.h)) + margin - want.y;
+  JpegRegion got;
+  decode_jpeg_region(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, want, &s.u8, &got);
+  box.x -= got.x;
+  box.y -= got.y;
+  resample_normalize(s.u8.data(), got.w, got.h, box, t, dst, &s.f);
 }
 
 void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s) {

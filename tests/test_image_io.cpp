@@ -95,6 +95,40 @@ TEST(Jpeg, DctScalingHalvesTheSizeAndKeepsThePicture) {
   }
 }
 
+// Region decoding reads only part of the file but must give the full decode's pixels there.
+TEST(Jpeg, RegionDecodeMatchesFullDecode) {
+  auto img = smooth_image(203, 150, 4);
+  auto jpg = encode_jpeg(img.data(), 203, 150, 3, 90);
+  for (int d : {1, 2}) {
+    std::vector<uint8_t> full, part;
+    int w = 0, h = 0;
+    decode_jpeg_rgb(jpg.data(), jpg.size(), d, false, &full, &w, &h);
+    JpegRegion want{37 / d, 41 / d, 90 / d, 70 / d}, got;
+    decode_jpeg_region(jpg.data(), jpg.size(), d, false, want, &part, &got);
+    EXPECT_LE(got.x, want.x);
+    EXPECT_EQ(got.y, want.y);
+    EXPECT_GE(got.x + got.w, want.x + want.w);
+    EXPECT_EQ(got.h, want.h);
+    int worst = 0;
+    double sum = 0;
+    for (int y = 0; y < got.h; ++y)
+      for (int x = 0; x < got.w; ++x)
+        for (int c = 0; c < 3; ++c)
+        {
+          const int diff = std::abs(int(part[(size_t(y) * size_t(got.w) + size_t(x)) * 3 + size_t(c)]) -
+                                    int(full[(size_t(y + got.y) * size_t(w) + size_t(x + got.x)) * 3 + size_t(c)]));
+          worst = std::max(worst, diff);
+          sum += diff;
+        }
+    // Chroma upsampling at the region's first row sees no row above it: a level or two there.
+    EXPECT_LE(worst, 2) << "1/" << d;
+    EXPECT_LT(sum / (got.w * got.h * 3.0), 0.05) << "1/" << d;
+  }
+  std::vector<uint8_t> cut(jpg.begin(), jpg.begin() + long(jpg.size() * 3 / 4)), out;
+  JpegRegion got;
+  EXPECT_THROW(decode_jpeg_region(cut.data(), cut.size(), 1, false, JpegRegion{0, 0, 10, 10}, &out, &got), Error);
+}
+
 TEST(Jpeg, GrayscaleBecomesThreeEqualChannels) {
   std::vector<uint8_t> g(40 * 30);
   for (size_t i = 0; i < g.size(); ++i) g[i] = uint8_t(40 + (i % 40) * 4);
