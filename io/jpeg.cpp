@@ -153,6 +153,15 @@ void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, 
   const int W = int(cinfo.output_width), H = int(cinfo.output_height);
   int x0 = std::max(0, std::min(want.x, W - 1)), y0 = std::max(0, std::min(want.y, H - 1));
   int x1 = std::max(x0 + 1, std::min(want.x + want.w, W)), y1 = std::max(y0 + 1, std::min(want.y + want.h, H));
+  // Chroma upsampling at a region edge inside the image would see no neighbour there and
+  // replicate the edge instead: decode one iMCU more on each side (rounded to iMCU edges),
+  // so the pixels asked for are the whole-image decode's.
+  const int mcu_w = cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size;
+  const int mcu_h = cinfo.max_v_samp_factor * cinfo.min_DCT_scaled_size;
+  x0 = std::max(0, x0 / mcu_w * mcu_w - mcu_w);
+  x1 = std::min(W, (x1 + mcu_w - 1) / mcu_w * mcu_w + mcu_w);
+  y0 = std::max(0, y0 / mcu_h * mcu_h - mcu_h);
+  y1 = std::min(H, (y1 + mcu_h - 1) / mcu_h * mcu_h + mcu_h);
   JDIMENSION xoff = JDIMENSION(x0), cw = JDIMENSION(x1 - x0);
   if (x0 > 0 || x1 < W) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to iMCU edges
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, JDIMENSION(y0));

@@ -33,9 +33,10 @@ void decode_jpeg_rgb(const uint8_t* data, size_t size, int denom, bool fast, std
 // Region-of-interest decode (libjpeg-turbo's libjpeg API: jpeg_crop_scanline and
 // jpeg_skip_scanlines, which TurboJPEG 2.x lacks): decodes at 1/denom only the rows and
 // (iMCU-aligned) columns covering [x0, x0 + w) x [y0, y0 + h) of the scaled image, stopping
-// after the last needed row. Writes the pixels (*out_h, *out_w, 3) and where they start in
-// the scaled image (*out_x, *out_y; out_x may be left of x0). Same colour handling and
-// errors as decode_jpeg_rgb.
+// after the last needed row. Writes the decoded block (got->h, got->w, 3) and where it lies
+// in the scaled image (*got, which covers `want` plus about one iMCU around it). Inside
+// `want` the pixels equal decode_jpeg_rgb's; the outermost margin columns may not (chroma
+// upsampling has no neighbour there). Same colour handling and errors as decode_jpeg_rgb.
 struct JpegRegion {
   int x = 0, y = 0, w = 0, h = 0;  // in the scaled image's pixels
 };
