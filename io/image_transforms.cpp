@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "engine/error.h"
 #include "engine/philox.h"
@@ -122,8 +124,76 @@ int pick_jpeg_denom(const CropBox& box, int out_size) {
   return 1;
 }
 
-void resample_normalize(const uint8_t* rgb, int width, int height, const CropBox& box,
-                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch) {
+namespace {
+
+typedef float v4f __attribute__((vector_size(16)));  // one pixel, 4 lanes (RGB + unused)
+
+template <int C>
+inline v4f load_pixel(const uint8_t* p) {
+  if (C == 4) {
+    typedef uint8_t v4u8 __attribute__((vector_size(4)));
+    v4u8 b;
+    std::memcpy(&b, p, 4);
+    return __builtin_convertvector(b, v4f);
+  }
+  v4f v = {float(p[0]), float(p[1]), float(p[2]), 0.0f};
+  return v;
+}
+
+template <int C>
+void resample_impl(const uint8_t* px, int width, const AxisCoeffs& cx, const AxisCoeffs& cy, bool flip,
+                   const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch) {
+  const int out = opt.out_size;
+  const int row0 = cy.start.front();
+  const int row1 = cy.start.back() + cy.count.back();  // source rows [row0, row1) are read
+  const size_t row_floats = size_t(out) * 4;
+  scratch->resize(size_t(row1 - row0 + 1) * row_floats + 4);
+  // 16-byte aligned start for the v4f rows
+  float* base = scratch->data();
+  while (reinterpret_cast<uintptr_t>(base) % 16) ++base;
+  v4f* tmp = reinterpret_cast<v4f*>(base);             // (row1 - row0, out) pixels
+  v4f* acc = tmp + size_t(row1 - row0) * size_t(out);  // (out) pixels
+  // Horizontal pass over the rows the vertical pass needs.
+  for (int y = row0; y < row1; ++y) {
+    const uint8_t* src = px + size_t(y) * size_t(width) * C;
+    v4f* t = tmp + size_t(y - row0) * size_t(out);
+    for (int x = 0; x < out; ++x) {
+      const float* w = cx.w.data() + size_t(x) * size_t(cx.ksize);
+      const uint8_t* p = src + size_t(cx.start[size_t(x)]) * C;
+      v4f a = {0, 0, 0, 0};
+      for (int k = 0, n = cx.count[size_t(x)]; k < n; ++k, p += C) a += w[k] * load_pixel<C>(p);
+      t[x] = a;
+    }
+  }
+  // Vertical pass, then mirror and normalize into the output row.
+  const v4f mul = {1.0f / (255.0f * opt.std[0]), 1.0f / (255.0f * opt.std[1]), 1.0f / (255.0f * opt.std[2]), 0};
+  const v4f add = {-opt.mean[0] / opt.std[0], -opt.mean[1] / opt.std[1], -opt.mean[2] / opt.std[2], 0};
+  for (int y = 0; y < out; ++y) {
+    const float* w = cy.w.data() + size_t(y) * size_t(cy.ksize);
+    const int n = cy.count[size_t(y)];
+    const v4f* t0 = tmp + size_t(cy.start[size_t(y)] - row0) * size_t(out);
+    for (int x = 0; x < out; ++x) {
+      v4f a = {0, 0, 0, 0};
+      const v4f* t = t0 + x;
+      for (int k = 0; k < n; ++k, t += out) a += w[k] * *t;
+      acc[x] = a;
+    }
+    float* d = dst + size_t(y) * size_t(out) * 3;
+    for (int x = 0; x < out; ++x) {
+      const v4f v = acc[flip ? out - 1 - x : x] * mul + add;
+      d[3 * x] = v[0];
+      d[3 * x + 1] = v[1];
+      d[3 * x + 2] = v[2];
+    }
+  }
+}
+
+}  // namespace
+
+void resample_normalize(const uint8_t* px, int width, int height, const CropBox& box,
+                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
+                        int channels) {
+  SPOTRAIN_CHECK(channels == 3 || channels == 4, "resample_normalize: 3 or 4 channels, got ", channels);
   const int out = opt.out_size;
   // Taps stay inside the image; a training crop (integer box) is cut out first, as torchvision's
   // crop-then-resize does, so its taps stay inside the box.
@@ -136,56 +206,13 @@ void resample_normalize(const uint8_t* rgb, int width, int height, const CropBox
     ylo = std::max(0, int(box.y));
     yhi = std::min(height, int(box.y + box.h));
   }
-  AxisCoeffs cx, cy;
+  thread_local AxisCoeffs cx, cy;
   axis_coeffs(box.x, box.w, xlo, xhi, out, &cx);
   axis_coeffs(box.y, box.h, ylo, yhi, out, &cy);
-  const int row0 = cy.start.front();
-  const int row1 = cy.start.back() + cy.count.back();  // source rows [row0, row1) are read
-  scratch->resize(size_t(row1 - row0) * size_t(out) * 3);
-  float* tmp = scratch->data();  // (row1 - row0, out, 3)
-  // Horizontal pass over the rows the vertical pass needs.
-  for (int y = row0; y < row1; ++y) {
-    const uint8_t* src = rgb + size_t(y) * size_t(width) * 3;
-    float* t = tmp + size_t(y - row0) * size_t(out) * 3;
-    for (int x = 0; x < out; ++x) {
-      const float* w = cx.w.data() + size_t(x) * size_t(cx.ksize);
-      const uint8_t* p = src + size_t(cx.start[size_t(x)]) * 3;
-      float r = 0, g = 0, b = 0;
-      for (int k = 0, n = cx.count[size_t(x)]; k < n; ++k, p += 3) {
-        r += w[k] * p[0];
-        g += w[k] * p[1];
-        b += w[k] * p[2];
-      }
-      t[3 * x] = r;
-      t[3 * x + 1] = g;
-      t[3 * x + 2] = b;
-    }
-  }
-  // Vertical pass, then mirror and normalize into the output row.
-  float mul[3], add[3];
-  for (int c = 0; c < 3; ++c) {
-    mul[c] = 1.0f / (255.0f * opt.std[c]);
-    add[c] = -opt.mean[c] / opt.std[c];
-  }
-  std::vector<float>& row = *scratch;  // the row buffer sits after tmp
-  const size_t row_off = size_t(row1 - row0) * size_t(out) * 3;
-  row.resize(row_off + size_t(out) * 3);
-  tmp = row.data();
-  float* acc = row.data() + row_off;
-  for (int y = 0; y < out; ++y) {
-    const float* w = cy.w.data() + size_t(y) * size_t(cy.ksize);
-    std::fill(acc, acc + size_t(out) * 3, 0.0f);
-    for (int k = 0, n = cy.count[size_t(y)]; k < n; ++k) {
-      const float* t = tmp + size_t(cy.start[size_t(y)] - row0 + k) * size_t(out) * 3;
-      const float wk = w[k];
-      for (int i = 0; i < out * 3; ++i) acc[i] += wk * t[i];
-    }
-    float* d = dst + size_t(y) * size_t(out) * 3;
-    for (int x = 0; x < out; ++x) {
-      const float* a = acc + 3 * (box.flip ? out - 1 - x : x);
-      for (int c = 0; c < 3; ++c) d[3 * x + c] = a[c] * mul[c] + add[c];
-    }
-  }
+  if (channels == 4)
+    resample_impl<4>(px, width, cx, cy, box.flip, opt, dst, scratch);
+  else
+    resample_impl<3>(px, width, cx, cy, box.flip, opt, dst, scratch);
 }
 
 }  // namespace io

@@ -40,11 +40,13 @@ CropBox center_crop_box(int width, int height, const ImageTransformOptions& opt)
 // at least out_size pixels on both sides.
 int pick_jpeg_denom(const CropBox& box, int out_size);
 
-// Resamples `box` of the (H, W, 3) uint8 image to out_size x out_size with PIL's bilinear
-// filter (triangle, support scaled when shrinking), mirrors when box.flip, normalizes, and
-// writes (out_size, out_size, 3) floats. `scratch` is reused between calls.
-void resample_normalize(const uint8_t* rgb, int width, int height, const CropBox& box,
-                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch);
+// Resamples `box` of the (H, W, channels) uint8 image (channels 3: RGB, 4: RGBX, the 4th
+// ignored) to out_size x out_size with PIL's bilinear filter (triangle, support scaled when
+// shrinking), mirrors when box.flip, normalizes, and writes (out_size, out_size, 3) floats.
+// `scratch` is reused between calls.
+void resample_normalize(const uint8_t* pixels, int width, int height, const CropBox& box,
+                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
+                        int channels = 3);
 
 }  // namespace io
 }  // namespace spotrain

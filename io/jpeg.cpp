@@ -112,8 +112,8 @@ void on_message(j_common_ptr c, int level) {
 }
 
 // CMYK as stored (Adobe-inverted) -> RGB as PIL converts it.
-void cmyk_row_to_rgb(const uint8_t* in, uint8_t* out, size_t n) {
-  for (size_t i = 0; i < n; ++i, in += 4, out += 3) {
+void cmyk_row_to_rgb(const uint8_t* in, uint8_t* out, size_t n, int channels) {
+  for (size_t i = 0; i < n; ++i, in += 4, out += channels) {
     const unsigned k = in[3];
     for (int c = 0; c < 3; ++c) out[c] = uint8_t((in[c] * k + 127) / 255);
   }
@@ -122,7 +122,8 @@ void cmyk_row_to_rgb(const uint8_t* in, uint8_t* out, size_t n) {
 }  // namespace
 
 void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, JpegRegion want,
-                        std::vector<uint8_t>* rgb, JpegRegion* got) {
+                        std::vector<uint8_t>* rgb, JpegRegion* got, int channels) {
+  SPOTRAIN_CHECK(channels == 3 || channels == 4, "decode_jpeg_region: 3 or 4 channels, got ", channels);
   SPOTRAIN_CHECK(denom == 1 || denom == 2 || denom == 4 || denom == 8,
                  "JPEG scale denominator must be 1, 2, 4 or 8, got ", denom);
   SPOTRAIN_CHECK(size >= 4 && data[0] == 0xFF && data[1] == 0xD8, "not a JPEG file (no SOI marker)");
@@ -144,7 +145,7 @@ void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, 
   jpeg_mem_src(&cinfo, data, (unsigned long)size);
   jpeg_read_header(&cinfo, TRUE);
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : channels == 4 ? JCS_EXT_RGBX : JCS_RGB;
   cinfo.scale_num = 1;
   cinfo.scale_denom = unsigned(denom);
   cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
@@ -166,17 +167,17 @@ void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, 
   if (x0 > 0 || x1 < W) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to iMCU edges
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, JDIMENSION(y0));
   const int ow = int(cinfo.output_width), oh = y1 - y0;
-  rgb->resize(size_t(ow) * size_t(oh) * 3);
+  rgb->resize(size_t(ow) * size_t(oh) * size_t(channels));
   if (cmyk) row.resize(size_t(ow) * 4);
   for (int y = 0; y < oh; ++y) {
-    uint8_t* dst = rgb->data() + size_t(y) * size_t(ow) * 3;
+    uint8_t* dst = rgb->data() + size_t(y) * size_t(ow) * size_t(channels);
     JSAMPROW r = cmyk ? row.data() : dst;
     if (jpeg_read_scanlines(&cinfo, &r, 1) != 1) {
       std::snprintf(err.msg, sizeof err.msg, "JPEG data ended at row %d of %d", y0 + y, H);
       jpeg_destroy_decompress(&cinfo);
       SPOTRAIN_THROW(err.msg);
     }
-    if (cmyk) cmyk_row_to_rgb(row.data(), dst, size_t(ow));
+    if (cmyk) cmyk_row_to_rgb(row.data(), dst, size_t(ow), channels);
   }
   jpeg_destroy_decompress(&cinfo);  // without reading the rest: the rows below are not decoded
   got->x = int(xoff);

@@ -40,8 +40,9 @@ void decode_jpeg_rgb(const uint8_t* data, size_t size, int denom, bool fast, std
 struct JpegRegion {
   int x = 0, y = 0, w = 0, h = 0;  // in the scaled image's pixels
 };
+// channels 4 writes RGBX (4 bytes a pixel, the 4th unspecified), which SIMD code reads faster.
 void decode_jpeg_region(const uint8_t* data, size_t size, int denom, bool fast, JpegRegion want,
-                        std::vector<uint8_t>* rgb, JpegRegion* got);
+                        std::vector<uint8_t>* rgb, JpegRegion* got, int channels = 3);
 
 // Encodes (H, W, channels) 8-bit pixels: channels 1 (grayscale JPEG), 3 (RGB -> YCbCr 4:2:0)
 // or 4 (CMYK, stored Adobe-inverted so that decode_jpeg_rgb and PIL read it back).

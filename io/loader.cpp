@@ -195,10 +195,10 @@ void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label
   want.w = int(std::ceil(box.x + box.w)) + margin - want.x;
   want.h = int(std::ceil(box.y + box.h)) + margin - want.y;
   JpegRegion got;
-  decode_jpeg_region(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, want, &s.u8, &got);
+  decode_jpeg_region(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, want, &s.u8, &got, 4);
   box.x -= got.x;
   box.y -= got.y;
-  resample_normalize(s.u8.data(), got.w, got.h, box, t, dst, &s.f);
+  resample_normalize(s.u8.data(), got.w, got.h, box, t, dst, &s.f, 4);
 }
 
 void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s) {
