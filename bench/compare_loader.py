@@ -39,7 +39,12 @@ def torch_run(root, workers, batch, batches, train):
                                      drop_last=True, persistent_workers=workers > 0,
                                      prefetch_factor=4 if workers > 0 else 2)
     it = iter(dl)
-    next(it)  # warm-up, as on the spotrain side
+    for _ in range(4 + max(workers, 1) + 2):  # warm-up, as on the spotrain side
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(dl)
+            next(it)
     t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     for _ in range(batches):

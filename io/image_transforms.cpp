@@ -140,8 +140,9 @@ inline v4f load_pixel(const uint8_t* p) {
   return v;
 }
 
+// Built twice: for AVX2/FMA machines (x86-64-v3, picked at load time) and plain x86-64.
 template <int C>
-void resample_impl(const uint8_t* px, int width, const AxisCoeffs& cx, const AxisCoeffs& cy, bool flip,
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void resample_impl(const uint8_t* px, int width, const AxisCoeffs& cx, const AxisCoeffs& cy, bool flip,
                    const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch) {
   const int out = opt.out_size;
   const int row0 = cy.start.front();
