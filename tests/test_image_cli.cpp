@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,25 @@ TEST_F(ImageCli, PackVerifyAndShardsTrainLikeTheFolder) {
   fs::remove_all(sh);
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+TEST_F(ImageCli, BenchOnRealDataReportsDataWaitAndJson) {
+  const std::string js = tmp("bench") + ".json";
+  CommandResult r = run("bench --model resnet20 --image-size 24 --batch-size 20 --steps 3 --warmup 1 --threads 2 "
+                        "--data imagefolder:" + fx_.root + " --workers 1 --max-bad-fraction 0.01 --price-per-hour 2.5 --json " + js);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(js);
+  std::string j((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* key : {"\"images_per_sec\"", "\"images_per_sec_p10\"", "\"images_per_sec_per_rank\"",
+                          "\"data\"", "\"comm_exposed\"", "\"peak_memory_bytes\"", "\"gpu\"",
+                          "\"imagenet_90_epochs\"", "\"input_bound\""})
+    EXPECT_NE(j.find(key), std::string::npos) << key << " missing in " << j;
+  EXPECT_NE(r.out.find("images/s per rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("90-epoch ImageNet"), std::string::npos) << r.out;
+  // The input-bound advice appears exactly when the JSON says so.
+  const bool bound = j.find("\"input_bound\": true") != std::string::npos;
+  EXPECT_EQ(bound, r.out.find("input-bound:") != std::string::npos) << r.out;
+  fs::remove(js);
 }
 
 }  // namespace

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
   data_verify->add_option("out", pack_out, "directory written by data pack")->required();
 
   spotrain::BenchOptions bo;
-  auto* bench = app.add_subcommand("bench", "measure training-step throughput on synthetic data");
+  auto* bench = app.add_subcommand("bench", "measure training-step throughput (synthetic or real data)");
   bench->add_option("--model", bo.model, "model")->capture_default_str();
   bench->add_option("--batch-size", bo.batch_size, "batch size per rank")->capture_default_str();
   bench->add_option("--image-size", bo.image_size, "square input size")->capture_default_str();
@@ -249,8 +249,14 @@ int main(int argc, char** argv) {
   bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
       ->capture_default_str();
   bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
-  bench->add_option("--data", [](CLI::results_t r) { return r.size() == 1 && r[0] == "synthetic"; },
-                    "synthetic (the only bench input so far)");
+  bench->add_option("--data", bo.data,
+                    "synthetic (one batch made once) | imagefolder:DIR | shards:DIR (the training loader)")
+      ->capture_default_str();
+  bench->add_option("--workers", bo.workers, "loader threads for real data")->capture_default_str();
+  bench->add_option("--prefetch", bo.prefetch, "batches the loader prepares ahead")->capture_default_str();
+  bench->add_option("--max-bad-fraction", bo.max_bad_fraction,
+                    "stop when more than this fraction of images is unreadable")
+      ->capture_default_str();
   bench->add_option("--json", bo.json, "write the results as JSON to FILE");
   bench->add_option("--price-per-hour", bo.price_per_hour,
                     "USD per hour: estimate the cost of a 90-epoch ImageNet run");
