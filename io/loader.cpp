@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include <cstdio>
 #include "io/jpeg.h"
+#include "io/png.h"
 
 namespace spotrain {
 namespace io {
@@ -168,10 +169,18 @@ void Loader::note_bad(int64_t id, const std::string& why) {
 
 void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const {
   data_->read_encoded(id, &s.bytes, label);
+  const ImageTransformOptions& t = opt_.image;
+  if (is_png(s.bytes.data(), s.bytes.size())) {  // PNG: whole-image decode, same transforms
+    int w = 0, h = 0;
+    decode_png_rgbx(s.bytes.data(), s.bytes.size(), &s.u8, &w, &h);
+    CropBox box = opt_.train && opt_.augment ? random_resized_crop(w, h, t, true, opt_.seed, epoch, id)
+                                             : center_crop_box(w, h, t);
+    resample_normalize(s.u8.data(), w, h, box, t, dst, &s.f, 4);
+    return;
+  }
   JpegInfo info;
   std::string why;
   SPOTRAIN_CHECK(jpeg_info(s.bytes.data(), s.bytes.size(), &info, &why), why);
-  const ImageTransformOptions& t = opt_.image;
   CropBox box = opt_.train && opt_.augment
                     ? random_resized_crop(info.width, info.height, t, true, opt_.seed, epoch, id)
                     : center_crop_box(info.width, info.height, t);

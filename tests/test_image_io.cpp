@@ -18,6 +18,7 @@
 #include "io/image_transforms.h"
 #include "io/jpeg.h"
 #include "io/loader.h"
+#include "io/png.h"
 
 namespace fs = std::filesystem;
 using namespace spotrain;
@@ -494,6 +495,51 @@ TEST_F(ImageFolderTest, PackThenReadGivesIdenticalBatches) {
   EXPECT_TRUE(outside);
   EXPECT_THROW(open_shards(out, 24), Error);
   fs::remove_all(out);
+}
+
+TEST(Png, DecodesExactlyAndGoesThroughTheLoader) {
+  const int W = 40, H = 30;
+  auto img = smooth_image(W, H, 9);
+  std::vector<uint8_t> rgba(size_t(W) * H * 4);
+  for (int i = 0; i < W * H; ++i) {
+    for (int c = 0; c < 3; ++c) rgba[size_t(4 * i + c)] = img[size_t(3 * i + c)];
+    rgba[size_t(4 * i + 3)] = uint8_t(i % 251);  // alpha is dropped, as PIL's convert("RGB")
+  }
+  auto png = encode_png(rgba.data(), W, H, 4);
+  ASSERT_TRUE(is_png(png.data(), png.size()));
+  std::vector<uint8_t> out;
+  int w = 0, h = 0;
+  decode_png_rgbx(png.data(), png.size(), &out, &w, &h);
+  ASSERT_EQ(w, W);
+  ASSERT_EQ(h, H);
+  EXPECT_EQ(out, rgba);
+  std::vector<uint8_t> cut(png.begin(), png.begin() + long(png.size() / 2));
+  EXPECT_THROW(decode_png_rgbx(cut.data(), cut.size(), &out, &w, &h), Error);
+  // A folder with a PNG among JPEGs: the loader's pixels are the PNG's, transformed.
+  const std::string root = temp_dir("png");
+  fs::remove_all(root);
+  fs::create_directories(root + "/cls");
+  write_bytes(root + "/cls/a.png", png, png.size());
+  auto jpg = encode_jpeg(img.data(), W, H, 3, 90);
+  write_bytes(root + "/cls/b.JPEG", jpg, jpg.size());
+  auto d = std::shared_ptr<const Dataset>(open_image_folder(root, {}, 24));
+  ASSERT_EQ(d->size(), 2);
+  LoaderOptions lo;
+  lo.batch_size = 2;
+  lo.train = false;
+  lo.image.out_size = 24;
+  lo.image.resize = 27;
+  Loader l(d, lo);
+  l.start_epoch(0);
+  Batch b;
+  ASSERT_TRUE(l.next(b));
+  std::vector<float> ref(24 * 24 * 3), scratch;
+  resample_normalize(img.data(), W, H, center_crop_box(W, H, lo.image), lo.image, ref.data(), &scratch, 3);
+  double worst = 0;
+  for (size_t k = 0; k < ref.size(); ++k) worst = std::max(worst, double(std::fabs(b.images.data<float>()[k] - ref[k])));
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_TRUE(l.bad_samples().empty());
+  fs::remove_all(root);
 }
 
 TEST(ParseBytes, UnitsAndErrors) {
