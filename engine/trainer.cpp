@@ -42,7 +42,9 @@ io::TransformOptions transforms_for(const std::string& kind, const io::Dataset& 
     }
     return t;
   }
-  io::TransformOptions t;  // synthetic: plain scaling
+  io::TransformOptions t;
+  if (d.encoded()) return t;  // imagefolder / shards: the Loader's ImageTransformOptions apply
+  // synthetic: plain scaling
   int c = d.image_shape().c;
   t.mean.assign(c, 0.5f);
   t.std.assign(c, 0.25f);

@@ -1,6 +1,7 @@
-// Datasets: random-access sources of (uint8 HWC image, label) that the Loader reads from.
-// Fashion-MNIST/MNIST IDX files, deterministic synthetic images, and a first-n subset view.
-// Every get() is thread-safe, so the Loader's worker threads share one Dataset.
+// Datasets: random-access sources of (uint8 HWC image, label) that the Loader reads from:
+// Fashion-MNIST/MNIST IDX files, deterministic synthetic images, a first-n subset view, and
+// (io/image_folder.h) encoded JPEG/PNG sources whose bytes the Loader decodes itself.
+// Every method is thread-safe, so the Loader's worker threads share one Dataset.
 #pragma once
 #include <cstdint>
 #include <memory>

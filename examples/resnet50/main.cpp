@@ -39,9 +39,12 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
       ->capture_default_str();
   c.add_option("--eval-every", cfg.eval_every, "evaluate on the test/val set every N epochs (0 = at the end)")
       ->capture_default_str();
-  c.add_option("--train-limit", cfg.train_limit, "use only the first N training samples (0 = all)");
+  c.add_option("--train-limit", cfg.train_limit,
+               "use only the first N training samples (0 = all; an image folder's are in class order)");
   c.add_option("--test-limit", cfg.test_limit, "evaluate on the first N test samples (0 = all)");
-  c.add_flag("--augment,!--no-augment", cfg.augment, "random pad-and-crop and flips for training")
+  c.add_flag("--augment,!--no-augment", cfg.augment,
+             "training augmentation: pad-and-crop + flips (fashion-mnist), RandomResizedCrop + flips "
+             "(imagefolder/shards; off: the eval crop)")
       ->capture_default_str();
   c.add_option("--epochs", cfg.epochs, "epochs to train")->capture_default_str();
   c.add_option("--steps", cfg.steps, "train exactly this many steps (overrides --epochs)");
