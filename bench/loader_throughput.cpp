@@ -3,6 +3,9 @@
 // so bench/compare_loader.py can set it against torchvision's DataLoader per core.
 //   bench_loader --data imagefolder:DIR|shards:DIR --workers N [--batch 64] [--batches 30]
 //                [--eval] [--fast-decode]       prints one JSON line
+//   bench_loader --data ... --dump PREFIX [--eval]   writes the first batch (PREFIX.bin: fp32
+//                NHWC) and per image its file, label and crop box (PREFIX.json) for
+//                bench/check_transforms_pil.py
 #include <sys/resource.h>
 
 #include <chrono>
@@ -13,6 +16,8 @@
 
 #include "engine/error.h"
 #include "io/image_folder.h"
+#include "io/image_transforms.h"
+#include "io/jpeg.h"
 #include "io/loader.h"
 
 using namespace spotrain;
@@ -30,7 +35,7 @@ double now() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string data;
+  std::string data, dump;
   int workers = 1, batches = 30, prefetch = 4;
   int64_t batch = 64;
   bool train = true, fast = false;
@@ -44,6 +49,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefetch") prefetch = std::atoi(val().c_str());
     else if (a == "--eval") train = false;
     else if (a == "--fast-decode") fast = true;
+    else if (a == "--dump") dump = val();
     else {
       std::fprintf(stderr, "usage: bench_loader --data imagefolder:DIR|shards:DIR --workers N [--batch B] "
                            "[--batches K] [--prefetch P] [--eval] [--fast-decode]\n");
@@ -64,6 +70,35 @@ int main(int argc, char** argv) {
     lo.image.fast_decode = fast;
     io::Loader loader(d, lo);
     io::Batch b;
+    if (!dump.empty()) {
+      loader.start_epoch(0);
+      SPOTRAIN_CHECK(loader.next(b), "no batches");
+      FILE* f = std::fopen((dump + ".bin").c_str(), "wb");
+      SPOTRAIN_CHECK(f && std::fwrite(b.images.raw(), 1, b.images.nbytes(), f) == b.images.nbytes(),
+                     "cannot write ", dump, ".bin");
+      std::fclose(f);
+      FILE* j = std::fopen((dump + ".json").c_str(), "w");
+      SPOTRAIN_CHECK(j, "cannot write ", dump, ".json");
+      std::fprintf(j, "[\n");
+      std::vector<uint8_t> bytes;
+      for (size_t i = 0; i < b.sample_ids.size(); ++i) {
+        int32_t label;
+        d->read_encoded(b.sample_ids[i], &bytes, &label);
+        io::JpegInfo info;
+        SPOTRAIN_CHECK(io::jpeg_info(bytes.data(), bytes.size(), &info), "not a JPEG: ", d->sample_name(b.sample_ids[i]));
+        io::CropBox box = train ? io::random_resized_crop(info.width, info.height, lo.image, true, lo.seed, 0,
+                                                          b.sample_ids[i])
+                                : io::center_crop_box(info.width, info.height, lo.image);
+        std::fprintf(j, "{\"file\": \"%s\", \"label\": %d, \"x\": %.17g, \"y\": %.17g, \"w\": %.17g, "
+                        "\"h\": %.17g, \"flip\": %s, \"denom\": %d}%s\n",
+                     d->sample_name(b.sample_ids[i]).c_str(), label, box.x, box.y, box.w, box.h,
+                     box.flip ? "true" : "false", io::pick_jpeg_denom(box, lo.image.out_size),
+                     i + 1 < b.sample_ids.size() ? "," : "");
+      }
+      std::fprintf(j, "]\n");
+      std::fclose(j);
+      return 0;
+    }
     int64_t images = 0, epoch = 0;
     loader.start_epoch(epoch);
     // Warm-up: threads started, the batch buffers in flight allocated once (the allocator then

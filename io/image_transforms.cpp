@@ -65,6 +65,7 @@ CropBox random_resized_crop(int width, int height, const ImageTransformOptions& 
   SPOTRAIN_CHECK(width > 0 && height > 0, "random_resized_crop: empty image ", width, "x", height);
   Philox rng(seed, uint32_t(epoch), uint32_t(sample_id), uint32_t(uint64_t(sample_id) >> 32));
   CropBox b;
+  b.clip = true;
   b.flip = (rng.uniform() < 0.5f) && train_flip && opt.flip;
   const double area = double(width) * height;
   const double lr0 = std::log(double(opt.ratio_min)), lr1 = std::log(double(opt.ratio_max));
@@ -196,16 +197,14 @@ void resample_normalize(const uint8_t* px, int width, int height, const CropBox&
                         int channels) {
   SPOTRAIN_CHECK(channels == 3 || channels == 4, "resample_normalize: 3 or 4 channels, got ", channels);
   const int out = opt.out_size;
-  // Taps stay inside the image; a training crop (integer box) is cut out first, as torchvision's
+  // Taps stay inside the image; a training crop is cut out first, as torchvision's
   // crop-then-resize does, so its taps stay inside the box.
-  const bool integer_box = box.x == std::floor(box.x) && box.y == std::floor(box.y) &&
-                           box.w == std::floor(box.w) && box.h == std::floor(box.h);
   int xlo = 0, xhi = width, ylo = 0, yhi = height;
-  if (integer_box) {
-    xlo = std::max(0, int(box.x));
-    xhi = std::min(width, int(box.x + box.w));
-    ylo = std::max(0, int(box.y));
-    yhi = std::min(height, int(box.y + box.h));
+  if (box.clip) {
+    xlo = std::max(0, int(std::floor(box.x)));
+    xhi = std::min(width, int(std::ceil(box.x + box.w)));
+    ylo = std::max(0, int(std::floor(box.y)));
+    yhi = std::min(height, int(std::ceil(box.y + box.h)));
   }
   thread_local AxisCoeffs cx, cy;
   axis_coeffs(box.x, box.w, xlo, xhi, out, &cx);

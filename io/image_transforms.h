@@ -21,9 +21,12 @@ struct ImageTransformOptions {
 
 // A crop of the source image in source pixels (x, y of the top-left corner; w, h its size;
 // fractional for evaluation), and whether the output is mirrored.
+// clip: the filter's taps stay inside the box (a crop, then a resize: RandomResizedCrop);
+// otherwise they reach outside it up to the image edge (a resize, then a crop: eval).
 struct CropBox {
   double x = 0, y = 0, w = 0, h = 0;
   bool flip = false;
+  bool clip = false;
 };
 
 // torchvision's RandomResizedCrop.get_params with its 10 tries and center-crop fallback, and

@@ -194,10 +194,8 @@ void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label
     box.h *= sy;
   }
   // Decode only the rows and columns the resampler reads: the box, plus the filter's reach
-  // where taps may fall outside it (fractional boxes clamp at the image edge, not the box).
-  const bool integer_box = box.x == std::floor(box.x) && box.y == std::floor(box.y) &&
-                           box.w == std::floor(box.w) && box.h == std::floor(box.h);
-  const int margin = integer_box ? 0 : int(std::ceil(std::max({box.w / t.out_size, box.h / t.out_size, 1.0}))) + 1;
+  // where taps may fall outside it (eval boxes clamp at the image edge, not the box).
+  const int margin = box.clip ? 0 : int(std::ceil(std::max({box.w / t.out_size, box.h / t.out_size, 1.0}))) + 1;
   JpegRegion want;
   want.x = int(std::floor(box.x)) - margin;
   want.y = int(std::floor(box.y)) - margin;

@@ -203,13 +203,15 @@ TEST(ImageTransforms, ResampleCropFlipNormalizeMatchReference) {
   opt.out_size = 16;
   for (int out_size : {16, 56}) {  // shrinking (antialiased) and enlarging
     opt.out_size = out_size;
-    for (bool flip : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool flip = mode == 1, clip = mode != 2;  // mode 2: resize-then-crop (eval) taps
       CropBox box;
       box.x = 8;
       box.y = 6;
       box.w = 40;
       box.h = 30;
       box.flip = flip;
+      box.clip = clip;  // crop-then-resize: taps inside the box; else up to the image edge
       const int n = out_size;
       std::vector<float> out(size_t(n) * n * 3, -1e9f), scratch;
       resample_normalize(img.data(), W, H, box, opt, out.data(), &scratch);
@@ -219,8 +221,8 @@ TEST(ImageTransforms, ResampleCropFlipNormalizeMatchReference) {
         for (int j = 0; j < n; ++j) {
           const double cx = box.x + (j + 0.5) * sx, cy = box.y + (i + 0.5) * sy;
           double acc[3] = {0, 0, 0}, wsum = 0;
-          for (int k = int(box.y); k < int(box.y + box.h); ++k)
-            for (int l = int(box.x); l < int(box.x + box.w); ++l) {
+          for (int k = clip ? int(box.y) : 0; k < (clip ? int(box.y + box.h) : H); ++k)
+            for (int l = clip ? int(box.x) : 0; l < (clip ? int(box.x + box.w) : W); ++l) {
               const double w = tri((k - cy + 0.5) / fy) * tri((l - cx + 0.5) / fx);
               wsum += w;
               for (int c = 0; c < 3; ++c) acc[c] += w * img[(size_t(k) * W + size_t(l)) * 3 + size_t(c)];
@@ -237,8 +239,8 @@ TEST(ImageTransforms, ResampleCropFlipNormalizeMatchReference) {
               max_lin = std::max(max_lin, std::fabs(got * opt.std[c] + opt.mean[c] - f(cx - 0.5, cy - 0.5, c) / 255.0));
           }
         }
-      EXPECT_LT(max_err, 1e-4) << "out " << n << " flip " << flip;
-      EXPECT_LT(max_lin, 0.5 / 255.0) << "out " << n << " flip " << flip;
+      EXPECT_LT(max_err, 1e-4) << "out " << n << " mode " << mode;
+      EXPECT_LT(max_lin, 0.5 / 255.0) << "out " << n << " mode " << mode;
       for (float v : out) ASSERT_GT(v, -1e8f);  // every element written
     }
   }
