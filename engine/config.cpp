@@ -33,6 +33,11 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
   SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
   SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
+  SPOTRAIN_CHECK(prefetch >= 0, "--prefetch must not be negative");
+  SPOTRAIN_CHECK(image_size >= 8, "--image-size must be at least 8, got ", image_size);
+  SPOTRAIN_CHECK(max_bad_fraction >= 0 && max_bad_fraction <= 1,
+                 "--max-bad-fraction must be in [0, 1], got ", max_bad_fraction);
+  SPOTRAIN_CHECK(eval_every >= 0, "--eval-every must not be negative");
   SPOTRAIN_CHECK(log_every >= 1, "--log-every must be at least 1");
   parse_precision(precision);
   SPOTRAIN_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
@@ -51,6 +56,10 @@ void RunConfig::validate() const {
 std::string RunConfig::to_json() const {
   nlohmann::json j{{"model", model},
                    {"data", data},
+                   {"image_size", image_size},
+                   {"max_bad_fraction", max_bad_fraction},
+                   {"prefetch", prefetch},
+                   {"eval_every", eval_every},
                    {"train_limit", train_limit},
                    {"test_limit", test_limit},
                    {"augment", augment},

@@ -12,7 +12,8 @@ double parse_duration(const std::string& s);
 struct RunConfig {
   // model and data
   std::string model = "resnet20";
-  std::string data = "fashion-mnist";  // fashion-mnist[:DIR] | synthetic
+  std::string data = "fashion-mnist";  // fashion-mnist[:DIR] | imagefolder:DIR | shards:DIR | synthetic
+  int image_size = 224;                // imagefolder/shards: crop size (eval resizes to size*256/224)
   int64_t train_limit = 0;             // use only the first N training samples (0 = all)
   int64_t test_limit = 0;              // evaluate on the first N test samples (0 = all)
   bool augment = true;                 // pad-and-crop + flip for training
@@ -39,6 +40,8 @@ struct RunConfig {
   std::string device = "auto";
   int threads = 0;
   int workers = 1;
+  int prefetch = 2;                // batches the loader prepares ahead
+  double max_bad_fraction = 0.001; // stop when more than this fraction of images is unreadable
   // distributed (comm/)
   double bucket_mb = 25;
   std::string grad_compression = "none";  // none | fp16 | bf16
@@ -47,6 +50,7 @@ struct RunConfig {
   int log_every = 50;
   std::string metrics;  // JSONL file ("" = none)
   bool eval_each_epoch = true;
+  int64_t eval_every = 1;  // evaluate every N epochs (0 = only at the end)
   std::string ckpt_dir = "runs/spotrain";  // checkpoints go here ("" = none)
   int64_t ckpt_every = 0;                  // also every N steps (0 = only at the end / on stop)
   int keep = 3;                            // checkpoints kept (older ones are removed)

@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
+#include "io/image_folder.h"
 #include "io/loader.h"
 #include "kernels/cuda/device_info.h"
 #include "layers/resnet.h"
@@ -42,7 +43,9 @@ io::TransformOptions transforms_for(const std::string& kind, const io::Dataset& 
     }
     return t;
   }
-  io::TransformOptions t;  // synthetic: plain scaling
+  io::TransformOptions t;
+  if (d.encoded()) return t;  // imagefolder / shards: the Loader's ImageTransformOptions apply
+  // synthetic: plain scaling
   int c = d.image_shape().c;
   t.mean.assign(c, 0.5f);
   t.std.assign(c, 0.25f);
@@ -69,8 +72,15 @@ void inject_fault(int rank, int64_t step) {
 
 }  // namespace
 
+io::ImageTransformOptions image_transforms_for(const io::Dataset& d) {
+  io::ImageTransformOptions t;
+  t.out_size = d.image_shape().h;
+  t.resize = int(std::lround(t.out_size * 256.0 / 224.0));
+  return t;
+}
+
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
-                   uint64_t seed) {
+                   uint64_t seed, int image_size) {
   DataPair p;
   std::string kind = spec, arg;
   auto colon = spec.find(':');
@@ -82,11 +92,22 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
     std::string dir = arg.empty() ? "/usr/share/datasets/fashion-mnist" : arg;
     p.train = io::load_idx_dataset(dir, "train");
     p.test = io::load_idx_dataset(dir, "test");
+  } else if (kind == "imagefolder") {
+    SPOTRAIN_CHECK(!arg.empty(), "--data imagefolder:DIR needs a directory (DIR/train/<class>/*.JPEG)");
+    p.train = io::open_image_folder(arg + "/train", {}, image_size);
+    p.test = io::open_image_folder(arg + "/val", p.train->class_names(), image_size);
+  } else if (kind == "shards") {
+    SPOTRAIN_CHECK(!arg.empty(), "--data shards:DIR needs a directory written by `spotrain data pack`");
+    p.train = io::open_shards(arg + "/train", image_size);
+    p.test = io::open_shards(arg + "/val", image_size);
+    SPOTRAIN_CHECK(p.train->class_names() == p.test->class_names(), arg,
+                   "/train and ", arg, "/val list different classes; pack them from one folder");
   } else if (kind == "synthetic") {
     p.train = io::make_synthetic_dataset(train_limit > 0 ? train_limit : 2048, {28, 28, 1}, 10, seed);
     p.test = io::make_synthetic_dataset(test_limit > 0 ? test_limit : 512, {28, 28, 1}, 10, seed + 1);
   } else {
-    SPOTRAIN_THROW("unknown --data '", spec, "'; use fashion-mnist[:DIR] or synthetic");
+    SPOTRAIN_THROW("unknown --data '", spec,
+                    "'; use fashion-mnist[:DIR], imagefolder:DIR, shards:DIR or synthetic");
   }
   p.kind = kind;
   if (train_limit > 0 && train_limit < p.train->size()) p.train = io::take_first(p.train, train_limit);
@@ -100,7 +121,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
   set_log_enabled(comm_->rank() == 0);
   if (comm_->size() > 1) check_ranks_agree();
-  data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed);
+  data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed, cfg_.image_size);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");
   BackendOptions bo;
@@ -167,6 +188,13 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     snap_momentum_ = Tensor::host({model_->num_params()});
     std::memset(snap_params_.raw(), 0, snap_params_.nbytes());
     std::memset(snap_momentum_.raw(), 0, snap_momentum_.nbytes());
+    // The class index next to the checkpoints: line i names label i.
+    std::vector<std::string> classes = data_.train->class_names();
+    if (!classes.empty()) {
+      std::ofstream cf(cfg_.ckpt_dir + "/classes.txt");
+      for (auto& c : classes) cf << c << "\n";
+      SPOTRAIN_CHECK(cf.good(), "cannot write ", cfg_.ckpt_dir, "/classes.txt");
+    }
   }
   if (const char* f = std::getenv("SPOTRAIN_SAMPLE_LOG")) {  // test hook: sample ids per step
     std::string path = comm_->size() > 1 ? str(f, ".", comm_->rank()) : std::string(f);
@@ -233,11 +261,14 @@ void Trainer::check_checkpoint_dir() {
 }
 
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
-                          int64_t batch_size, DType compute, CommWorker* worker,
-                          const EvalBatchHook& on_batch) {
+                          int64_t batch_size, DType compute, CommWorker* worker, int workers,
+                          double max_bad_fraction, const EvalBatchHook& on_batch) {
   io::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.train = false;
+  lo.workers = std::max(1, workers);
+  lo.max_bad_fraction = max_bad_fraction;
+  if (data.encoded()) lo.image = image_transforms_for(data);
   if (worker) {
     lo.rank = worker->comm().rank();
     lo.world = worker->comm().size();
@@ -292,7 +323,8 @@ void Trainer::broadcast_buffers() {
 // may differ per node, is hashed and compared across ranks; a difference names the rank and
 // the setting.
 void Trainer::check_ranks_agree() {
-  static const char* per_node[] = {"threads", "workers", "device", "comm_timeout", "metrics"};
+  static const char* per_node[] = {"threads", "workers", "prefetch", "device", "comm_timeout",
+                                   "metrics"};
   auto cfg = nlohmann::json::parse(cfg_.to_json());
   for (auto it = cfg.begin(); it != cfg.end(); ++it) {
     if (std::find(std::begin(per_node), std::end(per_node), it.key()) != std::end(per_node))
@@ -451,7 +483,7 @@ Trainer::ResumePoint Trainer::resume() {
 EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
   broadcast_buffers();  // rank 0's BN statistics, as DDP, so every rank evaluates one model
   return evaluate_model(*model_, data, data_.kind, batch_size, runner_->compute_dtype(),
-                        worker_.get());
+                        worker_.get(), cfg_.workers, cfg_.max_bad_fraction);
 }
 
 TrainResult Trainer::run() {
@@ -461,6 +493,10 @@ TrainResult Trainer::run() {
   lo.train = true;
   lo.seed = cfg_.seed;
   lo.workers = cfg_.workers;
+  lo.prefetch = cfg_.prefetch;
+  lo.augment = cfg_.augment;
+  lo.max_bad_fraction = cfg_.max_bad_fraction;
+  if (data_.train->encoded()) lo.image = image_transforms_for(*data_.train);
   lo.rank = comm_->rank();
   lo.world = comm_->size();
   lo.transforms = transforms_for(data_.kind, *data_.train, true, cfg_.augment);
@@ -623,7 +659,8 @@ TrainResult Trainer::run() {
     res.train_top1 = ep_n ? double(ep_correct) / double(ep_n) : 0;
     res.images_per_sec = double(ep_n) / std::max(1e-9, ep_secs);
     bool final_epoch = !(epoch + 1 < epochs && step < total_steps);
-    if (cfg_.eval_each_epoch || final_epoch) {
+    const bool eval_due = cfg_.eval_each_epoch && cfg_.eval_every > 0 && (epoch + 1) % cfg_.eval_every == 0;
+    if (eval_due || final_epoch) {
       res.test = evaluate(*data_.test, std::max<int64_t>(cfg_.batch_size, 256));
       log_info(str("epoch ", epoch + 1, " done in ", fmt_duration(ep_secs), ": train loss ",
                    fmt_fixed(res.final_loss, 4), " train acc ", fmt_fixed(100 * res.train_top1, 2),
@@ -641,6 +678,14 @@ TrainResult Trainer::run() {
       }
     }
   }
+  auto bad = loader.bad_samples();
+  if (!bad.empty()) {
+    std::string list;
+    for (size_t i = 0; i < bad.size() && i < 20; ++i) list += "\n  " + bad[i].what;
+    std::fprintf(stderr, "warning: rank %d skipped %zu unreadable training image(s):%s%s\n",
+                 comm_->rank(), bad.size(), list.c_str(), bad.size() > 20 ? "\n  ..." : "");
+  }
+  res.bad_images = int64_t(bad.size());
   res.steps = step;
   res.seconds = now_seconds() - t_start;
   res.skipped_steps = scaler_->state().skipped_steps;

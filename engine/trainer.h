@@ -17,6 +17,7 @@
 #include "engine/optimizer.h"
 #include "io/dataset.h"
 #include "io/loader.h"
+#include "io/image_transforms.h"
 
 namespace spotrain {
 
@@ -34,16 +35,22 @@ struct TrainResult {
   int64_t skipped_steps = 0;  // fp16 overflows
   double loss_scale = 1;
   std::string checkpoint;  // path of the last checkpoint written ("" = none)
+  int64_t bad_images = 0;  // unreadable training images skipped (this rank)
   bool stopped = false;    // stopped early by a signal after writing a checkpoint (exit 75)
 };
 
-// "fashion-mnist", "fashion-mnist:DIR" or "synthetic" -> train and test datasets.
+// "fashion-mnist[:DIR]", "imagefolder:DIR" (DIR/train, DIR/val), "shards:DIR" (as written by
+// `spotrain data pack`: DIR/train, DIR/val) or "synthetic" -> train and test datasets.
+// image_size: the crop the imagefolder/shards transforms produce.
 struct DataPair {
   std::shared_ptr<io::Dataset> train, test;
-  std::string kind;  // "fashion-mnist" | "synthetic"
+  std::string kind;  // "fashion-mnist" | "imagefolder" | "shards" | "synthetic"
 };
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
-                   uint64_t seed);
+                   uint64_t seed, int image_size = 224);
+
+// ImageNet transforms for an encoded dataset: crop image_shape().h, eval resize to h*256/224.
+io::ImageTransformOptions image_transforms_for(const io::Dataset& d);
 
 class Trainer {
  public:
@@ -98,6 +105,8 @@ class Trainer {
 using EvalBatchHook = std::function<void(const io::Batch&, const Tensor& logits)>;
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
                           int64_t batch_size, DType compute = DType::f32,
-                          CommWorker* worker = nullptr, const EvalBatchHook& on_batch = nullptr);
+                          CommWorker* worker = nullptr, int workers = 1,
+                          double max_bad_fraction = 0.001,
+                          const EvalBatchHook& on_batch = nullptr);
 
 }  // namespace spotrain

@@ -249,6 +249,14 @@ class FirstN final : public Dataset {
     base_->get(index, hwc_out, label);
   }
   std::string name() const override { return str(base_->name(), "[:", n_, "]"); }
+  bool encoded() const override { return base_->encoded(); }
+  void read_encoded(int64_t index, std::vector<uint8_t>* bytes, int32_t* label) const override {
+    SPOTRAIN_CHECK(index >= 0 && index < n_, name(), ": sample index ", index, " out of range [0, ",
+                   n_, ")");
+    base_->read_encoded(index, bytes, label);
+  }
+  std::string sample_name(int64_t index) const override { return base_->sample_name(index); }
+  std::vector<std::string> class_names() const override { return base_->class_names(); }
 
  private:
   std::shared_ptr<Dataset> base_;
@@ -256,6 +264,12 @@ class FirstN final : public Dataset {
 };
 
 }  // namespace
+
+void Dataset::read_encoded(int64_t index, std::vector<uint8_t>*, int32_t*) const {
+  SPOTRAIN_THROW(name(), " holds decoded images; read_encoded(", index, ") is for encoded sources");
+}
+
+std::string Dataset::sample_name(int64_t index) const { return str(name(), "[", index, "]"); }
 
 std::shared_ptr<Dataset> load_idx_dataset(const std::string& dir, const std::string& split,
                                           int num_classes) {

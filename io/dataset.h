@@ -1,10 +1,12 @@
-// Datasets: random-access sources of (uint8 HWC image, label) that the Loader reads from.
-// Fashion-MNIST/MNIST IDX files, deterministic synthetic images, and a first-n subset view.
-// Every get() is thread-safe, so the Loader's worker threads share one Dataset.
+// Datasets: random-access sources of (uint8 HWC image, label) that the Loader reads from:
+// Fashion-MNIST/MNIST IDX files, deterministic synthetic images, a first-n subset view, and
+// (io/image_folder.h) encoded JPEG/PNG sources whose bytes the Loader decodes itself.
+// Every method is thread-safe, so the Loader's worker threads share one Dataset.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace spotrain {
 namespace io {
@@ -23,6 +25,17 @@ class Dataset {  // random-access source of (uint8 HWC image, label)
   // Writes image `index` (image_shape().numel() bytes, HWC) and its label. Thread-safe.
   virtual void get(int64_t index, uint8_t* hwc_out, int32_t* label) const = 0;
   virtual std::string name() const = 0;
+
+  // Encoded sources (JPEG ImageFolder, packed shards) hold compressed files of varying size:
+  // the Loader reads their bytes with read_encoded() and decodes and transforms them itself;
+  // image_shape() is then the transformed output (out_size, out_size, 3).
+  virtual bool encoded() const { return false; }
+  // The file's bytes and label. Throws Error naming the file when it cannot be read.
+  virtual void read_encoded(int64_t index, std::vector<uint8_t>* bytes, int32_t* label) const;
+  // What to call sample `index` in messages (a file path where there is one).
+  virtual std::string sample_name(int64_t index) const;
+  // Class names in label order, where the source has them (an ImageFolder's directories).
+  virtual std::vector<std::string> class_names() const { return {}; }
 };
 
 // Where `--data fashion-mnist` looks when no DIR is given (Debian package dataset-fashion-mnist).

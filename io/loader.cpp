@@ -4,9 +4,13 @@
 #include "io/loader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "engine/error.h"
+#include <cstdio>
+#include "io/jpeg.h"
+#include "io/png.h"
 
 namespace spotrain {
 namespace io {
@@ -34,6 +38,12 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt)
   SPOTRAIN_CHECK(shape_.h > 0 && shape_.w > 0 && shape_.c > 0, "loader: dataset ", data_->name(),
                  " has image shape ", shape_.h, "x", shape_.w, "x", shape_.c);
   check_transform_options(opt_.transforms, shape_);
+  if (data_->encoded())
+    SPOTRAIN_CHECK(shape_.c == 3 && shape_.h == opt_.image.out_size && shape_.w == opt_.image.out_size,
+                   "loader: ", data_->name(), " makes ", shape_.h, "x", shape_.w, "x", shape_.c,
+                   " images but the transforms crop ", opt_.image.out_size);
+  SPOTRAIN_CHECK(opt_.max_bad_fraction >= 0 && opt_.max_bad_fraction <= 1,
+                 "--max-bad-fraction must be in [0, 1], got ", opt_.max_bad_fraction);
   if (opt_.train) {
     const int64_t global = opt_.batch_size * opt_.world;
     SPOTRAIN_CHECK(global <= size, "--batch-size ", opt_.batch_size, " x ", opt_.world,
@@ -108,7 +118,8 @@ bool Loader::next(Batch& out) {
 }
 
 void Loader::worker_loop() {
-  std::vector<uint8_t> buf(size_t(shape_.numel()));  // (H, W, C) u8 scratch
+  Scratch scratch;
+  if (!data_->encoded()) scratch.u8.resize(size_t(shape_.numel()));  // (H, W, C) u8
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     work_cv_.wait(lk, [&] {
@@ -122,7 +133,7 @@ void Loader::worker_loop() {
 
     Slot slot;
     try {
-      produce(*plan, b, gen, slot.batch, buf);
+      produce(*plan, b, gen, slot.batch, scratch);
     } catch (const Error&) {
       slot.error = std::current_exception();
     } catch (const std::exception& e) {
@@ -140,7 +151,64 @@ void Loader::worker_loop() {
   }
 }
 
-void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, std::vector<uint8_t>& buf) {
+std::vector<BadSample> Loader::bad_samples() const {
+  std::lock_guard<std::mutex> lk(bad_mu_);
+  return bad_;
+}
+
+void Loader::note_bad(int64_t id, const std::string& why) {
+  std::lock_guard<std::mutex> lk(bad_mu_);
+  if (!bad_ids_.insert(id).second) return;
+  bad_.push_back(BadSample{id, why});
+  std::fprintf(stderr, "warning: skipping unreadable image %s\n", why.c_str());
+  const double limit = opt_.max_bad_fraction * double(data_->size());
+  SPOTRAIN_CHECK(double(bad_ids_.size()) <= limit, bad_ids_.size(), " unreadable images in ",
+                 data_->name(), " (", data_->size(), " samples), more than --max-bad-fraction ",
+                 opt_.max_bad_fraction, " allows; the latest: ", why);
+}
+
+void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const {
+  data_->read_encoded(id, &s.bytes, label);
+  const ImageTransformOptions& t = opt_.image;
+  if (is_png(s.bytes.data(), s.bytes.size())) {  // PNG: whole-image decode, same transforms
+    int w = 0, h = 0;
+    decode_png_rgbx(s.bytes.data(), s.bytes.size(), &s.u8, &w, &h);
+    CropBox box = opt_.train && opt_.augment ? random_resized_crop(w, h, t, true, opt_.seed, epoch, id)
+                                             : center_crop_box(w, h, t);
+    resample_normalize(s.u8.data(), w, h, box, t, dst, &s.f, 4);
+    return;
+  }
+  JpegInfo info;
+  std::string why;
+  SPOTRAIN_CHECK(jpeg_info(s.bytes.data(), s.bytes.size(), &info, &why), why);
+  CropBox box = opt_.train && opt_.augment
+                    ? random_resized_crop(info.width, info.height, t, true, opt_.seed, epoch, id)
+                    : center_crop_box(info.width, info.height, t);
+  const int denom = pick_jpeg_denom(box, t.out_size);
+  if (denom > 1) {  // the crop box in the reduced image's pixels
+    const double sx = double(jpeg_scaled(info.width, denom)) / info.width;
+    const double sy = double(jpeg_scaled(info.height, denom)) / info.height;
+    box.x *= sx;
+    box.w *= sx;
+    box.y *= sy;
+    box.h *= sy;
+  }
+  // Decode only the rows and columns the resampler reads: the box, plus the filter's reach
+  // where taps may fall outside it (eval boxes clamp at the image edge, not the box).
+  const int margin = box.clip ? 0 : int(std::ceil(std::max({box.w / t.out_size, box.h / t.out_size, 1.0}))) + 1;
+  JpegRegion want;
+  want.x = int(std::floor(box.x)) - margin;
+  want.y = int(std::floor(box.y)) - margin;
+  want.w = int(std::ceil(box.x + box.w)) + margin - want.x;
+  want.h = int(std::ceil(box.y + box.h)) + margin - want.y;
+  JpegRegion got;
+  decode_jpeg_region(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, want, &s.u8, &got, 4);
+  box.x -= got.x;
+  box.y -= got.y;
+  resample_normalize(s.u8.data(), got.w, got.h, box, t, dst, &s.f, 4);
+}
+
+void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s) {
   const int64_t B = opt_.batch_size;
   const int64_t begin = b * B;
   const int64_t n = std::min<int64_t>(B, int64_t(plan.order.size()) - begin);
@@ -156,11 +224,31 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, std:
       return;  // cancelled; the caller drops this batch
     const int64_t id = out.sample_ids[size_t(i)];
     int32_t label = -1;
-    data_->get(id, buf.data(), &label);
+    if (data_->encoded()) {
+      // A bad image is replaced by the next readable sample (with that sample's own draws),
+      // so every batch stays full and the choice does not depend on thread timing.
+      const int64_t size = data_->size();
+      bool ok = false;
+      for (int64_t k = 0; k < size && !ok; ++k) {
+        const int64_t cand = (id + k) % size;
+        try {
+          decode_sample(cand, plan.epoch, dst + i * per_image, &label, s);
+          ok = true;
+        } catch (const Error& e) {
+          note_bad(cand, str(data_->sample_name(cand), ": ", e.what()));
+        }
+      }
+      SPOTRAIN_CHECK(ok, data_->name(), ": no readable image at all");
+      SPOTRAIN_CHECK(label >= 0 && label < data_->num_classes(), data_->name(), ": sample ", id,
+                     " has label ", label, ", outside [0, ", data_->num_classes(), ")");
+      out.labels[size_t(i)] = label;
+      continue;
+    }
+    data_->get(id, s.u8.data(), &label);
     SPOTRAIN_CHECK(label >= 0 && label < data_->num_classes(), data_->name(), ": sample ", id,
                    " has label ", label, ", outside [0, ", data_->num_classes(), ")");
     out.labels[size_t(i)] = label;
-    transform_image(buf.data(), shape_, opt_.transforms, opt_.train, opt_.seed, plan.epoch, id,
+    transform_image(s.u8.data(), shape_, opt_.transforms, opt_.train, opt_.seed, plan.epoch, id,
                     dst + i * per_image);
   }
 }

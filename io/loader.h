@@ -9,11 +9,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/tensor.h"
 #include "io/dataset.h"
+#include "io/image_transforms.h"
 #include "io/sampler.h"
 #include "io/transforms.h"
 
@@ -34,7 +37,19 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int workers = 1;            // decoding threads
   int prefetch = 2;           // batches prepared ahead (at least `workers` are, so no worker idles)
-  TransformOptions transforms;
+  TransformOptions transforms;   // decoded datasets (IDX, synthetic)
+  // Encoded datasets (JPEG folders, shards): decode, then RandomResizedCrop + flip when
+  // training with `augment`, else resize + center crop; normalize with image.mean/std.
+  ImageTransformOptions image;
+  bool augment = true;
+  // Unreadable or corrupt images are skipped (the next readable sample takes their place),
+  // counted and reported; more than this fraction of the dataset stops the loader with an error.
+  double max_bad_fraction = 0.001;
+};
+
+struct BadSample {
+  int64_t index = 0;
+  std::string what;  // "PATH: reason"
 };
 
 // Methods are called from one thread (the training loop); the workers are internal.
@@ -54,6 +69,8 @@ class Loader {
   int64_t batches_per_epoch() const { return batches_; }
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }
+  // The unreadable samples met so far (each once), in the order they were found.
+  std::vector<BadSample> bad_samples() const;
 
  private:
   struct Plan {  // one start_epoch(): this rank's samples in order, batch b at [b*B, (b+1)*B)
@@ -64,8 +81,15 @@ class Loader {
     Batch batch;
     std::exception_ptr error;
   };
+  struct Scratch {  // one per worker thread, reused
+    std::vector<uint8_t> u8, bytes;
+    std::vector<float> f;
+  };
   void worker_loop();
-  void produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, std::vector<uint8_t>& buf);
+  void produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s);
+  // Reads, decodes and transforms encoded sample `id` into dst; throws Error on a bad image.
+  void decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const;
+  void note_bad(int64_t id, const std::string& why);
 
   std::shared_ptr<const Dataset> data_;
   LoaderOptions opt_;
@@ -85,6 +109,9 @@ class Loader {
   int64_t next_task_ = 0, next_out_ = 0, end_batch_ = 0;  // guarded by mu_
   std::map<int64_t, Slot> ready_;                         // guarded by mu_
   std::vector<std::thread> threads_;
+  mutable std::mutex bad_mu_;
+  std::set<int64_t> bad_ids_;       // guarded by bad_mu_
+  std::vector<BadSample> bad_;      // guarded by bad_mu_
 };
 
 }  // namespace io

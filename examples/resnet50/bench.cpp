@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <thread>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -23,6 +25,8 @@
 #include "engine/precision.h"
 #include "engine/step.h"
 #include "kernels/cuda/device_info.h"
+#include "engine/trainer.h"
+#include "io/loader.h"
 #include "layers/resnet.h"
 
 namespace spotrain {
@@ -63,6 +67,26 @@ int run_bench(const BenchOptions& o) {
   auto worker = std::make_unique<CommWorker>(*comm, 300);
   const int world = comm->size();
   set_log_enabled(comm->rank() == 0);
+  // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
+  std::unique_ptr<io::Loader> loader;
+  int num_classes = o.num_classes, channels = o.channels;
+  if (o.data != "synthetic") {
+    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size);
+    io::LoaderOptions lo;
+    lo.batch_size = o.batch_size;
+    lo.rank = comm->rank();
+    lo.world = world;
+    lo.seed = o.seed;
+    lo.workers = o.workers;
+    lo.prefetch = o.prefetch;
+    lo.max_bad_fraction = o.max_bad_fraction;
+    SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
+    lo.image = image_transforms_for(*dp.train);
+    loader = std::make_unique<io::Loader>(dp.train, lo);
+    loader->start_epoch(0);
+    num_classes = dp.train->num_classes();
+    channels = 3;
+  }
   BackendOptions bo;
   bo.threads = o.threads;
   bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
@@ -77,8 +101,8 @@ int run_bench(const BenchOptions& o) {
   if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
   ResNetOptions ro;
   ro.arch = o.model;
-  ro.num_classes = o.num_classes;
-  ro.in_channels = o.channels;
+  ro.num_classes = num_classes;
+  ro.in_channels = channels;
   ro.grad_checkpoint = o.grad_checkpoint;
   Model model(build_resnet(ro), *be);
   model.initialize(o.seed);
@@ -100,16 +124,19 @@ int run_bench(const BenchOptions& o) {
                     world);
 
   // One synthetic batch generated once, as NVIDIA's reference scripts do.
-  Tensor images = Tensor::host({o.batch_size, o.channels, o.image_size, o.image_size}, DType::f32,
+  Tensor images = Tensor::host({o.batch_size, channels, o.image_size, o.image_size}, DType::f32,
                                Layout::nhwc);
   Philox rng(o.seed, 0xBE7C);
   float* px = images.data<float>();
   for (int64_t i = 0; i < images.numel(); ++i) px[i] = rng.normal();
   std::vector<int32_t> labels(o.batch_size);
-  for (auto& l : labels) l = int32_t(rng.below(uint32_t(o.num_classes)));
+  for (auto& l : labels) l = int32_t(rng.below(uint32_t(num_classes)));
+  int64_t epoch = 0;
+  io::Batch batch;
 
   log_info(str("bench ", o.model, " batch ", o.batch_size, world > 1 ? str(" per rank x ", world, " ranks") : "", " ", o.image_size, "x", o.image_size,
-               "x", o.channels, " ", o.precision, " on ", be->name(), "; ", model.summary()));
+               "x", channels, " ", o.precision, " on ", be->name(), "; data ", o.data,
+               loader ? str(" (", o.workers, " loader threads)") : std::string(), "; ", model.summary()));
   std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s;
   size_t act_peak = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -117,7 +144,21 @@ int run_bench(const BenchOptions& o) {
     size_t before = be->allocator().stats().current_bytes;
     size_t peak_before = be->allocator().stats().peak_bytes;
     be->allocator().reset_peak();
-    StepResult r = runner.run(images, labels.data(), 0.01f, 0.f, &t);
+    double wait = 0;
+    const Tensor* x = &images;
+    const int32_t* y = labels.data();
+    if (loader) {  // the time the step waits for its batch is the data phase
+      double t0 = now();
+      if (!loader->next(batch)) {
+        loader->start_epoch(++epoch);
+        SPOTRAIN_CHECK(loader->next(batch), "bench: the data set yields no batch");
+      }
+      wait = now() - t0;
+      x = &batch.images;
+      y = batch.labels.data();
+    }
+    StepResult r = runner.run(*x, y, 0.01f, 0.f, &t);
+    t.data += wait;
     auto after = be->allocator().stats();
     // What the step needed beyond what was alive before it: activations, their gradients
     // and temporaries (the resident weights, gradients and momentum excluded).
@@ -140,10 +181,25 @@ int run_bench(const BenchOptions& o) {
   std::vector<double> ips;
   for (double t : step_s) ips.push_back(double(o.batch_size * world) / t);
   double med = percentile(ips, 0.5), p10 = percentile(ips, 0.1), p90 = percentile(ips, 0.9);
+  // Each rank's own rate (its batch over its step time), gathered to print them all.
+  std::vector<double> rank_ips(size_t(world), double(o.batch_size) / percentile(step_s, 0.5));
+  if (world > 1) {
+    uint64_t bits;
+    std::memcpy(&bits, &rank_ips[0], 8);
+    std::vector<uint64_t> all;
+    worker.run("gather of per-rank throughput", [&] { all = comm->allgather(bits); });
+    for (int r = 0; r < world; ++r) std::memcpy(&rank_ips[size_t(r)], &all[size_t(r)], 8);
+  }
+  std::string per_rank;
+  for (int r = 0; r < world; ++r) per_rank += str(r ? ", " : "", "rank ", r, " ", fmt_fixed(rank_ips[size_t(r)], 2));
+  const double data_med = percentile(data_s, 0.5), step_med = percentile(step_s, 0.5);
+  const bool input_bound = data_med > 0.1 * step_med;
+  const std::string machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
   auto st = be->allocator().stats();
   size_t rss = peak_rss_bytes();
   log_info(str("images/s: median ", fmt_fixed(med, 2), "  p10 ", fmt_fixed(p10, 2), "  p90 ",
                fmt_fixed(p90, 2), "  (", o.steps, " timed steps)"));
+  log_info(str("images/s per rank (median): ", per_rank, "; total ", fmt_fixed(med, 2)));
   log_info(str("phases (median s/step): data ", fmt_fixed(percentile(data_s, 0.5), 4), "  forward ",
                fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
                "  comm_exposed ", fmt_fixed(percentile(comm_s, 0.5), 4), "  optimizer ",
@@ -152,6 +208,11 @@ int run_bench(const BenchOptions& o) {
                " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
                " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS; ",
                fmt_fixed(double(act_peak) / (1 << 30), 3), " GiB of it for activations"));
+  log_info(str("machine: ", machine_cpu, "; ", gpu_info_line(gpu)));
+  if (input_bound)
+    log_info(str("input-bound: the step waits ", fmt_fixed(100 * data_med / step_med, 1),
+                 "% of its time for data (over 10%); add loader threads (--workers, now ", o.workers,
+                 ") or read packed shards (spotrain data pack) from faster storage"));
   if (o.price_per_hour > 0) {
     double secs = 90.0 * 1281167.0 / med;
     log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
@@ -163,6 +224,10 @@ int run_bench(const BenchOptions& o) {
                      {"batch_size", o.batch_size},
                      {"image_size", o.image_size},
                      {"precision", o.precision},
+                     {"data", o.data},
+                     {"workers", loader ? o.workers : 0},
+                     {"images_per_sec_per_rank", rank_ips},
+                     {"input_bound", input_bound},
                      {"grad_checkpoint", o.grad_checkpoint},
                      {"ranks", world},
                      {"steps", o.steps},
@@ -178,8 +243,13 @@ int run_bench(const BenchOptions& o) {
                        {"backward", percentile(bwd_s, 0.5)},
                        {"comm_exposed", percentile(comm_s, 0.5)},
                        {"optimizer", percentile(opt_s, 0.5)}}},
-                     {"machine", {{"cpu", cpu_model()}, {"backend", be->name()}}}};
+                     {"machine", {{"cpu", machine_cpu}, {"backend", be->name()}}}};
     for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
+    if (o.price_per_hour > 0) {
+      const double secs = 90.0 * 1281167.0 / med;
+      j["imagenet_90_epochs"] = {{"seconds", secs}, {"usd", secs / 3600.0 * o.price_per_hour},
+                                 {"price_per_hour", o.price_per_hour}};
+    }
     std::ofstream f(o.json);
     SPOTRAIN_CHECK(f.good(), "cannot write --json file ", o.json);
     f << j.dump(2) << "\n";

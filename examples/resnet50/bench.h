@@ -1,5 +1,6 @@
-// `spotrain bench`: synthetic-input training-step throughput (warm-up, then timed steps),
-// per-phase breakdown, peak memory and machine description; optional JSON output.
+// `spotrain bench`: training-step throughput on synthetic or real data (warm-up, then timed
+// steps), per-phase breakdown with the data wait, per-rank and total images/s, peak memory,
+// the machine, the cost of a 90-epoch ImageNet run; optional JSON output.
 #pragma once
 #include <string>
 
@@ -17,6 +18,10 @@ struct BenchOptions {
   std::string precision = "fp32";
   std::string grad_checkpoint = "none";
   std::string device = "auto";
+  std::string data = "synthetic";  // synthetic | imagefolder:DIR | shards:DIR (training transforms)
+  int workers = 4;                  // loader threads for real data
+  int prefetch = 4;                 // batches the loader prepares ahead
+  double max_bad_fraction = 0.001;  // unreadable images tolerated (fraction of the set)
   std::string json;
   double price_per_hour = 0;
   uint64_t seed = 0;

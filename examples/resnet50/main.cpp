@@ -13,6 +13,7 @@
 
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/preemption.h"
+#include "io/image_folder.h"
 #include "layers/resnet.h"
 
 #include "engine/config.h"
@@ -27,10 +28,25 @@ namespace {
 void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
   c.add_option("--model", cfg.model, "resnet18|34|50|101|152, or resnet20|32|44|56|110 (small input)")
       ->capture_default_str();
-  c.add_option("--data", cfg.data, "fashion-mnist[:DIR] or synthetic")->capture_default_str();
-  c.add_option("--train-limit", cfg.train_limit, "use only the first N training samples (0 = all)");
+  c.add_option("--data", cfg.data,
+               "fashion-mnist[:DIR], imagefolder:DIR (DIR/train, DIR/val), shards:DIR or synthetic")
+      ->capture_default_str();
+  c.add_option("--image-size", cfg.image_size,
+               "imagefolder/shards: training crop (eval: resize to size*256/224, center crop)")
+      ->capture_default_str();
+  c.add_option("--max-bad-fraction", cfg.max_bad_fraction,
+               "stop with an error when more than this fraction of images is unreadable")
+      ->capture_default_str();
+  c.add_option("--prefetch", cfg.prefetch, "batches the data loader prepares ahead")
+      ->capture_default_str();
+  c.add_option("--eval-every", cfg.eval_every, "evaluate on the test/val set every N epochs (0 = at the end)")
+      ->capture_default_str();
+  c.add_option("--train-limit", cfg.train_limit,
+               "use only the first N training samples (0 = all; an image folder's are in class order)");
   c.add_option("--test-limit", cfg.test_limit, "evaluate on the first N test samples (0 = all)");
-  c.add_flag("--augment,!--no-augment", cfg.augment, "random pad-and-crop and flips for training")
+  c.add_flag("--augment,!--no-augment", cfg.augment,
+             "training augmentation: pad-and-crop + flips (fashion-mnist), RandomResizedCrop + flips "
+             "(imagefolder/shards; off: the eval crop)")
       ->capture_default_str();
   c.add_option("--epochs", cfg.epochs, "epochs to train")->capture_default_str();
   c.add_option("--steps", cfg.steps, "train exactly this many steps (overrides --epochs)");
@@ -86,7 +102,8 @@ void add_train_options(CLI::App& c, spotrain::RunConfig& cfg) {
 struct EvalOptions {
   std::string ckpt, data, device = "auto", dump;
   int64_t batch_size = 256, test_limit = 0;
-  int threads = 0;
+  int threads = 0, workers = 1, image_size = 0;
+  double max_bad_fraction = 0.001;
 };
 
 // Writes a float32 tensor as a NumPy .npy file (format 1.0, little-endian, C order).
@@ -109,6 +126,47 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
   SPOTRAIN_CHECK(f.good(), "cannot write ", path);
 }
 
+// `spotrain data pack SRC OUT`: each split folder SRC/train, SRC/val -> OUT/train, OUT/val.
+int run_data_pack(const std::string& src, const std::string& out, const std::string& shard_size) {
+  namespace fs = std::filesystem;
+  const int64_t shard_bytes = spotrain::io::parse_bytes(shard_size);
+  SPOTRAIN_CHECK(fs::is_directory(src + "/train") || fs::is_directory(src + "/val"), src,
+                 " has neither train/ nor val/ (expected SRC/train/<class>/*.JPEG)");
+  std::vector<std::string> classes;
+  for (const char* split : {"train", "val"}) {
+    const std::string dir = src + "/" + split;
+    if (!fs::is_directory(dir)) continue;
+    auto folder = spotrain::io::open_image_folder(dir, classes);
+    if (classes.empty()) classes = folder->class_names();
+    auto st = spotrain::io::pack_shards(*folder, out + "/" + split, shard_bytes);
+    spotrain::log_info(spotrain::str("packed ", dir, ": ", st.records, " images, ", folder->num_classes(),
+                                     " classes, ", spotrain::fmt_fixed(double(st.bytes) / (1 << 20), 1),
+                                     " MiB in ", st.shards, " shard(s) -> ", out, "/", split));
+  }
+  return 0;
+}
+
+// `spotrain data verify OUT`: every split under OUT (or OUT itself).
+int run_data_verify(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  if (fs::exists(out + "/index.bin")) dirs.push_back(out);
+  for (const char* split : {"train", "val"})
+    if (fs::is_directory(out + "/" + split)) dirs.push_back(out + "/" + split);
+  SPOTRAIN_CHECK(!dirs.empty(), out, " holds no packed shards (index.bin, train/ or val/)");
+  size_t problems = 0;
+  for (auto& d : dirs) {
+    std::vector<std::string> notes;
+    auto p = spotrain::io::verify_shards(d, &notes);
+    for (auto& line : notes) std::fprintf(stderr, "%s: note: %s (the loader will skip it)\n", d.c_str(), line.c_str());
+    for (auto& line : p) std::fprintf(stderr, "%s: %s\n", d.c_str(), line.c_str());
+    if (p.empty()) std::printf("%s: OK\n", d.c_str());
+    problems += p.size();
+  }
+  SPOTRAIN_CHECK(problems == 0, problems, " problem(s) found in ", out, "; re-pack it with `spotrain data pack`");
+  return 0;
+}
+
 // `spotrain eval`: top-1 / top-5 of a checkpoint over a whole test set.
 int run_eval(const EvalOptions& o) {
   namespace fs = std::filesystem;
@@ -128,7 +186,11 @@ int run_eval(const EvalOptions& o) {
   if (data.empty() && cfg_json.is_object() && cfg_json.contains("data")) data = cfg_json["data"];
   SPOTRAIN_CHECK(!data.empty(), "pass --data: the checkpoint does not say what it was trained on");
   SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
-  auto pair = spotrain::open_data(data, 1, o.test_limit, 0);
+  int image_size = o.image_size;
+  if (image_size <= 0 && cfg_json.is_object() && cfg_json.contains("image_size"))
+    image_size = cfg_json["image_size"].get<int>();
+  if (image_size <= 0) image_size = 224;
+  auto pair = spotrain::open_data(data, 1, o.test_limit, 0, image_size);
   SPOTRAIN_CHECK(pair.test->num_classes() == info.num_classes &&
                      pair.test->image_shape().c == info.in_channels,
                  "checkpoint ", path, " was trained for ", info.num_classes, " classes of ",
@@ -161,7 +223,7 @@ int run_eval(const EvalOptions& o) {
     };
   }
   auto r = spotrain::evaluate_model(model, *pair.test, pair.kind, o.batch_size, spotrain::DType::f32,
-                                    nullptr, dump);
+                                    nullptr, o.workers, o.max_bad_fraction, dump);
   spotrain::log_info(spotrain::str("eval ", path, " (", info.model, ", step ", info.global_step,
                                    ") on ", r.samples, " images: top-1 ",
                                    spotrain::fmt_fixed(100 * r.top1, 2), "% top-5 ",
@@ -190,7 +252,13 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "top-1 / top-5 of a checkpoint over a whole test set");
   eval->add_option("--ckpt", eo.ckpt, "checkpoint file, or a directory (its newest ckpt-*.h5)")
       ->required();
-  eval->add_option("--data", eo.data, "fashion-mnist[:DIR] or synthetic (default: as trained)");
+  eval->add_option("--data", eo.data,
+                   "fashion-mnist[:DIR], imagefolder:DIR, shards:DIR or synthetic (default: as trained)");
+  eval->add_option("--image-size", eo.image_size, "imagefolder/shards crop (default: as trained)");
+  eval->add_option("--workers", eo.workers, "data loader threads")->capture_default_str();
+  eval->add_option("--max-bad-fraction", eo.max_bad_fraction,
+                   "stop when more than this fraction of images is unreadable")
+      ->capture_default_str();
   eval->add_option("--batch-size", eo.batch_size, "batch size")->capture_default_str();
   eval->add_option("--test-limit", eo.test_limit, "evaluate on the first N images (0 = all)");
   eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
@@ -207,8 +275,19 @@ int main(int argc, char** argv) {
   auto* ckpt_verify = ckpt->add_subcommand("verify", "check format, attributes and every checksum");
   ckpt_verify->add_option("file", ckpt_file, "checkpoint file")->required();
 
+  std::string pack_src, pack_out, shard_size = "1GiB";
+  auto* data_cmd = app.add_subcommand("data", "pack an image folder into shards, or verify shards");
+  data_cmd->require_subcommand(1);
+  auto* data_pack = data_cmd->add_subcommand("pack", "SRC/{train,val}/<class>/*.JPEG -> OUT/{train,val} shards");
+  data_pack->add_option("src", pack_src, "image folder root (with train/ and/or val/)")->required();
+  data_pack->add_option("out", pack_out, "output directory")->required();
+  data_pack->add_option("--shard-size", shard_size, "bytes per shard file, e.g. 1GiB, 256MiB")
+      ->capture_default_str();
+  auto* data_verify = data_cmd->add_subcommand("verify", "check shard headers, lengths and CRC-32s");
+  data_verify->add_option("out", pack_out, "directory written by data pack")->required();
+
   spotrain::BenchOptions bo;
-  auto* bench = app.add_subcommand("bench", "measure training-step throughput on synthetic data");
+  auto* bench = app.add_subcommand("bench", "measure training-step throughput (synthetic or real data)");
   bench->add_option("--model", bo.model, "model")->capture_default_str();
   bench->add_option("--batch-size", bo.batch_size, "batch size per rank")->capture_default_str();
   bench->add_option("--image-size", bo.image_size, "square input size")->capture_default_str();
@@ -221,8 +300,14 @@ int main(int argc, char** argv) {
   bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
       ->capture_default_str();
   bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
-  bench->add_option("--data", [](CLI::results_t r) { return r.size() == 1 && r[0] == "synthetic"; },
-                    "synthetic (the only bench input so far)");
+  bench->add_option("--data", bo.data,
+                    "synthetic (one batch made once) | imagefolder:DIR | shards:DIR (the training loader)")
+      ->capture_default_str();
+  bench->add_option("--workers", bo.workers, "loader threads for real data")->capture_default_str();
+  bench->add_option("--prefetch", bo.prefetch, "batches the loader prepares ahead")->capture_default_str();
+  bench->add_option("--max-bad-fraction", bo.max_bad_fraction,
+                    "stop when more than this fraction of images is unreadable")
+      ->capture_default_str();
   bench->add_option("--json", bo.json, "write the results as JSON to FILE");
   bench->add_option("--price-per-hour", bo.price_per_hour,
                     "USD per hour: estimate the cost of a 90-epoch ImageNet run");
@@ -275,6 +360,8 @@ int main(int argc, char** argv) {
     }
     if (*bench) return spotrain::run_bench(bo);
     if (*eval) return run_eval(eo);
+    if (*data_pack) return run_data_pack(pack_src, pack_out, shard_size);
+    if (*data_verify) return run_data_verify(pack_out);
     if (*ckpt_verify) {
       spotrain::verify_checkpoint(ckpt_file, nullptr);
       std::printf("%s: OK\n", ckpt_file.c_str());

@@ -1,6 +1,7 @@
 // Entry points of the CUDA backend: whether a device is present, and make_cuda_backend.
 // Without CUDA support in the build, --device cuda fails with a clear message.
 #include <memory>
+#include <string>
 
 #include "engine/error.h"
 #include "kernels/ops.h"
