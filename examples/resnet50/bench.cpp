@@ -187,7 +187,7 @@ int run_bench(const BenchOptions& o) {
     uint64_t bits;
     std::memcpy(&bits, &rank_ips[0], 8);
     std::vector<uint64_t> all;
-    worker.run("gather of per-rank throughput", [&] { all = comm->allgather(bits); });
+    worker->run("gather of per-rank throughput", [&] { all = comm->allgather(bits); });
     for (int r = 0; r < world; ++r) std::memcpy(&rank_ips[size_t(r)], &all[size_t(r)], 8);
   }
   std::string per_rank;
