@@ -28,11 +28,20 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
 StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
                            float label_smoothing, StepTimes* times) {
   Backend& be = model_.backend();
-  StepResult r;
-  r.loss_scale = scaler_.scale();
   double t0 = now();
   Tensor x = be.upload_images(images, dtype_);
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
+  double upload = now() - t0;
+  StepResult r = run_uploaded(x, labels, lr, label_smoothing, times);
+  if (times) times->data = upload;
+  return r;
+}
+
+StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, float lr,
+                                    float label_smoothing, StepTimes* times) {
+  Backend& be = model_.backend();
+  StepResult r;
+  r.loss_scale = scaler_.scale();
   double t1 = now();
   Tensor logits = model_.forward(x, /*training=*/true);
   Tensor dlogits;
@@ -58,7 +67,7 @@ StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr
   scaler_.update(r.overflow);
   if (times) be.synchronize();
   double t4 = now();
-  if (times) *times = StepTimes{t1 - t0, t2 - t1, t3 - t2, waited, t4 - t3b};
+  if (times) *times = StepTimes{0.0, t2 - t1, t3 - t2, waited, t4 - t3b};
   return r;
 }
 

@@ -33,6 +33,10 @@ class StepRunner {
   // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
                  StepTimes* times = nullptr);
+  // The same step on a batch already uploaded (Backend::upload_images in compute_dtype()),
+  // e.g. synthetic data generated once on the device; times->data is 0.
+  StepResult run_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                          StepTimes* times = nullptr);
   DType compute_dtype() const { return dtype_; }
 
  private:
