@@ -268,6 +268,7 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
   lo.train = false;
   lo.workers = std::max(1, workers);
   lo.max_bad_fraction = max_bad_fraction;
+  lo.image_allocator = &model.backend().host_staging_allocator();  // pinned on CUDA
   if (data.encoded()) lo.image = image_transforms_for(data);
   if (worker) {
     lo.rank = worker->comm().rank();
@@ -494,6 +495,7 @@ TrainResult Trainer::run() {
   lo.seed = cfg_.seed;
   lo.workers = cfg_.workers;
   lo.prefetch = cfg_.prefetch;
+  lo.image_allocator = &backend_->host_staging_allocator();  // pinned on CUDA
   lo.augment = cfg_.augment;
   lo.max_bad_fraction = cfg_.max_bad_fraction;
   if (data_.train->encoded()) lo.image = image_transforms_for(*data_.train);

@@ -215,7 +215,9 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
   const int64_t per_image = shape_.numel();
   out.epoch = plan.epoch;
   out.batch_index = b;
-  out.images = Tensor::host({n, shape_.c, shape_.h, shape_.w}, DType::f32, Layout::nhwc);
+  out.images = Tensor({n, shape_.c, shape_.h, shape_.w}, DType::f32,
+                      opt_.image_allocator ? *opt_.image_allocator : Allocator::host(),
+                      Layout::nhwc);
   out.labels.assign(size_t(n), 0);
   out.sample_ids.assign(plan.order.begin() + begin, plan.order.begin() + begin + n);
   float* dst = out.images.data<float>();  // (n, H, W, C) fp32

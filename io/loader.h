@@ -45,6 +45,10 @@ struct LoaderOptions {
   // Unreadable or corrupt images are skipped (the next readable sample takes their place),
   // counted and reported; more than this fraction of the dataset stops the loader with an error.
   double max_bad_fraction = 0.001;
+  // Where batch images are allocated (nullptr: Allocator::host()); the trainer passes the
+  // backend's host_staging_allocator() (pinned on CUDA, so the upload is one async DMA).
+  // Must outlive the Loader and every Batch it hands out.
+  Allocator* image_allocator = nullptr;
 };
 
 struct BadSample {

@@ -62,6 +62,9 @@ class Backend {
   // --- data movement -------------------------------------------------------------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
   virtual Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32) = 0;
+  // Where the loader should put the host batches upload_images takes: page-locked memory on
+  // CUDA (uploaded with one async DMA straight from it, no staging copy), else Allocator::host().
+  virtual Allocator& host_staging_allocator() { return Allocator::host(); }
   // Elementwise conversion to another dtype, same shape and layout (fp32 <-> bf16 <-> fp16,
   // round to nearest even; fp16 overflows to inf exactly as on a GPU).
   virtual Tensor cast(const Tensor& t, DType to) = 0;

@@ -4,6 +4,9 @@
 // training steps of ResNet-20 on 28x28x1 images CPU vs GPU, fp16 overflow injection on the
 // GPU, and the caching allocator's steady state. Each GPU test skips without a CUDA device.
 #include <gtest/gtest.h>
+#ifdef SPOTRAIN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -590,6 +593,57 @@ TEST(GpuBackend, WithoutADeviceCudaFailsCleanlyAndAutoPicksTheCpu) {
         << m;
   }
   EXPECT_EQ(make_backend("auto", BackendOptions{})->device(), Device::cpu);
+}
+
+// ---- image upload from the loader's host staging memory ---------------------------------
+
+TEST(HostStaging, CpuBackendUsesTheHostAllocator) {
+  EXPECT_EQ(&cpu()->host_staging_allocator(), &Allocator::host());
+}
+
+// The loader writes batches into the backend's host staging memory (pinned on CUDA); the
+// upload from it (one async DMA, no staging copy) must equal the pageable path's.
+TEST(HostStaging, PinnedAndPageableUploadsAgree) {
+  REQUIRE_GPU();
+  auto g = gpu();
+  Allocator& pinned = g->host_staging_allocator();
+  ASSERT_NE(&pinned, &Allocator::host());
+  EXPECT_EQ(pinned.device(), Device::cpu);
+  const Shape s{3, 5, 9, 7};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<Tensor> from_pinned, from_pageable;
+    std::vector<std::vector<float>> want;
+    // Several uploads in flight at once, the pinned sources dropped right after each upload.
+    for (int i = 0; i < 5; ++i) {
+      Tensor pageable = host_nhwc(s, 1400 + uint64_t(i));
+      Tensor src(s, DType::f32, pinned, Layout::nhwc);
+      std::memcpy(src.raw(), pageable.raw(), pageable.nbytes());
+      const void* addr = src.raw();
+      from_pinned.push_back(g->upload_images(src, dt));
+      src = Tensor();
+      // The backend still holds the source until its copy is done: new staging memory must
+      // not reuse it, and writing into the new one must not change the upload.
+      Tensor next(s, DType::f32, pinned, Layout::nhwc);
+      EXPECT_NE(next.raw(), addr);
+      std::memset(next.raw(), 0x7f, next.nbytes());
+      from_pageable.push_back(g->upload_images(pageable, dt));
+    }
+    g->synchronize();
+    for (size_t i = 0; i < from_pinned.size(); ++i) {
+      auto a = values(*g, from_pinned[i]), b = values(*g, from_pageable[i]);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "upload " << i;
+    }
+  }
+#ifdef SPOTRAIN_WITH_CUDA
+  Tensor src(s, DType::f32, pinned, Layout::nhwc);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, src.raw()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  Tensor pageable = Tensor::host(s, DType::f32, Layout::nhwc);
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, pageable.raw()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered);
+#endif
 }
 
 // bn_infer (kernels/elementwise.h) is what the GPU's inference kernel runs: check it on the

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/allocator.h"
 #include "engine/error.h"
 #include "io/dataset.h"
 #include "io/loader.h"
@@ -688,6 +690,42 @@ TEST(Loader, SameBatchesForAnyWorkerCount) {
   auto ea = epoch_batches(ds, loader_opts(7, false, 1), 0), eb = epoch_batches(ds, loader_opts(7, false, 3), 0);
   ASSERT_EQ(ea.size(), eb.size());
   for (size_t i = 0; i < ea.size(); ++i) expect_same_batch(ea[i], eb[i]);
+}
+
+namespace {
+std::atomic<int64_t> g_raw_allocs{0}, g_raw_frees{0};
+void* counting_alloc(size_t bytes) {
+  ++g_raw_allocs;
+  return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+}
+void counting_free(void* p, size_t) {
+  ++g_raw_frees;
+  std::free(p);
+}
+}  // namespace
+
+TEST(Loader, AllocatesImagesFromTheGivenAllocator) {
+  auto ds = synth();
+  Allocator counting(Device::cpu, Allocator::Raw{counting_alloc, counting_free, false});
+  const int64_t allocs_before = g_raw_allocs.load();
+  {
+    auto o = loader_opts(8, true, 2);
+    o.image_allocator = &counting;
+    auto mine = epoch_batches(ds, o, 4);
+    auto plain = epoch_batches(ds, loader_opts(8, true, 2), 4);
+    ASSERT_EQ(mine.size(), plain.size());
+    ASSERT_FALSE(mine.empty());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_EQ(mine[i].images.storage()->alloc, &counting) << "batch " << i;
+      EXPECT_EQ(plain[i].images.storage()->alloc, &Allocator::host()) << "batch " << i;
+      expect_same_batch(mine[i], plain[i]);
+    }
+    EXPECT_GT(g_raw_allocs.load(), allocs_before);
+    EXPECT_GE(counting.stats().current_bytes, mine.size() * size_t(mine[0].images.nbytes()));
+  }
+  EXPECT_EQ(counting.stats().current_bytes, 0u);  // every batch went back to it
+  counting.release_cached();
+  EXPECT_EQ(g_raw_frees.load(), g_raw_allocs.load());
 }
 
 TEST(Loader, ResumeMidEpochMatchesSkipping) {

@@ -67,6 +67,11 @@ int run_bench(const BenchOptions& o) {
   auto worker = std::make_unique<CommWorker>(*comm, 300);
   const int world = comm->size();
   set_log_enabled(comm->rank() == 0);
+  BackendOptions bo;
+  bo.threads = o.threads;
+  bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
+  if (o.device != "cpu") select_cuda_device(comm->local_rank());  // one GPU per rank
+  auto be = make_backend(o.device, bo);
   // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
   std::unique_ptr<io::Loader> loader;
   int num_classes = o.num_classes, channels = o.channels;
@@ -79,6 +84,7 @@ int run_bench(const BenchOptions& o) {
     lo.seed = o.seed;
     lo.workers = o.workers;
     lo.prefetch = o.prefetch;
+    lo.image_allocator = &be->host_staging_allocator();  // pinned on CUDA: one async DMA
     lo.max_bad_fraction = o.max_bad_fraction;
     SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
     lo.image = image_transforms_for(*dp.train);
@@ -87,11 +93,6 @@ int run_bench(const BenchOptions& o) {
     num_classes = dp.train->num_classes();
     channels = 3;
   }
-  BackendOptions bo;
-  bo.threads = o.threads;
-  bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
-  if (o.device != "cpu") select_cuda_device(comm->local_rank());  // one GPU per rank
-  auto be = make_backend(o.device, bo);
   if (world > 1 && be->device() == Device::cuda) {  // GPU ranks all-reduce with NCCL
     worker.reset();
     comm = communicator_for_device(std::move(comm), be->device(), be->native_stream());

@@ -19,6 +19,9 @@ namespace spotrain::cuda {
 
 // The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
 Allocator& device_allocator();
+// The process-wide caching pinned host allocator (cudaHostAlloc/cudaFreeHost): Device::cpu
+// memory the DMA engine reads directly.
+Allocator& pinned_host_allocator();
 
 class CudaBackend final : public Backend {
  public:
@@ -30,6 +33,7 @@ class CudaBackend final : public Backend {
   Allocator& allocator() override { return device_allocator(); }
 
   Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
+  Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
   Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
@@ -120,6 +124,17 @@ class CudaBackend final : public Backend {
   };
   Staging staging_[2];
   int next_staging_ = 0;
+  // upload_images from pinned sources: each source stays referenced until the event marking
+  // the end of its copy has completed (a caching allocator would otherwise hand its memory to
+  // a loader worker mid-DMA). Completed entries are dropped on the next upload and in
+  // synchronize(); their events are reused.
+  struct PinnedUpload {
+    Tensor source;
+    cudaEvent_t copied = nullptr;
+  };
+  std::vector<PinnedUpload> pinned_uploads_;
+  std::vector<cudaEvent_t> free_events_;
+  void reap_pinned_uploads();
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   uint64_t weights_generation_ = 1;

@@ -2,6 +2,7 @@
 // stream for image uploads ordered with events), elementwise ops, global pooling, Linear
 // with cuBLAS, the loss, SGD and the overflow check (our kernels, cuda_kernels.cu).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <system_error>
@@ -32,6 +33,23 @@ void dev_free(void* p, size_t) {
   (void)cudaFree(p);
 }
 
+// Pinned host memory for loader batches. Loader worker threads allocate it: make the device
+// current first, so a fresh thread does not create a context on device 0; portable, so any
+// device's DMA engine may read it.
+std::atomic<int> g_pinned_device{0};
+void* pinned_host_alloc(size_t bytes) {
+  void* p = nullptr;
+  (void)cudaSetDevice(g_pinned_device.load());
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();  // the allocator reports the failure as out of memory
+    return nullptr;
+  }
+  return p;
+}
+// Only cached blocks are freed, and upload_images keeps every source alive until its copy
+// is done, so no DMA still reads `p`.
+void pinned_host_free(void* p, size_t) { (void)cudaFreeHost(p); }
+
 bool float_kind(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 void check_device(const Tensor& t, const char* op) {
@@ -53,8 +71,20 @@ Allocator& device_allocator() {
   return *a;
 }
 
+Allocator& pinned_host_allocator() {
+  // Lives to process exit, like device_allocator(). Created by the first backend (whose
+  // device is current), so the device recorded here is that backend's.
+  static Allocator* a = [] {
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) g_pinned_device.store(dev);
+    return new Allocator(Device::cpu, Allocator::Raw{pinned_host_alloc, pinned_host_free, false});
+  }();
+  return *a;
+}
+
 CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaGetDevice(&device_));
+  g_pinned_device.store(device_);
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
@@ -76,7 +106,33 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
               opt.deterministic ? ", deterministic" : "", ")");
 }
 
-void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+void CudaBackend::synchronize() {
+  CUDA_CHECK(cudaStreamSynchronize(compute_));
+  reap_pinned_uploads();  // the compute stream waited for every upload: all are done
+}
+
+void CudaBackend::reap_pinned_uploads() {
+  cudaError_t err = cudaSuccess;
+  size_t keep = 0;
+  for (size_t i = 0; i < pinned_uploads_.size(); ++i) {
+    PinnedUpload& u = pinned_uploads_[i];
+    cudaError_t e = cudaEventQuery(u.copied);
+    if (e == cudaSuccess) {
+      free_events_.push_back(u.copied);
+      u.source = Tensor();
+      continue;
+    }
+    if (e == cudaErrorNotReady) {
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // not an error
+    } else if (err == cudaSuccess) {
+      err = e;
+    }
+    if (i != keep) pinned_uploads_[keep] = std::move(u);
+    ++keep;
+  }
+  pinned_uploads_.resize(keep);
+  CUDA_CHECK(err);
+}
 
 Tensor CudaBackend::alloc(const Shape& shape, DType dt, Layout layout) {
   Tensor t(shape, dt, allocator(), layout);
@@ -119,7 +175,24 @@ Tensor CudaBackend::upload_images(const Tensor& host, DType compute) {
                  "upload_images expects a host fp32 NHWC batch, got ", host.describe());
   Tensor dev(host.shape(), DType::f32, allocator(), Layout::nhwc);
   size_t bytes = host.nbytes();
-  if (bytes > 0) {
+  reap_pinned_uploads();
+  if (bytes > 0 && host.storage()->alloc == &pinned_host_allocator()) {
+    // Page-locked source (the loader wrote it there): one async DMA straight from it. The
+    // source stays referenced until the copy is done; ordering as below.
+    cudaEvent_t ev = nullptr;
+    if (free_events_.empty()) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    } else {
+      ev = free_events_.back();
+      free_events_.pop_back();
+    }
+    pinned_uploads_.push_back(PinnedUpload{host, ev});  // owns `ev` from here on
+    CUDA_CHECK(cudaEventRecord(compute_mark_, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dev.raw(), host.raw(), bytes, cudaMemcpyHostToDevice, copy_));
+    CUDA_CHECK(cudaEventRecord(ev, copy_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, ev, 0));
+  } else if (bytes > 0) {
     // The staging buffer of two uploads ago: refilled once its copy finished (long since,
     // in a training loop), so the host never waits for the step before.
     Staging& st = staging_[next_staging_];

@@ -550,6 +550,10 @@ CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
   if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
   if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));
+  for (auto& u : pinned_uploads_) free_events_.push_back(u.copied);
+  pinned_uploads_.clear();  // every copy is done: the sources may go back to the loader
+  for (cudaEvent_t ev : free_events_) CUDA_WARN(cudaEventDestroy(ev));
+  free_events_.clear();
   conv_cache_.clear();
   bn_cache_.clear();
   pool_cache_.clear();
