@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cublas_lazy.h"
 #endif
 
 #include <cmath>
@@ -580,6 +582,23 @@ TEST_P(GpuAllocator, SteadyStateStepsAllocateNothingNew) {
 INSTANTIATE_TEST_SUITE_P(Precisions, GpuAllocator, ::testing::ValuesIn(kPrecs), prec_name);
 
 // ---- without a GPU ---------------------------------------------------------------------------
+
+// cuBLAS is not loaded at start-up (it costs ~210 MB RSS) but on first use, and loading it
+// needs no GPU: the library CMake found resolves, with the version the build was made with.
+TEST(GpuBackend, CublasLoadsOnFirstUse) {
+#ifdef SPOTRAIN_WITH_CUDA
+  int devices = 0;
+  bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  cudaGetLastError();
+  if (!gpu)  // (with a GPU, backends made by earlier tests in this process load it)
+    EXPECT_FALSE(spotrain::cuda::blas::loaded()) << "cuBLAS was loaded before any use";
+  std::string v = spotrain::cuda::blas::version();
+  EXPECT_TRUE(spotrain::cuda::blas::loaded());
+  EXPECT_EQ(v.rfind(std::to_string(CUBLAS_VER_MAJOR) + ".", 0), 0u) << v;
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
 
 TEST(GpuBackend, WithoutADeviceCudaFailsCleanlyAndAutoPicksTheCpu) {
   if (have_gpu()) GTEST_SKIP() << "a CUDA device is present";

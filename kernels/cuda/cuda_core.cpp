@@ -94,13 +94,13 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
-  CUBLAS_CHECK(cublasCreate(&blas_));
-  CUBLAS_CHECK(cublasSetStream(blas_, compute_));
+  CUBLAS_CHECK(blas::create(&blas_));
+  CUBLAS_CHECK(blas::set_stream(blas_, compute_));
   CUBLAS_CHECK(
-      cublasSetMathMode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      blas::set_math_mode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   size_t v = cudnnGetVersion();
   int blas_v = 0;
-  CUBLAS_CHECK(cublasGetVersion(blas_, &blas_v));
+  CUBLAS_CHECK(blas::get_version(blas_, &blas_v));
   name_ = str("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", cuDNN ", v / 10000, ".",
               (v % 10000) / 100, ".", v % 100, ", cuBLAS ", blas_v, opt.tf32 ? ", tf32" : "",
               opt.deterministic ? ", deterministic" : "", ")");
@@ -388,7 +388,7 @@ Tensor CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tenso
   if (n == 0 || m == 0) return y;
   const float one = 1.f;
   // y^T (m, n) = w (m, k) x^T (k, n) + y^T
-  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one,
+  CUBLAS_CHECK(blas::sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one,
                            w.data<float>(), int(k), x.data<float>(), int(k), &one, y.data<float>(),
                            int(m)));
   return y;
@@ -403,14 +403,14 @@ Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Ten
       "linear_backward: gradient ", dy.describe(), " does not match ", w.describe());
   const float one = 1.f, zero = 0.f;
   // dw^T (k, m) = x^T (k, n) dy (n, m)
-  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(m), int(n), &one,
+  CUBLAS_CHECK(blas::sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(m), int(n), &one,
                            x.data<float>(), int(k), dy.data<float>(), int(m), &zero,
                            dw.data<float>(), int(k)));
   launch_col_sum(dy.data<float>(), db.data<float>(), n, m, compute_);
   if (!need_dx) return Tensor();
   Tensor dx = alloc({n, k}, DType::f32);
   // dx^T (k, n) = w^T (k, m) dy^T (m, n)
-  CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(n), int(m), &one,
+  CUBLAS_CHECK(blas::sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(n), int(m), &one,
                            w.data<float>(), int(k), dy.data<float>(), int(m), &zero,
                            dx.data<float>(), int(k)));
   return dx;

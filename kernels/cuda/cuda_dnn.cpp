@@ -561,7 +561,7 @@ CudaBackend::~CudaBackend() {
   workspace_ = Tensor();
   sgd_chunks_ = Tensor();
   if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
-  if (blas_) CUBLAS_WARN(cublasDestroy(blas_));
+  if (blas_) CUBLAS_WARN(blas::destroy(blas_));
   if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
   for (auto& st : staging_) {
     if (st.host) CUDA_WARN(cudaFreeHost(st.host));

@@ -4,6 +4,8 @@
 // Internal to kernels/cuda/ (host code only).
 #pragma once
 #include <cublas_v2.h>
+
+#include "kernels/cuda/cublas_lazy.h"
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -26,7 +28,7 @@ inline std::string cudnn_msg(cudnnStatus_t s) {
   return m;
 }
 inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
-inline const char* cublas_msg(cublasStatus_t s) { return cublasGetStatusString(s); }
+inline const char* cublas_msg(cublasStatus_t s) { return blas::status_string(s); }
 
 }  // namespace spotrain::cuda
 

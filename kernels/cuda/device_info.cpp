@@ -8,10 +8,12 @@
 #include "engine/log.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
-#include <cublasLt.h>
+#include <cublas_api.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <nccl.h>
+
+#include "kernels/cuda/cublas_lazy.h"
 #endif
 
 namespace spotrain {
@@ -51,8 +53,9 @@ GpuInfo query() {
   // Library versions need no GPU: they say what this process loaded.
   size_t dnn = cudnnGetVersion();
   g.cudnn = str(dnn / 10000, ".", (dnn % 10000) / 100, ".", dnn % 100);
-  size_t lt = cublasLtGetVersion();
-  g.cublas = str(lt / 10000, ".", (lt % 10000) / 100, ".", lt % 100);
+  // cuBLAS is loaded when a CUDA backend is made (kernels/cuda/cublas_lazy.h): until then
+  // the version it was built against.
+  g.cublas = str(CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, ".", CUBLAS_VER_PATCH, " (built with)");
   if (ncclGetVersion(&v) == ncclSuccess) g.nccl = str(v / 10000, ".", (v / 100) % 100, ".", v % 100);
   if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0) g.driver_cuda = cuda_version(v);
   std::string release = nvml_driver_version();
@@ -72,6 +75,8 @@ GpuInfo query() {
     return g;
   }
   g.status = "ok";
+  std::string blas = cuda::blas::version();  // a GPU run loads cuBLAS anyway
+  if (!blas.empty()) g.cublas = blas;
   g.name = prop.name;
   g.compute_capability = str(prop.major, ".", prop.minor);
   g.memory_bytes = int64_t(prop.totalGlobalMem);
