@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
+#include "engine/rank_backend.h"
 #include "io/image_folder.h"
 #include "io/loader.h"
 #include "kernels/cuda/device_info.h"
@@ -128,15 +129,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   bo.threads = cfg_.threads;
   bo.deterministic = cfg_.deterministic;
   bo.tf32 = cfg_.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
-  if (cfg_.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
-  backend_ = make_backend(cfg_.device, bo);
-  if (comm_->size() > 1 && backend_->device() == Device::cuda) {
-    // GPU ranks all-reduce device buffers with NCCL; host values still go over MPI.
-    worker_.reset();
-    comm_ = communicator_for_device(std::move(comm_), backend_->device(),
-                                    backend_->native_stream());
-    worker_ = std::make_unique<CommWorker>(*comm_, cfg_.comm_timeout);
-  }
+  backend_ = make_rank_backend(cfg_.device, bo, comm_, worker_, cfg_.comm_timeout);
   if (cfg_.precision == "tf32" && backend_->device() == Device::cpu)  // said once, at start
     log_info("note: tf32 is a GPU math mode; on the CPU it computes in fp32");
   ResNetOptions ro;

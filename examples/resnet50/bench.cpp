@@ -23,6 +23,7 @@
 #include "engine/optimizer.h"
 #include "engine/philox.h"
 #include "engine/precision.h"
+#include "engine/rank_backend.h"
 #include "engine/step.h"
 #include "kernels/cuda/device_info.h"
 #include "engine/trainer.h"
@@ -70,8 +71,7 @@ int run_bench(const BenchOptions& o) {
   BackendOptions bo;
   bo.threads = o.threads;
   bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
-  if (o.device != "cpu") select_cuda_device(comm->local_rank());  // one GPU per rank
-  auto be = make_backend(o.device, bo);
+  auto be = make_rank_backend(o.device, bo, comm, worker, 300);
   // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
   std::unique_ptr<io::Loader> loader;
   int num_classes = o.num_classes, channels = o.channels;
@@ -92,11 +92,6 @@ int run_bench(const BenchOptions& o) {
     loader->start_epoch(0);
     num_classes = dp.train->num_classes();
     channels = 3;
-  }
-  if (world > 1 && be->device() == Device::cuda) {  // GPU ranks all-reduce with NCCL
-    worker.reset();
-    comm = communicator_for_device(std::move(comm), be->device(), be->native_stream());
-    worker = std::make_unique<CommWorker>(*comm, 300);
   }
   const GpuInfo& gpu = gpu_info();
   if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
