@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with one NVIDIA GPU, builds spotrain with the CUDA backend, runs
-# the `gpu` tests, then ResNet-50 training throughput (224x224, batch 256, synthetic) with
-# `spotrain bench` at fp16 / bf16 / tf32 and fp16 with gradient checkpointing, and PyTorch
+# The GPU check: on a machine with one NVIDIA GPU, builds spotrain with the CUDA backend (or
+# takes binaries built beforehand from GPU_PREBUILT), runs the `gpu` tests in parallel shards,
+# then ResNet-50 training throughput (224x224, batch 256, synthetic) with `spotrain bench` at
+# fp16 / bf16 / tf32 and fp16 with gradient checkpointing, and PyTorch
 # (bench/torch_gpu_resnet50.py) in the same run; prints a short table last. Everything ends
 # within GPU_BUDGET_S (470) seconds.
 #
-# Made for a bare CUDA machine: nvcc, PyTorch, cmake and ninja present; cuDNN, cuBLAS and NCCL
-# only inside Python's site-packages/nvidia/* wheels; no Debian packages and no network. The
-# Debian packages come from .gpu-debs/ (scripts/gpu-deps.sh, run beforehand on Debian 12) and
-# are unpacked with dpkg -x into a private prefix; nothing is installed. Without a GPU every
-# step up to the GPU ones still runs, and those report "no CUDA device".
+# Made for a GPU node without network access: nvcc, PyTorch, cmake and ninja present; cuDNN,
+# cuBLAS and NCCL possibly only inside Python's site-packages/nvidia/* wheels; no Debian
+# packages. The Debian packages come from .gpu-debs/ (scripts/gpu-deps.sh, run beforehand on
+# Debian 12) and are unpacked with dpkg -x into a private prefix; nothing is installed. The
+# binaries find that prefix through their RPATH, so no library path is exported to other
+# programs (cmake, nvcc, Python). Without a GPU every step up to the GPU ones still runs, and
+# those report "no CUDA device".
 #
 # Results: $OUT/summary.txt (the table), results.json (all figures and versions) and
 # logs.tar.gz (logs/: machine, configure, build, version, gpu-tests, bench-*, torch ...).
 #
 # Environment: OUT (gpu-out), GPU_DEBS (.gpu-debs), GPU_PREFIX (/tmp/spotrain-gpu-prefix),
-# GPU_BUILD (build-gpu), GPU_BUDGET_S (470), GPU_JOBS (all cores), GPU_PYTHON (the python3
-# with PyTorch), GPU_BENCH_STEPS (20), GPU_BENCH_WARMUP (5), GPU_KEEP_LOGS=1 (keep $OUT/logs/
-# unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has the packages
-# installed: CMake is kept from finding anything under /usr, so the prefix is used).
+# GPU_BUILD (build-gpu), GPU_PREBUILT (.gpu-bin: spotrain and test_gpu* built beforehand by a
+# dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
+# GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
+# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch"; add "train" for
+# the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST), GPU_KEEP_LOGS=1
+# (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
+# the packages installed: CMake is kept from finding anything under /usr, so the prefix is
+# used), GPU_PACK_PREBUILT=1 (after the build, copy the stripped binaries into GPU_PREBUILT).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
@@ -177,21 +184,38 @@ fi
 [[ -n "$wheel_libs" ]] && note "CUDA libraries from Python wheels: ${wheel_libs//:/ }"
 
 P=$prefix/usr
+# Our programs (spotrain, the tests) find the CUDA libraries of the wheels through this; the
+# prefix's own libraries through the binaries' RPATH. Nothing is exported: cmake, nvcc and
+# Python keep the machine's own libraries.
+ours=(env "LD_LIBRARY_PATH=${wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 # CMAKE_POLICY_VERSION_MINIMUM: a pip-installed CMake 4 still reads Debian's older
 # package configuration files.
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSPOTRAIN_CUDA=ON -DSPOTRAIN_BUILD_BENCH=OFF
-            -DSPOTRAIN_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+            -DSPOTRAIN_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+            -DSPOTRAIN_CUDA_ARCHITECTURES="${GPU_ARCHS:-90}")
 [[ -n "$python" ]] && cmake_args+=(-DSPOTRAIN_CUDA_PYTHON="$python")
 [[ -n "$nvcc" ]] && cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
 if ((use_prefix)); then
-  libs="$P/lib/$arch:$P/lib/$arch/openmpi/lib:$P/lib/$arch/hdf5/serial"
-  export LD_LIBRARY_PATH="$libs${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  libdirs="$P/lib/$arch;$P/lib/$arch/openmpi/lib;$P/lib/$arch/hdf5/serial"
   zlib=$P/lib/$arch/libz.so
   if [[ ! -e "$zlib" ]]; then  # the -dev symlink points at the runtime zlib1g, not unpacked
     zlib=$(ldconfig -p 2>/dev/null | awk '/libz\.so\.1 .*x86-64/{print $NF; exit}')
     [[ -z "$zlib" ]] && zlib=$(ls /lib/$arch/libz.so.1 /usr/lib/$arch/libz.so.1 2>/dev/null | head -1)
   fi
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$P"
+  # pkg-config (libturbojpeg, libjpeg, libpng) through the unpacked pkgconf, reading only the
+  # prefix's .pc files, with their /usr paths moved under the prefix (the sysroot).
+  cat > "$prefix/pkg-config" <<PKG
+#!/bin/sh
+export LD_LIBRARY_PATH="$P/lib/$arch\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export PKG_CONFIG_LIBDIR="$P/lib/$arch/pkgconfig:$P/share/pkgconfig" PKG_CONFIG_PATH=
+export PKG_CONFIG_SYSROOT_DIR="$prefix"
+exec "$P/bin/pkgconf" "\$@"
+PKG
+  chmod +x "$prefix/pkg-config"
+  # --disable-new-dtags: an RPATH (not RUNPATH) also serves the libraries' own dependencies
+  # (libmpi -> libopen-rte -> libhwloc ...), so no LD_LIBRARY_PATH is needed for them.
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$P" -DPKG_CONFIG_EXECUTABLE="$prefix/pkg-config"
+    -DCMAKE_BUILD_RPATH="$libdirs" -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags"
     -DDNNL_INCLUDE_DIR="$P/include" -DDNNL_LIBRARY="$P/lib/$arch/libdnnl.so"
     -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$P/lib/$arch/openmpi/include"
     -DMPI_C_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$P/lib/$arch/openmpi/lib/libmpi.so"
@@ -201,66 +225,152 @@ if ((use_prefix)); then
     -DZLIB_INCLUDE_DIR="$P/include" -DZLIB_LIBRARY="$zlib"
     -DGTest_DIR="$P/lib/$arch/cmake/GTest" -Dnlohmann_json_DIR="$P/share/cmake/nlohmann_json"
     -DCLI11_DIR="$P/share/cmake/CLI11"
-    -DCMAKE_CXX_FLAGS="-isystem $P/include -isystem $P/include/hdf5/serial"
-    -DCMAKE_CUDA_FLAGS="-isystem $P/include")
+    -DCMAKE_CXX_FLAGS="-isystem $P/include -isystem $P/include/$arch -isystem $P/include/hdf5/serial"
+    -DCMAKE_CUDA_FLAGS="-isystem $P/include -isystem $P/include/$arch")
   if [[ -n "${GPU_SIMULATE_BARE:-}" ]]; then  # dry run: nothing from /usr may be found
     cmake_args+=(-DCMAKE_SYSTEM_IGNORE_PREFIX_PATH=/usr
-      "-DCMAKE_IGNORE_PATH=/usr/include;/usr/lib/$arch;/usr/share/cmake;/usr/lib/$arch/cmake")
+      "-DCMAKE_IGNORE_PATH=/usr/include;/usr/include/$arch;/usr/lib/$arch;/usr/share/cmake;/usr/lib/$arch/cmake;/usr/lib/$arch/pkgconfig;/usr/share/pkgconfig")
   fi
-elif [[ -n "$wheel_libs" ]]; then
-  export LD_LIBRARY_PATH="$wheel_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 
-# ---- configure, build, gpu tests ---------------------------------------------------------
-built=0
-if run_step configure 120 cmake -S "$repo" -B "$build" "${generator[@]}" "${cmake_args[@]}"; then
+# ---- binaries: built beforehand (GPU_PREBUILT) or configured and built here -------------------
+prebuilt=${GPU_PREBUILT:-$repo/.gpu-bin}
+bin=""
+if [[ -x "$prebuilt/spotrain" ]] && "${ours[@]}" "$prebuilt/spotrain" --version > "$logs/prebuilt.log" 2>&1; then
+  bin=$prebuilt
+  note "using the binaries built beforehand in $prebuilt"
+  record build "prebuilt ($prebuilt)" 0
+elif [[ -x "$prebuilt/spotrain" ]]; then
+  note "the binaries in $prebuilt do not start here ($(tail -n 1 "$logs/prebuilt.log")): building"
+fi
+if [[ -z "$bin" ]] &&
+   run_step configure 120 cmake -S "$repo" -B "$build" "${generator[@]}" "${cmake_args[@]}"; then
   grep -E "spotrain: CUDA|Found (MPI_C|HDF5|GTest|ZLIB)" "$logs/configure.log" | sed 's/^/    /'
   targets=(spotrain)
   for t in $(cmake --build "$build" --target help 2>/dev/null | grep -oE '(^|[ :.])test_gpu[A-Za-z0-9_]*' |
              tr -d ' :.' | sort -u); do targets+=("$t"); done
   note "building ${targets[*]} with $jobs jobs"
-  run_step build 330 cmake --build "$build" --parallel "$jobs" --target "${targets[@]}" && built=1
-fi
-if ((built)); then
-  run_step version 30 "$build/spotrain" --version
-  if ((${#targets[@]} > 1)); then
-    run_step gpu-tests 150 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
-    # The status says how many ran and how many skipped (no CUDA device).
-    tally=$(grep -oE '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$logs/gpu-tests.log" | tail -1)
-    skipped=$(grep -c '(Skipped)' "$logs/gpu-tests.log")
-    [[ -n "$tally" ]] && restatus "$(laststatus): $tally, $skipped skipped"
-  else
-    note "no test_gpu* targets in this tree"
-    record gpu-tests "none defined" 0
+  if run_step build 330 cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"; then
+    bin=$build
+    if [[ -n "${GPU_PACK_PREBUILT:-}" ]]; then
+      rm -rf "$prebuilt" && mkdir -p "$prebuilt"
+      for t in "${targets[@]}"; do
+        f=$build/$t
+        [[ -x "$f" ]] || f=$build/tests/$t
+        strip -o "$prebuilt/$t" "$f"
+      done
+      note "stripped ${targets[*]} into $prebuilt ($(du -sh "$prebuilt" | cut -f1))"
+    fi
   fi
 fi
 
-# ---- benchmarks ----------------------------------------------------------------------------
-bench() {  # bench NAME PRECISION CHECKPOINT
-  run_step "bench-$1" 75 "$build/spotrain" bench --model resnet50 --image-size 224 \
-    --batch-size 256 --precision "$2" --grad-checkpoint "$3" --steps "$steps" \
-    --warmup "$warmup" --device cuda --json "$logs/bench-$1.json"
+# The gpu tests: every test_gpu* binary, cut into GTest shards run side by side (one GPU holds
+# them all; each shard pays context creation and cuDNN loading once). Run through `bash -c`
+# under run_step's timeout, which ends the shards too.
+gpu_tests() {
+  local shards=${GPU_TEST_SHARDS:-6} pids=() t i n
+  trap 'kill "${pids[@]}" 2>/dev/null; exit 124' TERM
+  for t in "$bin"/test_gpu* "$bin"/tests/test_gpu*; do
+    [[ -x "$t" ]] || continue
+    n=$shards
+    [[ "$(basename "$t")" == test_gpu_nccl ]] && n=1
+    for ((i = 0; i < n; ++i)); do
+      OMP_NUM_THREADS=2 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i env LD_LIBRARY_PATH="$ours_ld" "$t" \
+        --gtest_color=no > "$logs/gpu-test-$(basename "$t")-$i.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$logs"/gpu-test-*.log
+  return $rc
 }
-if ((built)) && [[ -n "$gpu" ]]; then
-  bench fp16 fp16 none
-  bench bf16 bf16 none
-  bench tf32 tf32 none
-  bench fp16-ckpt fp16 stage
-elif ((built)); then
-  # Shows that asking for the GPU without one fails cleanly with one line.
-  run_step bench-no-gpu 30 "$build/spotrain" bench --model resnet18 --image-size 32 \
-    --batch-size 2 --steps 1 --warmup 0 --device cuda
-  grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
-    restatus "no CUDA device (one clean error line, exit 1)"
-  for b in fp16 bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
+ours_ld=${ours[1]#LD_LIBRARY_PATH=}
+export bin logs ours_ld
+export -f gpu_tests
+
+# ---- steps -------------------------------------------------------------------------------------
+steps_wanted=" ${GPU_STEPS:-tests bench torch} "
+want() { [[ "$steps_wanted" == *" $1 "* ]]; }
+if [[ -n "$bin" ]]; then
+  run_step version 30 "${ours[@]}" "$bin/spotrain" --version
+  if want tests; then
+    if compgen -G "$bin/test_gpu*" >/dev/null || compgen -G "$bin/tests/test_gpu*" >/dev/null; then
+      run_step gpu-tests 150 bash -c gpu_tests
+      ok=$(grep -h -oE '^\[  PASSED  \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
+      bad=$(grep -h -cE '^\[  FAILED  \] [A-Za-z]' "$logs/gpu-tests.log")
+      skipped=$(grep -h -oE '^\[  SKIPPED \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
+      restatus "$(laststatus): $ok passed, $bad failed, $skipped skipped"
+    else
+      note "no test_gpu* binaries"
+      record gpu-tests "none defined" 0
+    fi
+  fi
 fi
-if [[ -n "$python" ]]; then
+
+bench() {  # bench NAME PRECISION CHECKPOINT [EXTRA...]
+  local name=$1 prec=$2 ck=$3
+  shift 3
+  run_step "bench-$name" 75 "${ours[@]}" "$bin/spotrain" bench --model resnet50 --image-size 224 \
+    --batch-size 256 --precision "$prec" --grad-checkpoint "$ck" --steps "$steps" \
+    --warmup "$warmup" --device cuda --json "$logs/bench-$name.json" "$@"
+}
+torch_bench() {
   run_step torch 150 env PYTHONUNBUFFERED=1 "$python" "$repo/bench/torch_gpu_resnet50.py" \
     --precision fp16,bf16,tf32 --batch-size 256 --image-size 224 --steps "$steps" \
     --warmup "$warmup" --json "$logs/torch.json"
   [[ $? == 3 ]] && restatus "no CUDA device"
+}
+if [[ -n "$bin" && -n "$gpu" ]]; then
+  # fp16 first, then PyTorch, so that the side-by-side figures survive a short budget.
+  want bench && bench fp16 fp16 none
+  want torch && [[ -n "$python" ]] && torch_bench
+  if want bench; then
+    bench bf16 bf16 none
+    bench tf32 tf32 none
+    bench fp16-ckpt fp16 stage
+  fi
+elif [[ -n "$bin" ]]; then
+  # Shows that asking for the GPU without one fails cleanly with one line.
+  run_step bench-no-gpu 30 "${ours[@]}" "$bin/spotrain" bench --model resnet18 --image-size 32 \
+    --batch-size 2 --steps 1 --warmup 0 --device cuda
+  grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
+    restatus "no CUDA device (one clean error line, exit 1)"
+  for b in fp16 bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
+  want torch && [[ -n "$python" ]] && torch_bench
+elif want torch && [[ -n "$python" ]]; then
+  torch_bench
+fi
+
+# Fashion-MNIST on the GPU: the demo recipe (accuracy against the CPU's), then two short
+# --deterministic runs whose checkpoints must be bitwise equal.
+fmnist=${GPU_FMNIST:-/usr/share/datasets/fashion-mnist}
+if want train && [[ -n "$bin" && -n "$gpu" ]]; then
+  run_step train-fmnist 150 "${ours[@]}" "$bin/spotrain" train --model resnet20 \
+    --data "fashion-mnist:$fmnist" --epochs 6 --batch-size 128 --lr 0.1 --device cuda \
+    --metrics "$logs/train-fmnist.jsonl" --ckpt-dir "$out/run-fmnist"
+  acc=$(grep -oE '"test_top1": *[0-9.]+' "$logs/train-fmnist.jsonl" 2>/dev/null | tail -1 | grep -oE '[0-9.]+$')
+  [[ -n "$acc" ]] && restatus "$(laststatus): test top-1 $acc"
+  for r in 1 2; do
+    run_step "det-$r" 60 "${ours[@]}" "$bin/spotrain" train --model resnet20 \
+      --data "fashion-mnist:$fmnist" --steps 60 --batch-size 128 --lr 0.1 --device cuda \
+      --deterministic --ckpt-dir "$out/run-det-$r"
+  done
+  # Equal weights give equal logits: each checkpoint is evaluated on the CPU (deterministic
+  # there) and the logits of the first test batch compared byte for byte.
+  for r in 1 2; do
+    "${ours[@]}" "$bin/spotrain" eval --ckpt "$out/run-det-$r" --data "fashion-mnist:$fmnist" \
+      --test-limit 2000 --device cpu --dump-logits "$logs/det-$r" > "$logs/det-eval-$r.log" 2>&1
+  done
+  if [[ -s "$logs/det-1.logits.npy" && -s "$logs/det-2.logits.npy" ]]; then
+    cmp -s "$logs/det-1.logits.npy" "$logs/det-2.logits.npy" && d="bitwise equal" || d="DIFFER"
+  else
+    d="FAILED: no logits (see det-eval-*.log)"
+  fi
+  record det-compare "$d" 0
+  rm -rf "$out"/run-fmnist "$out"/run-det-*
 fi
 
 # ---- the table -------------------------------------------------------------------------------
@@ -301,6 +411,23 @@ if rows or torch:
     for p, t in torch.items():
         print(f"{'pytorch':<9} {p:<9} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")
+    for r in rows:
+        ph = r.get("phases") or {}
+        if ph:
+            print(f"  phases {r['precision']}/{r['grad_checkpoint']} (ms/step): " +
+                  ", ".join(f"{k} {v * 1000:.1f}" for k, v in ph.items() if isinstance(v, (int, float))))
+# Silent slow paths: every "runs in fp32" note any step printed.
+notes = set()
+for f in sorted(os.listdir(out)):
+    if f.endswith(".log"):
+        for line in open(os.path.join(out, f), errors="replace"):
+            if "runs in fp32" in line:
+                notes.add(line.strip())
+if notes:
+    print()
+    print(f"{len(notes)} fp32 fallback note(s):")
+    for n in sorted(notes)[:20]:
+        print("  " + n[:200])
 EOF
 note "finished in $((SECONDS - start)) s; summary.txt, results.json and logs.tar.gz in $out"
 tar -czf "$out/logs.tar.gz" -C "$out" logs && [[ -z "${GPU_KEEP_LOGS:-}" ]] && rm -rf "$logs"

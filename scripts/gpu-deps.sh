@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Downloads (never installs) the Debian 12 packages a bare CUDA machine lacks to build and run
-# spotrain: oneDNN, OpenMPI, HDF5, libjpeg-turbo, zlib, nlohmann-json, CLI11 and GoogleTest,
-# with the shared libraries they load. Run it on a Debian 12 machine with network; it fills
+# spotrain: oneDNN, OpenMPI, HDF5, libjpeg-turbo, libpng, zlib, nlohmann-json, CLI11,
+# GoogleTest and pkgconf (CMake finds libjpeg and libpng through pkg-config), with the shared
+# libraries they load. Run it on a Debian 12 machine with network; it fills
 # .gpu-debs/ (git-ignored), which scripts/gpu-check.sh unpacks into a private prefix there.
 #
 #   ./scripts/gpu-deps.sh [DIR]      (default DIR: .gpu-debs in the repository root)
 #
 # Which runtime packages: the shared libraries we link (libdnnl.so.2, libmpi.so.40,
-# libhdf5_serial.so.103, libturbojpeg.so.0) and, recursively, every library they name as
+# libhdf5_serial.so.103, libturbojpeg.so.0, libjpeg.so.62, libpng16.so.16) and, recursively, every library they name as
 # NEEDED (read with readelf from the downloaded packages), except the C/C++ runtime every
 # CUDA image has (glibc, libstdc++, libgcc_s, libgomp, zlib). Plugins that OpenMPI or hwloc
 # open at run time (verbs, UCX, libfabric...) are left out: one process per GPU needs none.
@@ -16,11 +17,13 @@ cd "$(dirname "$0")/.."
 out="${1:-.gpu-debs}"
 
 # Headers, CMake files and static libraries the build needs.
-dev_pkgs=(libdnnl-dev libopenmpi-dev libhdf5-dev libturbojpeg0-dev zlib1g-dev
-          nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev)
+dev_pkgs=(libdnnl-dev libopenmpi-dev libhdf5-dev libturbojpeg0-dev libjpeg62-turbo-dev
+          libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+          pkgconf pkgconf-bin libpkgconf3)
 # The shared libraries linked into spotrain, by package, and the file names to start from.
-rt_pkgs=(libdnnl2 libopenmpi3 libhdf5-103-1 libturbojpeg0)
-rt_roots=(libdnnl.so.2 libmpi.so.40 libhdf5_serial.so.103 libturbojpeg.so.0)
+rt_pkgs=(libdnnl2 libopenmpi3 libhdf5-103-1 libturbojpeg0 libjpeg62-turbo libpng16-16)
+rt_roots=(libdnnl.so.2 libmpi.so.40 libhdf5_serial.so.103 libturbojpeg.so.0 libjpeg.so.62
+          libpng16.so.16)
 # Sonames assumed present on any machine with nvcc and a host compiler.
 base_sonames=" libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1
   libresolv.so.2 ld-linux-x86-64.so.2 libstdc++.so.6 libgcc_s.so.1 libgomp.so.1 libz.so.1 "
