@@ -6,6 +6,8 @@ JSON object per precision: images/s (median, p10, p90 over the timed steps) and 
 
   python3 bench/torch_gpu_resnet50.py --precision fp16,bf16,tf32 --batch-size 256 --json out.json
   python3 bench/torch_gpu_resnet50.py --device cpu --batch-size 2 --image-size 64 --steps 2 --warmup 1
+  python3 bench/torch_gpu_resnet50.py --precision fp16 --profile     (kernels by GPU time)
+  python3 bench/torch_gpu_resnet50.py --precision fp16 --compile     (torch.compile)
 
 Exit code 3 and one line "no CUDA device" when --device cuda finds no GPU.
 """
@@ -37,6 +39,8 @@ def run(precision, args, device):
         torch.backends.cudnn.allow_tf32 = tf32
     model = torchvision.models.resnet50(num_classes=args.num_classes)
     model = model.to(device=device, memory_format=torch.channels_last).train()
+    if args.compile:
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
     amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if amp_dtype is torch.float16 and not cuda:
@@ -84,6 +88,18 @@ def run(precision, args, device):
             t0 = time.perf_counter()
             loss = step()
             times.append(time.perf_counter() - t0)
+    if args.profile and cuda:
+        # Where a step's GPU time goes, kernel by kernel, to set beside `spotrain bench --profile`.
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        key = ("self_device_time_total" if hasattr(events[0], "self_device_time_total")
+               else "self_cuda_time_total")
+        print(f"profile {precision} (3 steps; times are totals over them):")
+        print(events.table(sort_by=key, row_limit=30, max_name_column_width=70), flush=True)
     ips = [args.batch_size / t for t in times]
     res = {
         "engine": "pytorch",
@@ -99,6 +115,7 @@ def run(precision, args, device):
         "images_per_sec_p90": percentile(ips, 0.9),
         "final_loss": float(loss.detach().float().cpu()),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "compiled": bool(args.compile),
     }
     if precision == "fp16" and not cuda:
         res["note"] = "CPU smoke test: fp16 ran as bf16 autocast"
@@ -126,6 +143,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the results (a list) to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="GPU: after timing, print the kernels of 3 profiled steps by GPU time")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (the warm-up steps then include compiling)")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     for p in precisions:

@@ -150,6 +150,15 @@ class Backend {
   // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
   // can order its work after the backend's with an event; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+
+  // --- profiling (ProfiledBackend) ------------------------------------------------------------
+  // Records a timing mark behind the work queued so far (GPU: an event on the compute stream)
+  // and returns its index since the last read, or -1 when the backend has no device clock
+  // (the CPU runs its ops synchronously: the host clock serves).
+  virtual int record_mark() { return -1; }
+  // Waits for the marks recorded since the last call and returns each one's time in ms after
+  // the first; forgets them.
+  virtual std::vector<double> read_marks_ms() { return {}; }
 };
 
 struct BackendOptions {

@@ -22,7 +22,8 @@
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch"; add "train" for
-# the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST), GPU_KEEP_LOGS=1
+# the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
+# op-by-op times of ours and PyTorch's kernels), GPU_KEEP_LOGS=1
 # (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
 # the packages installed: CMake is kept from finding anything under /usr, so the prefix is
 # used), GPU_PACK_PREBUILT=1 (after the build, copy the stripped binaries into GPU_PREBUILT).
@@ -342,6 +343,15 @@ elif [[ -n "$bin" ]]; then
   want torch && [[ -n "$python" ]] && torch_bench
 elif want torch && [[ -n "$python" ]]; then
   torch_bench
+fi
+
+# Where the time goes: every op timed with CUDA events (ours) and the kernels of three steps
+# under torch.profiler (PyTorch), at fp16 and bf16.
+if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
+  for p in fp16 bf16; do bench "profile-$p" "$p" none --profile; done
+  [[ -n "$python" ]] && run_step torch-profile 120 env PYTHONUNBUFFERED=1 "$python" \
+    "$repo/bench/torch_gpu_resnet50.py" --precision fp16,bf16 --batch-size 256 --image-size 224 \
+    --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
 fi
 
 # Fashion-MNIST on the GPU: the demo recipe (accuracy against the CPU's), then two short

@@ -26,6 +26,7 @@
 #include "engine/rank_backend.h"
 #include "engine/step.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/profiled_backend.h"
 #include "engine/trainer.h"
 #include "io/loader.h"
 #include "layers/resnet.h"
@@ -72,6 +73,12 @@ int run_bench(const BenchOptions& o) {
   bo.threads = o.threads;
   bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
   auto be = make_rank_backend(o.device, bo, comm, worker, 300);
+  ProfiledBackend* prof = nullptr;
+  if (o.profile) {
+    auto p = std::make_unique<ProfiledBackend>(std::move(be));
+    prof = p.get();
+    be = std::move(p);
+  }
   // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
   std::unique_ptr<io::Loader> loader;
   int num_classes = o.num_classes, channels = o.channels;
@@ -166,6 +173,7 @@ int run_bench(const BenchOptions& o) {
     if (peak_before > after.peak_bytes) be->allocator().restore_peak(peak_before);
     double total = t.data + t.forward + t.backward + t.comm_exposed + t.optimizer;
     bool timed = s >= o.warmup;
+    if (prof) prof->collect(timed);
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
                  fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
                  fmt_fixed(double(o.batch_size * world) / total, 2), " img/s",
@@ -213,6 +221,8 @@ int run_bench(const BenchOptions& o) {
     log_info(str("input-bound: the step waits ", fmt_fixed(100 * data_med / step_med, 1),
                  "% of its time for data (over 10%); add loader threads (--workers, now ", o.workers,
                  ") or read packed shards (spotrain data pack) from faster storage"));
+  if (prof)
+    for (const std::string& line : prof->report()) log_info(line);
   if (o.price_per_hour > 0) {
     double secs = 90.0 * 1281167.0 / med;
     log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
@@ -245,6 +255,14 @@ int run_bench(const BenchOptions& o) {
                        {"optimizer", percentile(opt_s, 0.5)}}},
                      {"machine", {{"cpu", machine_cpu}, {"backend", be->name()}}}};
     for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
+    if (prof) {
+      for (const auto& r : prof->by_op())
+        j["profile"]["ops"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
+                                       {"calls_per_step", r.calls_per_step}});
+      for (const auto& r : prof->by_shape(40))
+        j["profile"]["shapes"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
+                                          {"calls_per_step", r.calls_per_step}});
+    }
     if (o.price_per_hour > 0) {
       const double secs = 90.0 * 1281167.0 / med;
       j["imagenet_90_epochs"] = {{"seconds", secs}, {"usd", secs / 3600.0 * o.price_per_hour},

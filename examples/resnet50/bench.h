@@ -25,6 +25,7 @@ struct BenchOptions {
   std::string json;
   double price_per_hour = 0;
   uint64_t seed = 0;
+  bool profile = false;  // time every op (device events on a GPU) and print where a step goes
 };
 
 int run_bench(const BenchOptions& opt);

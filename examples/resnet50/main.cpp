@@ -312,6 +312,8 @@ int main(int argc, char** argv) {
   bench->add_option("--price-per-hour", bo.price_per_hour,
                     "USD per hour: estimate the cost of a 90-epoch ImageNet run");
   bench->add_option("--seed", bo.seed, "random seed");
+  bench->add_flag("--profile", bo.profile,
+                  "time every op (CUDA events on a GPU) and print where a step's time goes");
 
   // `--config FILE` is an option of the whole program (its [train] / [bench] sections hold
   // each subcommand's keys); accept it after the subcommand too by moving it to the front.

@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   void* native_stream() override { return compute_; }
+  int record_mark() override;
+  std::vector<double> read_marks_ms() override;
   cudaStream_t compute_stream() const { return compute_; }
 
  private:
@@ -134,6 +136,9 @@ class CudaBackend final : public Backend {
   };
   std::vector<PinnedUpload> pinned_uploads_;
   std::vector<cudaEvent_t> free_events_;
+  // Profiling marks: events recorded on the compute stream, reused from read to read.
+  std::vector<cudaEvent_t> marks_;
+  size_t marks_used_ = 0;
   void reap_pinned_uploads();
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;

@@ -106,6 +106,28 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
               opt.deterministic ? ", deterministic" : "", ")");
 }
 
+int CudaBackend::record_mark() {
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    marks_.push_back(e);
+  }
+  CUDA_CHECK(cudaEventRecord(marks_[marks_used_], compute_));
+  return int(marks_used_++);
+}
+
+std::vector<double> CudaBackend::read_marks_ms() {
+  std::vector<double> ms(marks_used_, 0.0);
+  if (marks_used_ > 0) CUDA_CHECK(cudaEventSynchronize(marks_[marks_used_ - 1]));
+  for (size_t i = 1; i < marks_used_; ++i) {
+    float v = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&v, marks_[0], marks_[i]));
+    ms[i] = v;
+  }
+  marks_used_ = 0;
+  return ms;
+}
+
 void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(compute_));
   reap_pinned_uploads();  // the compute stream waited for every upload: all are done

@@ -570,6 +570,8 @@ CudaBackend::~CudaBackend() {
   pinned_uploads_.clear();  // every copy is done: the sources may go back to the loader
   for (cudaEvent_t ev : free_events_) CUDA_WARN(cudaEventDestroy(ev));
   free_events_.clear();
+  for (cudaEvent_t ev : marks_) CUDA_WARN(cudaEventDestroy(ev));
+  marks_.clear();
   conv_cache_.clear();
   bn_cache_.clear();
   pool_cache_.clear();
