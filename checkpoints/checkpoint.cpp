@@ -135,16 +135,20 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
   Backend& be = model.backend();
   CheckpointSnapshot s;
   s.info = info;
-  // One host copy of each flat buffer; the per-parameter tensors are views into it.
+  // The BN buffers first (small, copied at once), then one host copy of each flat buffer,
+  // queued without waiting where the backend can; the per-parameter tensors are views.
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  for (auto* b : model.buffers()) buffers.emplace_back(b->name, be.to_host(b->value));
+  std::vector<std::function<void()>> waits;
   auto host_copy = [&](const Tensor& src, Tensor* buf) {
     if (!buf) return be.to_host(src);  // to_host always copies
-    be.copy_to_host(src, *buf);
+    waits.push_back(be.copy_to_host_async(src, *buf));
     return *buf;
   };
   Tensor params = host_copy(model.flat_params(), params_buf);
   for (auto* p : model.params())
     s.model.emplace_back(p->name, Tensor::view(params, model.offset_of(p), p->value.shape()));
-  for (auto* b : model.buffers()) s.model.emplace_back(b->name, be.to_host(b->value));
+  for (auto& b : buffers) s.model.push_back(std::move(b));
   if (sgd) {
     Tensor m = host_copy(sgd->momentum(), momentum_buf);
     for (auto* p : model.params())
@@ -152,6 +156,9 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
     s.sgd_steps = sgd->steps();
     s.sgd = sgd->options();
   }
+  s.wait_copies = [waits] {
+    for (auto& w : waits) w();
+  };
   return s;
 }
 
@@ -176,6 +183,7 @@ void write_delay_hook(int64_t step) {
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap) {
+  if (snap.wait_copies) snap.wait_copies();
   quiet_hdf5();
   namespace fs = std::filesystem;
   const CheckpointInfo& info = snap.info;

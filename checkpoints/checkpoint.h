@@ -4,6 +4,7 @@
 // flushed, fsynced and renamed, so a crash mid-write never leaves a half file at PATH.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,10 +41,15 @@ struct CheckpointSnapshot {
   std::vector<std::pair<std::string, Tensor>> momentum;  // per parameter (none without sgd)
   int64_t sgd_steps = -1;                                // -1: no optimizer state
   SgdOptions sgd;                                        // hyper-parameters (attributes)
+  // Waits for device-to-host copies still in flight into the tensors above (a GPU's
+  // snapshot into pinned buffers returns before its DMA is done); write_checkpoint_file
+  // calls it first.
+  std::function<void()> wait_copies;
 };
 // Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
 // `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused
-// buffers must not be in use by a write still in flight.
+// buffers must not be in use by a write still in flight. Buffers from the backend's
+// host_staging_allocator() are filled by DMA while training goes on (see wait_copies).
 CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
                                        Tensor* params_buf = nullptr,
                                        Tensor* momentum_buf = nullptr);

@@ -9,7 +9,7 @@
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
-#include <nccl.h>
+#include "comm/nccl_api.h"
 
 #include <atomic>
 #include <chrono>

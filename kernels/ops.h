@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,14 @@ class Backend {
     SPOTRAIN_CHECK(h.numel() == host_dst.numel(), "copy_to_host: size mismatch");
     std::memcpy(host_dst.raw(), h.raw(), size_t(h.numel()) * 4);
   }
+  // Starts copying plain fp32 `src` into `host_dst` (as copy_to_host) and returns a function
+  // that waits until the copy is done; call it, from any thread, before reading host_dst. On
+  // a GPU with host_dst from host_staging_allocator() (pinned), one DMA is queued behind the
+  // work so far and nothing waits now; elsewhere the copy is made at once.
+  virtual std::function<void()> copy_to_host_async(const Tensor& src, Tensor& host_dst) {
+    copy_to_host(src, host_dst);
+    return [] {};
+  }
   // A zero-filled plain fp32 tensor on this device.
   virtual Tensor zeros(const Shape& shape) = 0;
   virtual void fill(Tensor& t, float value) = 0;
@@ -102,6 +111,24 @@ class Backend {
   virtual Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                     const Tensor& beta, const BnSaved& saved, float eps,
                                     bool relu, Tensor& dgamma, Tensor& dbeta) = 0;
+  // relu(batchnorm(x) + z) for training: a residual block's last BN with its Add and ReLU,
+  // in one op where the backend has one (cuDNN's BN_ADD_ACTIVATION). The default composes
+  // batchnorm_forward_train and add_forward. saved.output keeps the result (the ReLU mask).
+  virtual Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
+                                                  const Tensor& gamma, const Tensor& beta,
+                                                  float eps, BnSaved& saved) {
+    Tensor y = add_forward(batchnorm_forward_train(x, gamma, beta, eps, false, saved), z, true);
+    saved.output = y;
+    return y;
+  }
+  // Its backward: returns dx, writes dgamma and dbeta, and sets dz to the gradient of z.
+  virtual Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
+                                             const Tensor& gamma, const Tensor& beta,
+                                             const BnSaved& saved, float eps, Tensor& dgamma,
+                                             Tensor& dbeta, Tensor& dz) {
+    dz = add_backward(dy, saved.output, true);
+    return batchnorm_backward(dz, x, gamma, beta, saved, eps, false, dgamma, dbeta);
+  }
   // running = (1 - momentum) * running + momentum * batch (variance made unbiased with n).
   virtual void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
                                         const BnSaved& saved, float momentum, int64_t n) = 0;

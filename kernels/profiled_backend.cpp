@@ -173,6 +173,19 @@ Tensor ProfiledBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, co
   SPOTRAIN_TIMED(relu ? "batchnorm_backward+relu" : "batchnorm_backward", desc(x),
                  inner_->batchnorm_backward(dy, x, gamma, beta, saved, eps, relu, dgamma, dbeta));
 }
+Tensor ProfiledBackend::batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
+                                                         const Tensor& gamma, const Tensor& beta,
+                                                         float eps, BnSaved& saved) {
+  SPOTRAIN_TIMED("batchnorm_add_relu_forward", desc(x),
+                 inner_->batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved));
+}
+Tensor ProfiledBackend::batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
+                                                    const Tensor& gamma, const Tensor& beta,
+                                                    const BnSaved& saved, float eps, Tensor& dgamma,
+                                                    Tensor& dbeta, Tensor& dz) {
+  SPOTRAIN_TIMED("batchnorm_add_relu_backward", desc(x),
+                 inner_->batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz));
+}
 void ProfiledBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
                                                const BnSaved& saved, float momentum, int64_t n) {
   SPOTRAIN_TIMED_VOID("batchnorm_update_running", desc(running_mean),

@@ -43,6 +43,9 @@ class ProfiledBackend final : public Backend {
   void copy_to_host(const Tensor& src, Tensor& host_dst) override {
     inner_->copy_to_host(src, host_dst);
   }
+  std::function<void()> copy_to_host_async(const Tensor& src, Tensor& host_dst) override {
+    return inner_->copy_to_host_async(src, host_dst);
+  }
   Tensor zeros(const Shape& shape) override;
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -60,6 +63,11 @@ class ProfiledBackend final : public Backend {
   Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                             const Tensor& beta, const BnSaved& saved, float eps, bool relu,
                             Tensor& dgamma, Tensor& dbeta) override;
+  Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma,
+                                          const Tensor& beta, float eps, BnSaved& saved) override;
+  Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz) override;
   void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
                                 float momentum, int64_t n) override;
   Tensor relu_forward(const Tensor& x) override;

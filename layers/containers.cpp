@@ -48,7 +48,12 @@ Tensor Sequential::backward_impl(const Tensor& dy, Context& ctx) {
 
 Residual::Residual(const std::string& name, std::unique_ptr<Layer> main,
                    std::unique_ptr<Layer> shortcut)
-    : Layer(name), main_(std::move(main)), shortcut_(std::move(shortcut)) {}
+    : Layer(name), main_(std::move(main)), shortcut_(std::move(shortcut)) {
+  if (auto* seq = dynamic_cast<Sequential*>(main_.get()); seq && seq->size() > 0) {
+    auto* bn = dynamic_cast<BatchNorm2d*>(&seq->at(seq->size() - 1));
+    if (bn && !bn->fused_relu()) tail_bn_ = bn;
+  }
+}
 
 void Residual::collect_params(std::vector<Param*>& out) {
   main_->collect_params(out);
@@ -62,11 +67,18 @@ void Residual::collect_buffers(std::vector<Buffer*>& out) {
 
 void Residual::clear_stash() {
   y_ = Tensor();
+  fused_ = false;
   main_->clear_stash();
   if (shortcut_) shortcut_->clear_stash();
 }
 
 Tensor Residual::forward_impl(const Tensor& x, Context& ctx) {
+  fused_ = ctx.training && tail_bn_;
+  if (fused_) {  // the shortcut first: the main branch's last BN adds it
+    Tensor identity = shortcut_ ? shortcut_->forward(x, ctx) : x;
+    tail_bn_->set_residual(identity);
+    return main_->forward(x, ctx);
+  }
   Tensor out = main_->forward(x, ctx);
   Tensor identity = shortcut_ ? shortcut_->forward(x, ctx) : x;
   SPOTRAIN_CHECK(out.shape() == identity.shape(), name_, ": branch shapes differ: ",
@@ -77,6 +89,15 @@ Tensor Residual::forward_impl(const Tensor& x, Context& ctx) {
 }
 
 Tensor Residual::backward_impl(const Tensor& dy, Context& ctx) {
+  if (fused_) {
+    fused_ = false;
+    Tensor dmain = main_->backward(dy, ctx);
+    Tensor dres = tail_bn_->take_residual_grad();
+    SPOTRAIN_CHECK(dres.defined(), "internal: ", name_, " backward without the residual gradient");
+    Tensor dshort = shortcut_ ? shortcut_->backward(dres, ctx) : dres;
+    if (!needs_input_grad_) return Tensor();
+    return ctx.be.add_forward(dmain, dshort, /*relu=*/false);
+  }
   Tensor g = ctx.be.add_backward(dy, y_, /*relu=*/true);
   y_ = Tensor();
   Tensor dshort = shortcut_ ? shortcut_->backward(g, ctx) : g;

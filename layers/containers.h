@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "layers/layer.h"
+#include "layers/layers.h"
 
 namespace spotrain {
 
@@ -50,7 +51,11 @@ class Residual final : public Layer {
 
  private:
   std::unique_ptr<Layer> main_, shortcut_;
-  Tensor y_;  // stash: output after the ReLU
+  // The main branch's last layer when it is a BatchNorm2d without ReLU: in training, it
+  // computes relu(bn + shortcut) itself (one backend op, fused on cuDNN).
+  BatchNorm2d* tail_bn_ = nullptr;
+  bool fused_ = false;  // the stashed forward went through tail_bn_
+  Tensor y_;            // stash: output after the ReLU (unfused forward)
 };
 
 class Checkpointed final : public Layer {

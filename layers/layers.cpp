@@ -95,6 +95,8 @@ void BatchNorm2d::collect_buffers(std::vector<Buffer*>& out) {
 void BatchNorm2d::clear_stash() {
   x_ = Tensor();
   saved_ = BnSaved();
+  z_ = Tensor();
+  added_ = false;
 }
 
 void BatchNorm2d::validate(const Tensor& x) const { check_4d(x, name_, c_); }
@@ -104,7 +106,14 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
     return ctx.be.batchnorm_forward_infer(x, gamma_.value, beta_.value, mean_.value, var_.value,
                                           eps_, relu_);
   x_ = x;
-  Tensor y = ctx.be.batchnorm_forward_train(x, gamma_.value, beta_.value, eps_, relu_, saved_);
+  added_ = z_.defined();
+  SPOTRAIN_CHECK(!added_ || z_.shape() == x.shape(), name_, ": the residual branch ",
+                 z_.describe(), " does not match ", x.describe());
+  Tensor y = added_ ? ctx.be.batchnorm_add_relu_forward_train(x, z_, gamma_.value, beta_.value,
+                                                              eps_, saved_)
+                    : ctx.be.batchnorm_forward_train(x, gamma_.value, beta_.value, eps_, relu_,
+                                                     saved_);
+  z_ = Tensor();
   // A checkpoint replay recomputes the same batch statistics; it must not count them twice.
   if (!ctx.replay)
     ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
@@ -114,8 +123,11 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor BatchNorm2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
-  Tensor dx = ctx.be.batchnorm_backward(dy, x_, gamma_.value, beta_.value, saved_, eps_, relu_,
-                                        gamma_.grad, beta_.grad);
+  Tensor dx = added_ ? ctx.be.batchnorm_add_relu_backward(dy, x_, gamma_.value, beta_.value,
+                                                          saved_, eps_, gamma_.grad, beta_.grad,
+                                                          dz_)
+                     : ctx.be.batchnorm_backward(dy, x_, gamma_.value, beta_.value, saved_, eps_,
+                                                 relu_, gamma_.grad, beta_.grad);
   ctx.grad_ready(gamma_);
   ctx.grad_ready(beta_);
   clear_stash();

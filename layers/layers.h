@@ -40,6 +40,11 @@ class BatchNorm2d final : public Layer {
   Buffer& running_mean() { return mean_; }
   Buffer& running_var() { return var_; }
   bool fused_relu() const { return relu_; }
+  // Residual blocks: the next training forward computes relu(bn(x) + z) in one backend op
+  // (z, the shortcut's output, is given just before it), and its backward leaves z's gradient
+  // for take_residual_grad().
+  void set_residual(const Tensor& z) { z_ = z; }
+  Tensor take_residual_grad() { return std::move(dz_); }
 
  protected:
   void validate(const Tensor& x) const override;
@@ -54,6 +59,9 @@ class BatchNorm2d final : public Layer {
   Buffer mean_, var_;     // (C) running statistics
   Tensor x_;              // stash: the input
   BnSaved saved_;         // stash: batch statistics, ReLU mask
+  Tensor z_;              // residual input of the next forward (set_residual)
+  bool added_ = false;    // the stashed forward was relu(bn(x) + z)
+  Tensor dz_;             // gradient of that z, after backward
 };
 
 class ReLU final : public Layer {

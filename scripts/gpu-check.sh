@@ -23,7 +23,9 @@
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch"; add "train" for
 # the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
-# op-by-op times of ours and PyTorch's kernels), GPU_KEEP_LOGS=1
+# op-by-op times of ours and PyTorch's kernels, "levers" for fp16 without the fused BN + Add +
+# ReLU, and "loader" for ResNet-50 fed by the JPEG
+# loader from a generated folder of GPU_JPEGS x 4 images), GPU_KEEP_LOGS=1
 # (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
 # the packages installed: CMake is kept from finding anything under /usr, so the prefix is
 # used), GPU_PACK_PREBUILT=1 (after the build, copy the stripped binaries into GPU_PREBUILT).
@@ -33,7 +35,7 @@ repo=$PWD
 out=${OUT:-gpu-out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 # Every log and JSON file goes to $out/logs; at the end they are packed into logs.tar.gz next
-# to summary.txt and results.json (the device tool brings back at most 8 files).
+# to summary.txt and results.json (three files to copy off the GPU node).
 logs=$out/logs
 rm -rf "$logs" "$out/logs.tar.gz" && mkdir -p "$logs"
 debs=${GPU_DEBS:-$repo/.gpu-debs}
@@ -295,6 +297,21 @@ export -f gpu_tests
 # ---- steps -------------------------------------------------------------------------------------
 steps_wanted=" ${GPU_STEPS:-tests bench torch} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
+# The loader step's JPEG folder is made in the background while the GPU steps run.
+jpegs=/tmp/spotrain-gpu-jpegs
+if want loader && [[ -n "$python" ]]; then
+  rm -rf "$jpegs"
+  (for i in 0 1 2 3; do  # four writers, one class range each
+     "$python" "$repo/bench/make_jpeg_folder.py" "$jpegs.$i" --train "${GPU_JPEGS:-1000}" \
+       --val 0 --classes 4 --seed "$i" &
+   done
+   wait
+   mkdir -p "$jpegs/train"
+   for i in 0 1 2 3; do
+     for d in "$jpegs.$i"/train/*; do mv "$d" "$jpegs/train/c$i-$(basename "$d")"; done
+   done) > "$logs/make-jpegs.log" 2>&1 &
+  jpeg_pid=$!
+fi
 if [[ -n "$bin" ]]; then
   run_step version 30 "${ours[@]}" "$bin/spotrain" --version
   if want tests; then
@@ -354,6 +371,23 @@ if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
     --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
 fi
 
+# Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops.
+if want levers && [[ -n "$bin" && -n "$gpu" ]]; then
+  saved=("${ours[@]}")
+  ours+=(SPOTRAIN_NO_FUSED_BN_ADD=1)
+  bench fp16-unfused fp16 none
+  ours=("${saved[@]}")
+fi
+
+# Through the real loader: JPEG decode, RandomResizedCrop and flip on the CPU cores, pinned
+# batches, at fp16; data wait says whether the loader keeps up with the GPU.
+if want loader && [[ -n "$bin" && -n "$gpu" && -n "${jpeg_pid:-}" ]]; then
+  wait "$jpeg_pid"
+  n=$(find "$jpegs/train" -name '*.JPEG' 2>/dev/null | wc -l)
+  note "loader: $n JPEG files in $jpegs"
+  bench loader-fp16 fp16 none --data "imagefolder:$jpegs" --workers "$(( $(nproc) - 1 ))"
+fi
+
 # Fashion-MNIST on the GPU: the demo recipe (accuracy against the CPU's), then two short
 # --deterministic runs whose checkpoints must be bitwise equal.
 fmnist=${GPU_FMNIST:-/usr/share/datasets/fashion-mnist}
@@ -399,10 +433,15 @@ tj = os.path.join(out, "torch.json")
 if os.path.exists(tj):
     for r in json.load(open(tj)):
         torch[r["precision"]] = r
-for name in ("fp16", "bf16", "tf32", "fp16-ckpt"):
+names = ["fp16", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
+names += sorted(f[6:-5] for f in os.listdir(out)
+                if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
+for name in names:
     f = os.path.join(out, f"bench-{name}.json")
     if os.path.exists(f):
-        rows.append(json.load(open(f)))
+        r = json.load(open(f))
+        r["name"] = name
+        rows.append(r)
 version = os.path.join(out, "version.log")
 json.dump({"gpu": gpu or "no CUDA device",
            "version": open(version).read().splitlines() if os.path.exists(version) else [],
@@ -411,18 +450,28 @@ json.dump({"gpu": gpu or "no CUDA device",
 if rows or torch:
     print()
     print("ResNet-50 224x224, batch 256, synthetic data: training images/s (median; p10-p90)")
-    print(f"{'engine':<9} {'precision':<9} {'ckpt':<6} {'images/s':>9} {'p10-p90':>13} {'peak GiB':>9} {'vs torch':>8}")
+    print(f"{'engine':<9} {'run':<14} {'ckpt':<6} {'images/s':>9} {'p10-p90':>13} {'peak GiB':>9} {'wait':>5} {'vs torch':>8}")
     gib = lambda b: f"{b / 2**30:.2f}" if b else "-"
     for r in rows:
         t = torch.get(r["precision"])
-        ratio = f"{r['images_per_sec'] / t['images_per_sec']:.2f}x" if t and r["grad_checkpoint"] == "none" else ""
-        print(f"{'spotrain':<9} {r['precision']:<9} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
-              f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {ratio:>8}")
+        plain = r["grad_checkpoint"] == "none" and r.get("data", "synthetic") == "synthetic" \
+            and not r.get("profile")
+        ratio = f"{r['images_per_sec'] / t['images_per_sec']:.2f}x" if t and plain else ""
+        ph = r.get("phases") or {}
+        step = sum(v for v in ph.values() if isinstance(v, (int, float)))
+        wait = f"{100 * ph.get('data', 0) / step:.0f}%" if step and r.get("data", "synthetic") != "synthetic" else ""
+        print(f"{'spotrain':<9} {r['name']:<14} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
+              f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {wait:>5} {ratio:>8}")
     for p, t in torch.items():
-        print(f"{'pytorch':<9} {p:<9} {'none':<6} {t['images_per_sec']:>9.1f} "
+        print(f"{'pytorch':<9} {p:<14} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")
     for r in rows:
         ph = r.get("phases") or {}
+        ops = (r.get("profile") or {}).get("ops") or []
+        if ops:
+            inside = sum(o["ms_per_step"] for o in ops)
+            print(f"  profile {r['name']}: {inside:.1f} ms/step inside ops; " +
+                  ", ".join(f"{o['op']} {o['ms_per_step']:.1f}" for o in ops[:8]))
         if ph:
             print(f"  phases {r['precision']}/{r['grad_checkpoint']} (ms/step): " +
                   ", ".join(f"{k} {v * 1000:.1f}" for k, v in ph.items() if isinstance(v, (int, float))))

@@ -181,3 +181,40 @@ TEST(Cli, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   EXPECT_NE(r.out.find("64 train"), std::string::npos) << r.out;      // file's limit
   expect_error(run("train --config /nonexistent/spotrain.toml"), 2, "spotrain.toml");
 }
+
+// ---- one CUDA build for every machine -----------------------------------------------------------
+
+#ifdef SPOTRAIN_WITH_CUDA
+// The binary names no CUDA library among the ones it needs to start: cudart is linked
+// statically (it opens the driver when first used); cuDNN, cuBLAS and NCCL are opened with
+// dlopen when a GPU run needs them.
+TEST(CudaBuild, NeedsNoCudaLibraryToStart) {
+  CommandResult r = run_command(std::string("ldd ") + SPOTRAIN_BIN);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* lib : {"libcudart", "libcudnn", "libcublas", "libnccl", "libcuda.so"})
+    EXPECT_EQ(r.out.find(lib), std::string::npos) << lib << " is linked:\n" << r.out;
+}
+
+// With the CUDA toolkit's folder hidden (an empty tmpfs over /usr/local/cuda in a private mount
+// namespace), the CUDA build still reports its versions and trains on the CPU.
+TEST(CudaBuild, TrainsOnTheCpuWithTheCudaLibrariesUnavailable) {
+  if (run_command("unshare --mount --propagation private true").code != 0)
+    GTEST_SKIP() << "cannot make a mount namespace here (unshare needs root)";
+  auto hidden = [](const std::string& args) {
+    return run_command(
+        "unshare --mount --propagation private sh -c 'mount -t tmpfs none /usr/local/cuda && "
+        "test ! -e /usr/local/cuda/lib64 && exec " +
+        std::string(SPOTRAIN_BIN) + " " + args + "'");
+  };
+  CommandResult v = hidden("--version");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("cuDNN"), std::string::npos) << v.out;
+  fs::path dir = fs::temp_directory_path() / "spotrain_cuda_hidden";
+  fs::remove_all(dir);
+  CommandResult t = hidden("train --model resnet20 --data synthetic --steps 2 --batch-size 4 "
+                           "--device auto --threads 1 --ckpt-dir " + dir.string());
+  EXPECT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("finished 2 steps"), std::string::npos) << t.out;
+  fs::remove_all(dir);
+}
+#endif

@@ -254,6 +254,52 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
   }
 }
 
+// relu(bn(x) + z), a residual block's tail: cuDNN's fused BN_ADD_ACTIVATION (or its
+// composition, where cuDNN refuses a shape) against the CPU's composition of BN and Add.
+TEST_P(GpuOps, BatchNormAddReluMatchesTheComposition) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const Shape shapes[] = {{8, 64, 14, 14}, {4, 256, 7, 7}, {2, 6, 3, 3}};
+  uint64_t seed = 900;
+  double tol = std::max(pr.tol, 10 * elem_tol(pr.dt));
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(shape_str(s));
+    int64_t C = s[1];
+    Tensor hx = host_nhwc(s, ++seed, 2.f), hz = host_nhwc(s, ++seed);
+    Tensor hg = host_plain({C}, ++seed, 0.2f, 1.f), hb = host_plain({C}, ++seed, 0.5f);
+    Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+    Tensor zc = c->upload_images(hz, pr.dt), zg = g->upload_images(hz, pr.dt);
+    Tensor flat_c = c->zeros({4 * C + 1}), flat_g = g->zeros({4 * C + 1});
+    Tensor gc = Tensor::view(flat_c, 1, {C}), bc = Tensor::view(flat_c, 1 + C, {C});
+    Tensor gg = Tensor::view(flat_g, 1, {C}), bg = Tensor::view(flat_g, 1 + C, {C});
+    c->copy(c->from_host(hg), gc);
+    c->copy(c->from_host(hb), bc);
+    g->copy(g->from_host(hg), gg);
+    g->copy(g->from_host(hb), bg);
+    BnSaved sc, sg;
+    Tensor yc = c->batchnorm_add_relu_forward_train(xc, zc, gc, bc, 1e-5f, sc);
+    Tensor yg = g->batchnorm_add_relu_forward_train(xg, zg, gg, bg, 1e-5f, sg);
+    EXPECT_CLOSE(*g, yg, *c, yc, tol);
+    EXPECT_CLOSE(*g, sg.mean, *c, sc.mean, tol);
+    EXPECT_CLOSE(*g, sg.var, *c, sc.var, tol);
+    Tensor hdy = host_nhwc(s, ++seed);
+    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+    Tensor dgc = Tensor::view(flat_c, 1 + 2 * C, {C}), dbc = Tensor::view(flat_c, 1 + 3 * C, {C});
+    Tensor dgg = Tensor::view(flat_g, 1 + 2 * C, {C}), dbg = Tensor::view(flat_g, 1 + 3 * C, {C});
+    g->fill(dgg, kNaN);
+    g->fill(dbg, kNaN);
+    Tensor dzc, dzg;
+    Tensor dxc = c->batchnorm_add_relu_backward(dyc, xc, gc, bc, sc, 1e-5f, dgc, dbc, dzc);
+    Tensor dxg = g->batchnorm_add_relu_backward(dyg, xg, gg, bg, sg, 1e-5f, dgg, dbg, dzg);
+    EXPECT_CLOSE(*g, dzg, *c, dzc, tol);
+    EXPECT_CLOSE(*g, dxg, *c, dxc, 2 * tol);
+    EXPECT_CLOSE(*g, dgg, *c, dgc, 2 * tol);
+    EXPECT_CLOSE(*g, dbg, *c, dbc, 2 * tol);
+  }
+}
+
 // ---- pooling -------------------------------------------------------------------------------
 
 TEST_P(GpuOps, MaxPoolAndGlobalAveragePool) {
@@ -524,7 +570,11 @@ TEST(GpuTraining, TwentyStepsFollowTheCpuStepByStep) {
       pc[i] -= before[i];
       pg[i] -= before[i];
     }
-    EXPECT_LE(nerr(pg, pc), 2e-3) << "parameter update, step " << step;
+    // Measured on an H200: 0.3e-3 to 5.4e-3 (batch-norm backward over 16 small images
+    // cancels heavily, and cuDNN's persistent NHWC kernels, the mode PyTorch also uses for
+    // channels-last training, sum in another order than oneDNN). A wrong formula anywhere in
+    // the step gives errors of order one.
+    EXPECT_LE(nerr(pg, pc), 2e-2) << "parameter update, step " << step;
     for (size_t i = 0; i < g.model->buffers().size(); ++i)
       EXPECT_LE(nerr(values(*g.be, g.model->buffers()[i]->value),
                      values(*c.be, c.model->buffers()[i]->value)),

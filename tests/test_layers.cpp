@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -17,6 +18,7 @@
 #include "engine/error.h"
 #include "engine/model.h"
 #include "engine/philox.h"
+#include "kernels/profiled_backend.h"
 #include "layers/containers.h"
 #include "layers/layers.h"
 #include "layers/resnet.h"
@@ -1062,6 +1064,48 @@ INSTANTIATE_TEST_SUITE_P(
         BlockCase{"bottleneck_downsample", [] { return bottleneck(8, 4, 2); }, 2, 8, 7, 7},
         BlockCase{"bottleneck_stride1", [] { return bottleneck(8, 4, 1); }, 2, 8, 5, 5}),
     [](const ::testing::TestParamInfo<BlockCase>& i) { return std::string(i.param.name); });
+
+// A residual block's last BN takes the shortcut and does Add and ReLU in one backend op
+// (batchnorm_add_relu_*), and ProfiledBackend sees every op of the block without changing a
+// bit of what it computes.
+TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryOp) {
+  auto run = [](Backend& be, std::vector<Vec>* grads) {
+    std::unique_ptr<Layer> block = bottleneck(8, 4, 2);
+    randomize_params(*block, 150);
+    be.weights_changed();
+    Shape s{2, 8, 7, 7};
+    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::nchw16c);
+    Context ctx = train_ctx(be);
+    Tensor y = block->forward(x, ctx);
+    Vec out = values(be, y);
+    Tensor dx = block->backward(make_like(normals(y.numel(), 152), y), ctx);
+    std::vector<Param*> ps;
+    block->collect_params(ps);
+    for (Param* p : ps) grads->push_back(to_vec(p->grad));
+    grads->push_back(values(be, dx));
+    return out;
+  };
+  auto plain = cpu_backend();
+  std::vector<Vec> g0, g1;
+  Vec y0 = run(*plain, &g0);
+  ProfiledBackend prof(cpu_backend());
+  Vec y1 = run(prof, &g1);
+  prof.collect(true);
+  EXPECT_EQ(y1, y0);
+  EXPECT_EQ(g1, g0);
+  std::map<std::string, double> calls;
+  for (const auto& r : prof.by_op()) {
+    calls[r.name] = r.calls_per_step;
+    EXPECT_GE(r.ms_per_step, 0.0) << r.name;
+  }
+  EXPECT_EQ(calls["conv2d_forward"], 4);  // three on the main branch, one on the shortcut
+  EXPECT_EQ(calls["conv2d_backward_weights"], 4);
+  EXPECT_EQ(calls["batchnorm_add_relu_forward"], 1);
+  EXPECT_EQ(calls["batchnorm_add_relu_backward"], 1);
+  EXPECT_EQ(calls.count("add_forward+relu"), 0u) << "the block's Add ran on its own";
+  EXPECT_EQ(calls["add_forward"], 1);  // the input gradient: main + shortcut
+  EXPECT_FALSE(prof.report().empty());
+}
 
 // ============================================================================================
 // 6. Softmax cross-entropy.

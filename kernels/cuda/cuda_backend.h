@@ -37,6 +37,8 @@ class CudaBackend final : public Backend {
   Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
+  void copy_to_host(const Tensor& src, Tensor& host_dst) override;
+  std::function<void()> copy_to_host_async(const Tensor& src, Tensor& host_dst) override;
   Tensor zeros(const Shape& shape) override;
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -55,6 +57,11 @@ class CudaBackend final : public Backend {
   Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                             const Tensor& beta, const BnSaved& saved, float eps, bool relu,
                             Tensor& dgamma, Tensor& dbeta) override;
+  Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma,
+                                          const Tensor& beta, float eps, BnSaved& saved) override;
+  Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz) override;
   void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
                                 float momentum, int64_t n) override;
 
@@ -143,6 +150,7 @@ class CudaBackend final : public Backend {
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   uint64_t weights_generation_ = 1;
+  bool fuse_bn_add_ = true;  // batchnorm_add_relu_* through cuDNN's BN_ADD_ACTIVATION
   Tensor workspace_;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 #include <thread>
@@ -94,6 +95,10 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
+  // Diagnostics: SPOTRAIN_NO_FUSED_BN_ADD=1 runs a block's last BN, Add and ReLU as separate
+  // ops (to measure what the fusion gives, or to rule it out).
+  const char* nf = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD");
+  fuse_bn_add_ = !(nf && *nf && std::string(nf) != "0");
   CUBLAS_CHECK(blas::create(&blas_));
   CUBLAS_CHECK(blas::set_stream(blas_, compute_));
   CUBLAS_CHECK(
@@ -315,6 +320,43 @@ Tensor CudaBackend::to_host(const Tensor& t0) {
     for (int64_t p = 0; p < hw; ++p)
       for (int64_t ch = 0; ch < c; ++ch) d[(i * c + ch) * hw + p] = s[(i * hw + p) * c + ch];
   return out;
+}
+
+namespace {
+bool is_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+}  // namespace
+
+void CudaBackend::copy_to_host(const Tensor& src, Tensor& host_dst) {
+  copy_to_host_async(src, host_dst)();
+}
+
+std::function<void()> CudaBackend::copy_to_host_async(const Tensor& src, Tensor& host_dst) {
+  SPOTRAIN_CHECK(src.device() == Device::cuda && src.dtype() == DType::f32 &&
+                     host_dst.device() == Device::cpu && host_dst.dtype() == DType::f32 &&
+                     host_dst.numel() == src.numel(),
+                 "copy_to_host: ", src.describe(), " into ", host_dst.describe());
+  if (!is_pinned(host_dst.raw())) {  // pageable: cuda copies through a bounce buffer, waiting
+    Backend::copy_to_host(src, host_dst);
+    return [] {};
+  }
+  CUDA_CHECK(cudaMemcpyAsync(host_dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost,
+                             compute_));
+  cudaEvent_t ev;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ev, compute_));
+  // The event outlives the backend's streams safely; the last holder waits and frees it.
+  std::shared_ptr<CUevent_st> done(ev, [](cudaEvent_t e) {
+    CUDA_WARN(cudaEventSynchronize(e));
+    CUDA_WARN(cudaEventDestroy(e));
+  });
+  return [done] { CUDA_CHECK(cudaEventSynchronize(done.get())); };
 }
 
 Tensor CudaBackend::from_host(const Tensor& t) {

@@ -498,6 +498,101 @@ Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const 
   return dx;
 }
 
+// relu(bn(x) + z) in one cuDNN call (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, persistent NHWC
+// kernels): the block's Add and ReLU never touch memory on their own. Where cuDNN refuses the
+// shape or dtype at its first use, the op is composed of BN and Add from then on.
+Tensor CudaBackend::batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
+                                                     const Tensor& gamma, const Tensor& beta,
+                                                     float eps, BnSaved& saved) {
+  check_activation(x, "batchnorm_add_relu");
+  check_activation(z, "batchnorm_add_relu");
+  SPOTRAIN_CHECK(z.shape() == x.shape() && z.dtype() == x.dtype(), "batchnorm_add_relu: residual ",
+                 z.describe(), " does not match ", x.describe());
+  int64_t c = x.dim(1);
+  SPOTRAIN_CHECK(gamma.numel() == c && beta.numel() == c, "batchnorm: input ", x.describe(),
+                 " has ", c, " channels, parameters have ", gamma.numel());
+  auto& e = bn_entry(x);
+  if (e.add_fused == 0 || e.f32 || !fuse_bn_add_)
+    return Backend::batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
+  Tensor y = alloc_like(x);
+  BnSaved s;
+  s.mean = alloc({c}, DType::f32);
+  s.aux = alloc({c}, DType::f32);
+  s.var = alloc({c}, DType::f32);
+  Tensor hg, hb;
+  const float* g = aligned(gamma, hg);
+  const float* b = aligned(beta, hb);
+  int64_t c4 = (c + 3) / 4 * 4;
+  Tensor scratch({2 * c4}, DType::f32, allocator());  // cuDNN's running statistics: unused
+  float* rm = scratch.data<float>();
+  float* rv = rm + c4;
+  CUDA_CHECK(cudaMemsetAsync(rm, 0, size_t(2 * c4) * 4, compute_));
+  const auto mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  const auto ops = CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
+  size_t ws = 0, rs = 0;
+  cudnnStatus_t st = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+      dnn_, mode, ops, e.x, e.x, e.x, e.stats, e.act, &ws);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, mode, ops, e.act, e.x, &rs);
+  Tensor reserve;
+  if (st == CUDNN_STATUS_SUCCESS) {
+    if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
+    st = cudnnBatchNormalizationForwardTrainingEx(
+        dnn_, mode, ops, &kOne, &kZero, e.x, x.raw(), e.x, z.raw(), e.x, y.raw(), e.stats, g, b,
+        1.0, rm, rv, double(eps), s.mean.raw(), s.aux.raw(), e.act, workspace(ws), ws,
+        rs > 0 ? reserve.raw() : nullptr, rs);
+  }
+  if (e.add_fused < 0 && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+                          CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM)) {
+    e.add_fused = 0;
+    return Backend::batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
+  }
+  CUDNN_CHECK(st);
+  e.add_fused = 1;
+  launch_invstd_to_var(s.aux.data<float>(), s.var.data<float>(), int(c), eps, compute_);
+  s.workspace = reserve;
+  s.output = y;
+  saved = std::move(s);
+  return y;
+}
+
+Tensor CudaBackend::batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
+                                                const Tensor& gamma, const Tensor& beta,
+                                                const BnSaved& saved, float eps, Tensor& dgamma,
+                                                Tensor& dbeta, Tensor& dz) {
+  auto& e = bn_entry(x);
+  if (e.add_fused != 1 || e.f32 || !fuse_bn_add_)
+    return Backend::batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
+  check_activation(dy, "batchnorm_add_relu_backward");
+  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && saved.output.defined() &&
+                     saved.aux.defined(),
+                 "batchnorm_add_relu_backward: gradient ", dy.describe(), " does not match ",
+                 x.describe(), " or the forward is missing");
+  int64_t c = x.dim(1);
+  Tensor dx = alloc_like(x);
+  dz = alloc_like(x);
+  Tensor hg, hb;
+  const float* gp = aligned(gamma, hg);
+  const float* bp = aligned(beta, hb);
+  Tensor dparams = alloc({2 * c + 4}, DType::f32);
+  float* dg = dparams.data<float>();
+  float* db = dg + ((c + 3) / 4) * 4;
+  const auto mode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+  const auto ops = CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
+  size_t ws = 0;
+  CUDNN_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+      dnn_, mode, ops, e.x, e.x, e.x, e.x, e.x, e.stats, e.act, &ws));
+  const Tensor& reserve = saved.workspace;
+  CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
+      dnn_, mode, ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), e.x, saved.output.raw(), e.x,
+      dy.raw(), e.x, dz.raw(), e.x, dx.raw(), e.stats, gp, bp, dg, db, double(eps),
+      saved.mean.raw(), saved.aux.raw(), e.act, workspace(ws), ws,
+      reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0));
+  CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), dg, size_t(c) * 4, cudaMemcpyDeviceToDevice, compute_));
+  CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), db, size_t(c) * 4, cudaMemcpyDeviceToDevice, compute_));
+  return dx;
+}
+
 // ---- max pooling -----------------------------------------------------------------------------
 
 CudaBackend::PoolEntry& CudaBackend::pool_entry(const Tensor& x, const PoolParams& p) {

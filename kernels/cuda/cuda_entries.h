@@ -31,6 +31,9 @@ struct CudaBackend::BnEntry {
   cudnnTensorDescriptor_t x = nullptr, stats = nullptr;
   cudnnActivationDescriptor_t act = nullptr;
   int cfg[2] = {-1, -1};  // chosen config without / with ReLU
+  // relu(bn(x) + z) through cuDNN's BN_ADD_ACTIVATION: 1 it runs, 0 cuDNN refused this shape
+  // or dtype (the op is then composed of BN and Add), -1 not tried yet.
+  int add_fused = -1;
   // No cuDNN configuration runs this dtype (bf16 on cuDNN builds without bf16 batch norm):
   // computed in fp32 on cast operands, the ReLU applied in the activation dtype.
   bool f32 = false;

@@ -7,7 +7,8 @@
 
 #include "kernels/cuda/cublas_lazy.h"
 #include <cuda_runtime.h>
-#include <cudnn.h>
+
+#include "kernels/cuda/cudnn_api.h"
 
 #include <cstdio>
 #include <string>

@@ -10,10 +10,11 @@
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cublas_api.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
 #include <nccl.h>
 
+#include "engine/dynlib.h"
 #include "kernels/cuda/cublas_lazy.h"
+#include "kernels/cuda/cudnn_api.h"
 #endif
 
 namespace spotrain {
@@ -21,6 +22,9 @@ namespace spotrain {
 namespace {
 
 #ifdef SPOTRAIN_WITH_CUDA
+#ifndef SPOTRAIN_NCCL_PATH
+#define SPOTRAIN_NCCL_PATH ""
+#endif
 std::string cuda_version(int v) { return str(v / 1000, ".", (v % 1000) / 10); }
 
 // The driver's release string ("580.159.03") through NVML, or "" when NVML is absent.
@@ -50,13 +54,11 @@ GpuInfo query() {
                      ".", NCCL_MINOR, ".", NCCL_PATCH);
   int v = 0;
   if (cudaRuntimeGetVersion(&v) == cudaSuccess) g.cuda_runtime = cuda_version(v);
-  // Library versions need no GPU: they say what this process loaded.
-  size_t dnn = cudnnGetVersion();
-  g.cudnn = str(dnn / 10000, ".", (dnn % 10000) / 100, ".", dnn % 100);
-  // cuBLAS is loaded when a CUDA backend is made (kernels/cuda/cublas_lazy.h): until then
-  // the version it was built against.
+  // cuDNN, cuBLAS and NCCL are opened only where there is a GPU (engine/dynlib.h): until
+  // then each reports the version it was built against.
+  g.cudnn = str(CUDNN_MAJOR, ".", CUDNN_MINOR, ".", CUDNN_PATCHLEVEL, " (built with)");
   g.cublas = str(CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, ".", CUBLAS_VER_PATCH, " (built with)");
-  if (ncclGetVersion(&v) == ncclSuccess) g.nccl = str(v / 10000, ".", (v / 100) % 100, ".", v % 100);
+  g.nccl = str(NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH, " (built with)");
   if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0) g.driver_cuda = cuda_version(v);
   std::string release = nvml_driver_version();
   if (!release.empty()) g.driver = release;
@@ -75,8 +77,20 @@ GpuInfo query() {
     return g;
   }
   g.status = "ok";
-  std::string blas = cuda::blas::version();  // a GPU run loads cuBLAS anyway
+  // A GPU run loads these anyway: report what this process has.
+  std::string blas = cuda::blas::version();
   if (!blas.empty()) g.cublas = blas;
+  if (cuda::cudnn_library().available()) {
+    size_t dnn = cuda::cudnnGetVersion();
+    g.cudnn = str(dnn / 10000, ".", (dnn % 10000) / 100, ".", dnn % 100);
+  } else {
+    g.cudnn = "not found (" + cuda::cudnn_library().load_error() + ")";
+  }
+  static DynLib nccl("NCCL 2", {SPOTRAIN_NCCL_PATH, "libnccl.so.2"});  // comm/ opens the same
+  if (nccl.available()) {
+    auto get = reinterpret_cast<ncclResult_t (*)(int*)>(nccl.require("ncclGetVersion"));
+    if (get(&v) == ncclSuccess) g.nccl = str(v / 10000, ".", (v / 100) % 100, ".", v % 100);
+  }
   g.name = prop.name;
   g.compute_capability = str(prop.major, ".", prop.minor);
   g.memory_bytes = int64_t(prop.totalGlobalMem);
