@@ -81,7 +81,7 @@ io::ImageTransformOptions image_transforms_for(const io::Dataset& d) {
 }
 
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
-                   uint64_t seed, int image_size) {
+                   uint64_t seed, int image_size, bool with_test) {
   DataPair p;
   std::string kind = spec, arg;
   auto colon = spec.find(':');
@@ -96,13 +96,15 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
   } else if (kind == "imagefolder") {
     SPOTRAIN_CHECK(!arg.empty(), "--data imagefolder:DIR needs a directory (DIR/train/<class>/*.JPEG)");
     p.train = io::open_image_folder(arg + "/train", {}, image_size);
-    p.test = io::open_image_folder(arg + "/val", p.train->class_names(), image_size);
+    if (with_test) p.test = io::open_image_folder(arg + "/val", p.train->class_names(), image_size);
   } else if (kind == "shards") {
     SPOTRAIN_CHECK(!arg.empty(), "--data shards:DIR needs a directory written by `spotrain data pack`");
     p.train = io::open_shards(arg + "/train", image_size);
-    p.test = io::open_shards(arg + "/val", image_size);
-    SPOTRAIN_CHECK(p.train->class_names() == p.test->class_names(), arg,
-                   "/train and ", arg, "/val list different classes; pack them from one folder");
+    if (with_test) {
+      p.test = io::open_shards(arg + "/val", image_size);
+      SPOTRAIN_CHECK(p.train->class_names() == p.test->class_names(), arg, "/train and ", arg,
+                     "/val list different classes; pack them from one folder");
+    }
   } else if (kind == "synthetic") {
     p.train = io::make_synthetic_dataset(train_limit > 0 ? train_limit : 2048, {28, 28, 1}, 10, seed);
     p.test = io::make_synthetic_dataset(test_limit > 0 ? test_limit : 512, {28, 28, 1}, 10, seed + 1);
@@ -112,7 +114,8 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
   }
   p.kind = kind;
   if (train_limit > 0 && train_limit < p.train->size()) p.train = io::take_first(p.train, train_limit);
-  if (test_limit > 0 && test_limit < p.test->size()) p.test = io::take_first(p.test, test_limit);
+  if (p.test && test_limit > 0 && test_limit < p.test->size())
+    p.test = io::take_first(p.test, test_limit);
   return p;
 }
 

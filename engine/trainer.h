@@ -46,8 +46,9 @@ struct DataPair {
   std::shared_ptr<io::Dataset> train, test;
   std::string kind;  // "fashion-mnist" | "imagefolder" | "shards" | "synthetic"
 };
+// with_test = false: image folders and shards need no val/ split (bench reads train/ only).
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
-                   uint64_t seed, int image_size = 224);
+                   uint64_t seed, int image_size = 224, bool with_test = true);
 
 // ImageNet transforms for an encoded dataset: crop image_shape().h, eval resize to h*256/224.
 io::ImageTransformOptions image_transforms_for(const io::Dataset& d);

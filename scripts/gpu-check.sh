@@ -23,7 +23,8 @@
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch"; add "train" for
 # the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
-# op-by-op times of ours and PyTorch's kernels, "levers" for fp16 without the fused BN + Add +
+# op-by-op times of ours and PyTorch's kernels, "compile" for PyTorch with torch.compile at
+# fp16, "levers" for fp16 without the fused BN + Add +
 # ReLU, and "loader" for ResNet-50 fed by the JPEG
 # loader from a generated folder of GPU_JPEGS x 4 images), GPU_KEEP_LOGS=1
 # (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
@@ -318,7 +319,8 @@ if [[ -n "$bin" ]]; then
     if compgen -G "$bin/test_gpu*" >/dev/null || compgen -G "$bin/tests/test_gpu*" >/dev/null; then
       run_step gpu-tests 150 bash -c gpu_tests
       ok=$(grep -h -oE '^\[  PASSED  \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
-      bad=$(grep -h -cE '^\[  FAILED  \] [A-Za-z]' "$logs/gpu-tests.log")
+      bad=$(grep -h -E '^\[  FAILED  \] [A-Za-z]' "$logs/gpu-tests.log" | sed -E 's/ \([0-9]+ ms\)$//' |
+            sort -u | wc -l)
       skipped=$(grep -h -oE '^\[  SKIPPED \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
       restatus "$(laststatus): $ok passed, $bad failed, $skipped skipped"
     else
@@ -388,6 +390,13 @@ if want loader && [[ -n "$bin" && -n "$gpu" && -n "${jpeg_pid:-}" ]]; then
   bench loader-fp16 fp16 none --data "imagefolder:$jpegs" --workers "$(( $(nproc) - 1 ))"
 fi
 
+# PyTorch with torch.compile (its warm-up steps include compiling), fp16.
+if want compile && [[ -n "$python" && -n "$gpu" ]]; then
+  run_step torch-compile 240 env PYTHONUNBUFFERED=1 "$python" "$repo/bench/torch_gpu_resnet50.py" \
+    --precision fp16 --batch-size 256 --image-size 224 --steps "$steps" --warmup "$warmup" \
+    --compile --json "$logs/torch-compile.json"
+fi
+
 # Fashion-MNIST on the GPU: the demo recipe (accuracy against the CPU's), then two short
 # --deterministic runs whose checkpoints must be bitwise equal.
 fmnist=${GPU_FMNIST:-/usr/share/datasets/fashion-mnist}
@@ -433,6 +442,10 @@ tj = os.path.join(out, "torch.json")
 if os.path.exists(tj):
     for r in json.load(open(tj)):
         torch[r["precision"]] = r
+compiled = []
+tc = os.path.join(out, "torch-compile.json")
+if os.path.exists(tc):
+    compiled = json.load(open(tc))
 names = ["fp16", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
 names += sorted(f[6:-5] for f in os.listdir(out)
                 if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
@@ -446,7 +459,7 @@ version = os.path.join(out, "version.log")
 json.dump({"gpu": gpu or "no CUDA device",
            "version": open(version).read().splitlines() if os.path.exists(version) else [],
            "steps": [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "steps.tsv"))],
-           "spotrain": rows, "pytorch": list(torch.values())}, open(results, "w"), indent=2)
+           "spotrain": rows, "pytorch": list(torch.values()) + compiled}, open(results, "w"), indent=2)
 if rows or torch:
     print()
     print("ResNet-50 224x224, batch 256, synthetic data: training images/s (median; p10-p90)")
@@ -462,7 +475,7 @@ if rows or torch:
         wait = f"{100 * ph.get('data', 0) / step:.0f}%" if step and r.get("data", "synthetic") != "synthetic" else ""
         print(f"{'spotrain':<9} {r['name']:<14} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
               f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {wait:>5} {ratio:>8}")
-    for p, t in torch.items():
+    for p, t in list(torch.items()) + [(t["precision"] + "-compile", t) for t in compiled]:
         print(f"{'pytorch':<9} {p:<14} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")
     for r in rows:

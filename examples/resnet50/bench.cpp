@@ -83,7 +83,7 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<io::Loader> loader;
   int num_classes = o.num_classes, channels = o.channels;
   if (o.data != "synthetic") {
-    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size);
+    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size, /*with_test=*/false);
     io::LoaderOptions lo;
     lo.batch_size = o.batch_size;
     lo.rank = comm->rank();
