@@ -448,9 +448,6 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOp
   if (device == "cuda") return make_cuda_backend(opt);
   if (device == "auto") {
     if (cuda_backend_ready() && cuda_device_available()) return make_cuda_backend(opt);
-    if (cuda_device_available())
-      std::fprintf(stderr, "note: a GPU is present but this build's CUDA backend is not ready; "
-                           "training on the CPU\n");
     return std::make_unique<cpu::CpuBackend>(opt);
   }
   SPOTRAIN_THROW("unknown device '", device, "'; use auto, cpu or cuda");
