@@ -100,6 +100,13 @@ class Backend {
                                       const ConvParams& p) = 0;
   virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                        Tensor& dw) = 0;
+  // acc += conv2d_backward_data(dy, w, x, p): the input gradient added to a gradient that
+  // already reaches x by another path (a residual block's shortcut), in one pass where the
+  // backend can (cuDNN's beta = 1). acc has x's shape and dtype and belongs to the caller.
+  virtual void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                        const ConvParams& p, Tensor& acc) {
+    acc = add_forward(conv2d_backward_data(dy, w, x, p), acc, false);
+  }
 
   // --- batch norm (statistics over N, H, W per channel; optional fused ReLU) ------------
   virtual Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma,

@@ -155,6 +155,11 @@ void ProfiledBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy,
   SPOTRAIN_TIMED_VOID("conv2d_backward_weights", conv_desc(x, dw, p),
                       inner_->conv2d_backward_weights(x, dy, p, dw));
 }
+void ProfiledBackend::conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                               const ConvParams& p, Tensor& acc) {
+  SPOTRAIN_TIMED_VOID("conv2d_backward_data_add", conv_desc(x, w, p),
+                      inner_->conv2d_backward_data_add(dy, w, x, p, acc));
+}
 Tensor ProfiledBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
                                                 const Tensor& beta, float eps, bool relu,
                                                 BnSaved& saved) {

@@ -55,6 +55,8 @@ class ProfiledBackend final : public Backend {
                               const ConvParams& p) override;
   void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                Tensor& dw) override;
+  void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                const ConvParams& p, Tensor& acc) override;
   Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  float eps, bool relu, BnSaved& saved) override;
   Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,

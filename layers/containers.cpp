@@ -52,6 +52,7 @@ Residual::Residual(const std::string& name, std::unique_ptr<Layer> main,
   if (auto* seq = dynamic_cast<Sequential*>(main_.get()); seq && seq->size() > 0) {
     auto* bn = dynamic_cast<BatchNorm2d*>(&seq->at(seq->size() - 1));
     if (bn && !bn->fused_relu()) tail_bn_ = bn;
+    if (tail_bn_ && seq->size() > 1) head_conv_ = dynamic_cast<Conv2d*>(&seq->at(0));
   }
 }
 
@@ -90,13 +91,21 @@ Tensor Residual::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor Residual::backward_impl(const Tensor& dy, Context& ctx) {
   if (fused_) {
+    // The main branch layer by layer: the tail BN first gives the shortcut its gradient; the
+    // shortcut's backward runs next, so the branch's first convolution can add its input
+    // gradient to the shortcut's in one op.
     fused_ = false;
-    Tensor dmain = main_->backward(dy, ctx);
+    auto& seq = static_cast<Sequential&>(*main_);
+    size_t k = seq.size();
+    Tensor g = seq.at(--k).backward(dy, ctx);
     Tensor dres = tail_bn_->take_residual_grad();
     SPOTRAIN_CHECK(dres.defined(), "internal: ", name_, " backward without the residual gradient");
     Tensor dshort = shortcut_ ? shortcut_->backward(dres, ctx) : dres;
+    bool sum_in_conv = head_conv_ && needs_input_grad_;
+    if (sum_in_conv) head_conv_->add_input_grad_to(dshort);
+    while (k > 0 && g.defined()) g = seq.at(--k).backward(g, ctx);
     if (!needs_input_grad_) return Tensor();
-    return ctx.be.add_forward(dmain, dshort, /*relu=*/false);
+    return sum_in_conv ? g : ctx.be.add_forward(g, dshort, /*relu=*/false);
   }
   Tensor g = ctx.be.add_backward(dy, y_, /*relu=*/true);
   y_ = Tensor();

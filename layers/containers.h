@@ -54,6 +54,9 @@ class Residual final : public Layer {
   // The main branch's last layer when it is a BatchNorm2d without ReLU: in training, it
   // computes relu(bn + shortcut) itself (one backend op, fused on cuDNN).
   BatchNorm2d* tail_bn_ = nullptr;
+  // With tail_bn_: the main branch's first layer when it is a Conv2d, which then adds its
+  // input gradient to the shortcut's (no separate Add in backward).
+  Conv2d* head_conv_ = nullptr;
   bool fused_ = false;  // the stashed forward went through tail_bn_
   Tensor y_;            // stash: output after the ReLU (unfused forward)
 };

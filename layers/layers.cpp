@@ -62,7 +62,13 @@ Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   ctx.be.conv2d_backward_weights(x_, dy, p_, weight_.grad);
   ctx.grad_ready(weight_);
   Tensor dx;
-  if (needs_input_grad_) dx = ctx.be.conv2d_backward_data(dy, weight_.value, x_, p_);
+  if (needs_input_grad_ && acc_.defined()) {
+    ctx.be.conv2d_backward_data_add(dy, weight_.value, x_, p_, acc_);
+    dx = std::move(acc_);
+  } else if (needs_input_grad_) {
+    dx = ctx.be.conv2d_backward_data(dy, weight_.value, x_, p_);
+  }
+  acc_ = Tensor();
   x_ = Tensor();
   return dx;
 }

@@ -9,11 +9,17 @@ class Conv2d final : public Layer {
  public:
   Conv2d(const std::string& name, int in_ch, int out_ch, int k, int stride, int pad);
   void collect_params(std::vector<Param*>& out) override { out.push_back(&weight_); }
-  void clear_stash() override { x_ = Tensor(); }
+  void clear_stash() override {
+    x_ = Tensor();
+    acc_ = Tensor();
+  }
   std::string kind() const override { return "Conv2d"; }
   Param& weight() { return weight_; }
   int in_channels() const { return in_; }
   int out_channels() const { return out_; }
+  // Residual blocks: the next backward adds its input gradient to `g` (the shortcut's) and
+  // returns the sum, in one backend op.
+  void add_input_grad_to(const Tensor& g) { acc_ = g; }
 
  protected:
   void validate(const Tensor& x) const override;
@@ -25,6 +31,7 @@ class Conv2d final : public Layer {
   ConvParams p_;
   Param weight_;  // (out, in, k, k)
   Tensor x_;      // stash: the input
+  Tensor acc_;    // gradient the next backward adds its input gradient to
 };
 
 class BatchNorm2d final : public Layer {

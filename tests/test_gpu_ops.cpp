@@ -254,6 +254,39 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
   }
 }
 
+// acc += backward-data (cuDNN's beta = 1), first at a shape's first use (the algorithm search
+// must not overwrite acc), then again with the algorithm chosen; against the CPU's sum.
+TEST_P(GpuOps, ConvolutionBackwardDataAddsIntoTheGivenGradient) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const ConvCase cases[] = {{{4, 32, 14, 14}, 64, 1, 1, 0}, {{2, 16, 9, 9}, 8, 3, 2, 1}};
+  uint64_t seed = 700;
+  for (const auto& cc : cases) {
+    SCOPED_TRACE(shape_str(cc.x) + " k" + std::to_string(cc.k));
+    ConvParams p{cc.k, cc.k, cc.stride, cc.pad};
+    Shape ws{cc.out, cc.x[1], cc.k, cc.k};
+    Tensor hx = host_nhwc(cc.x, ++seed);
+    Tensor hw = host_plain(ws, ++seed, 1.f / std::sqrt(float(cc.x[1] * cc.k * cc.k)));
+    Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+    Tensor wc = c->from_host(hw), wg = g->from_host(hw);
+    c->weights_changed();
+    g->weights_changed();
+    Tensor yc = c->conv2d_forward(xc, wc, p);
+    Tensor hdy = host_nhwc(yc.shape(), ++seed);
+    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+    for (int round = 0; round < 2; ++round) {
+      Tensor hacc = host_nhwc(cc.x, ++seed);
+      Tensor accc = c->upload_images(hacc, pr.dt), accg = g->upload_images(hacc, pr.dt);
+      c->conv2d_backward_data_add(dyc, wc, xc, p, accc);
+      g->conv2d_backward_data_add(dyg, wg, xg, p, accg);
+      EXPECT_EQ(accg.shape(), xg.shape());
+      EXPECT_CLOSE(*g, accg, *c, accc, std::max(pr.tol, 2 * elem_tol(pr.dt))) << "round " << round;
+    }
+  }
+}
+
 // relu(bn(x) + z), a residual block's tail: cuDNN's fused BN_ADD_ACTIVATION (or its
 // composition, where cuDNN refuses a shape) against the CPU's composition of BN and Add in
 // fp32 on the same (rounded) inputs. Not against a composition in fp16/bf16: that rounds
@@ -312,7 +345,7 @@ TEST_P(GpuOps, MaxPoolAndGlobalAveragePool) {
   Prec pr = GetParam();
   auto c = cpu();
   auto g = gpu(pr.tf32);
-  const Shape shapes[] = {{1, 3, 6, 5}, {2, 8, 9, 9}, {3, 16, 4, 4}};
+  const Shape shapes[] = {{1, 3, 6, 5}, {2, 8, 9, 9}, {3, 16, 4, 4}, {2, 64, 17, 16}};
   uint64_t seed = 300;
   double tol = elem_tol(pr.dt);
   for (const Shape& s : shapes) {
@@ -336,6 +369,29 @@ TEST_P(GpuOps, MaxPoolAndGlobalAveragePool) {
     Tensor gbg = g->global_avgpool_backward(g->from_host(hd), xg);
     EXPECT_EQ(gbg.dtype(), pr.dt);
     EXPECT_CLOSE(*g, gbg, *c, gbc, tol);
+  }
+}
+
+// Ties, as after a ReLU (a window of zeros): each window's gradient goes to exactly one of
+// its inputs, so the gradient is conserved: sum(dx) == sum(dy).
+TEST_P(GpuOps, MaxPoolRoutesEachWindowsGradientOnceOnTies) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto g = gpu(pr.tf32);
+  for (const Shape& s : {Shape{2, 16, 9, 9}, Shape{1, 3, 8, 7}}) {
+    SCOPED_TRACE(shape_str(s));
+    PoolParams p{3, 2, 1};
+    Tensor hx = Tensor::host(s, DType::f32, Layout::nhwc);
+    std::memset(hx.raw(), 0, hx.nbytes());
+    Tensor ws;
+    Tensor y = g->maxpool_forward(g->upload_images(hx, pr.dt), p, ws);
+    Tensor hdy = Tensor::host(y.shape(), DType::f32, Layout::nhwc);
+    for (int64_t i = 0; i < hdy.numel(); ++i) hdy.data<float>()[i] = float(1 + i % 7);  // exact
+    Tensor dx = g->maxpool_backward(g->upload_images(hdy, pr.dt), g->upload_images(hx, pr.dt), ws, p);
+    double sdx = 0, sdy = 0;
+    for (float v : values(*g, dx)) sdx += v;
+    for (int64_t i = 0; i < hdy.numel(); ++i) sdy += hdy.data<float>()[i];
+    EXPECT_EQ(sdx, sdy);
   }
 }
 

@@ -1066,8 +1066,9 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BlockCase>& i) { return std::string(i.param.name); });
 
 // A residual block's last BN takes the shortcut and does Add and ReLU in one backend op
-// (batchnorm_add_relu_*), and ProfiledBackend sees every op of the block without changing a
-// bit of what it computes.
+// (batchnorm_add_relu_*), its first convolution adds its input gradient to the shortcut's
+// (conv2d_backward_data_add), and ProfiledBackend sees every op of the block without changing
+// a bit of what it computes.
 TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryOp) {
   auto run = [](Backend& be, std::vector<Vec>* grads) {
     std::unique_ptr<Layer> block = bottleneck(8, 4, 2);
@@ -1103,7 +1104,11 @@ TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryO
   EXPECT_EQ(calls["batchnorm_add_relu_forward"], 1);
   EXPECT_EQ(calls["batchnorm_add_relu_backward"], 1);
   EXPECT_EQ(calls.count("add_forward+relu"), 0u) << "the block's Add ran on its own";
-  EXPECT_EQ(calls["add_forward"], 1);  // the input gradient: main + shortcut
+  // The input gradient, main + shortcut: the main branch's first convolution adds its own to
+  // the shortcut's.
+  EXPECT_EQ(calls["conv2d_backward_data_add"], 1);
+  EXPECT_EQ(calls["conv2d_backward_data"], 3);  // conv2, conv3, the shortcut's
+  EXPECT_EQ(calls["add_forward"], 0);
   EXPECT_FALSE(prof.report().empty());
 }
 

@@ -1,5 +1,5 @@
-// The CUDA backend: cuDNN 9 for convolution (algorithm chosen once per shape), batch norm
-// and max pooling, cuBLAS for Linear, our own kernels (cuda_kernels.cu) for the rest.
+// The CUDA backend: cuDNN 9 for convolution (algorithm chosen once per shape) and batch norm,
+// cuBLAS for Linear, our own kernels (cuda_kernels.cu) for the rest, max pooling included.
 // Activations are NHWC in the compute dtype; weights are converted once per optimizer step
 // from the fp32 OIHW masters to (O, H, W, I) in the compute dtype. Internal to kernels/cuda/.
 #pragma once
@@ -48,6 +48,8 @@ class CudaBackend final : public Backend {
                               const ConvParams& p) override;
   void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                Tensor& dw) override;
+  void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                const ConvParams& p, Tensor& acc) override;
 
   Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  float eps, bool relu, BnSaved& saved) override;
@@ -97,10 +99,8 @@ class CudaBackend final : public Backend {
  private:
   struct ConvEntry;
   struct BnEntry;
-  struct PoolEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x);
-  PoolEntry& pool_entry(const Tensor& x, const PoolParams& p);
   // A new device tensor (NaN-filled when poisoning).
   Tensor alloc(const Shape& shape, DType dt, Layout layout = Layout::plain);
   Tensor alloc_like(const Tensor& x) { return alloc(x.shape(), x.dtype(), x.layout()); }
@@ -108,6 +108,16 @@ class CudaBackend final : public Backend {
   const void* weights_as(const Tensor& w, DType dt);
   // The shared cuDNN workspace, grown to at least `bytes`.
   void* workspace(size_t bytes);
+  // The per-channel arguments of a cuDNN batch-norm call (see bn_args in cuda_dnn.cpp):
+  // forward with `saved` (its statistics are allocated), backward with nullptr.
+  struct BnArgs {
+    Tensor hg, hb, scratch;
+    const float *g = nullptr, *b = nullptr;
+    float *rm = nullptr, *rv = nullptr, *dg = nullptr, *db = nullptr;
+  };
+  BnArgs bn_args(const Tensor& gamma, const Tensor& beta, int64_t c, BnSaved* saved);
+  // Copies backward's parameter gradients from the scratch of `a` into dgamma and dbeta.
+  void bn_grads_out(const BnArgs& a, int64_t c, Tensor& dgamma, Tensor& dbeta);
   // `t`'s data, or a 16-byte aligned device copy of it when its address is not aligned.
   const float* aligned(const Tensor& t, Tensor& holder);
   // Pinned host scratch of at least `bytes`.
@@ -117,6 +127,10 @@ class CudaBackend final : public Backend {
   // overlaps the host copy of the next.
   void stage_and_copy(const void* src, void* staging, void* dst, size_t bytes);
   cudnnMathType_t conv_math(DType dt) const;
+  // Backward-data into `dx` with cuDNN's beta (0: overwrite, 1: add); the algorithm is chosen
+  // at a shape's first use. False when this shape runs in fp32 instead (bd_f32).
+  bool backward_data_into(const Tensor& dy, const Tensor& w, const Tensor& x, const ConvParams& p,
+                          Tensor& dx, float beta);
 
   BackendOptions opt_;
   std::string name_;
@@ -156,7 +170,6 @@ class CudaBackend final : public Backend {
   size_t pinned_bytes_ = 0;
   std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
   std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;
-  std::unordered_map<std::string, std::unique_ptr<PoolEntry>> pool_cache_;
   struct WeightCopy {
     DType dt;
     Tensor data;

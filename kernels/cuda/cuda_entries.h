@@ -44,17 +44,4 @@ struct CudaBackend::BnEntry {
   }
 };
 
-struct CudaBackend::PoolEntry {
-  cudnnPoolingDescriptor_t pool = nullptr;
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  int64_t oh = 0, ow = 0;
-  bool ran = false;  // forward succeeded once in this dtype
-  bool f32 = false;  // cuDNN refused the dtype: pooled in fp32 on cast operands
-  ~PoolEntry() {
-    if (pool) CUDNN_WARN(cudnnDestroyPoolingDescriptor(pool));
-    if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
-    if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
-  }
-};
-
 }  // namespace spotrain::cuda

@@ -38,6 +38,16 @@ void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const f
 void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s);
 void launch_bn_running(float* rm, float* rv, const float* mean, const float* var, int c,
                        float momentum, double unbias, cudaStream_t s);
+// Max pooling of NHWC x (n, c, h, w) with a k x k window: y (n, c, oh, ow) and idx, the
+// position of each window's maximum (kh * k + kw; the first in scan order on ties), which
+// backward uses to route dy: dx gathers, per input element, dy of the windows it won.
+struct PoolGeom {
+  int n, c, h, w, oh, ow, k, stride, pad;
+};
+void launch_maxpool_fwd(const void* x, void* y, uint8_t* idx, DType dt, const PoolGeom& g,
+                        cudaStream_t s);
+void launch_maxpool_bwd(const void* dy, const uint8_t* idx, void* dx, DType dt, const PoolGeom& g,
+                        cudaStream_t s);
 // Global average pool of NHWC x (n, c, hw pixels) -> y (n, c) fp32, and its backward.
 void launch_gap_fwd(const void* x, DType dt, float* y, int64_t n, int64_t c, int64_t hw,
                     cudaStream_t s);

@@ -52,12 +52,6 @@ SPOTRAIN_CUDNN(cudnnGetBatchNormalizationTrainingExReserveSpaceSize);
 SPOTRAIN_CUDNN(cudnnBatchNormalizationForwardTrainingEx);
 SPOTRAIN_CUDNN(cudnnGetBatchNormalizationBackwardExWorkspaceSize);
 SPOTRAIN_CUDNN(cudnnBatchNormalizationBackwardEx);
-SPOTRAIN_CUDNN(cudnnCreatePoolingDescriptor);
-SPOTRAIN_CUDNN(cudnnSetPooling2dDescriptor);
-SPOTRAIN_CUDNN(cudnnGetPooling2dForwardOutputDim);
-SPOTRAIN_CUDNN(cudnnDestroyPoolingDescriptor);
-SPOTRAIN_CUDNN(cudnnPoolingForward);
-SPOTRAIN_CUDNN(cudnnPoolingBackward);
 #undef SPOTRAIN_CUDNN
 
 }  // namespace spotrain::cuda
