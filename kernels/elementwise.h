@@ -30,6 +30,22 @@ SPOTRAIN_HD void bn_running_update(float& rm, float& rv, float mean, float var, 
   rv = (1.f - momentum) * rv + momentum * float(var * unbias);
 }
 
+// Max pooling along one axis: the outputs o whose window [o * stride - pad, o * stride - pad
+// + k) holds input i, o0..o1 (none when o0 > o1), among outputs 0..out-1.
+SPOTRAIN_HD void pool_windows_holding(int i, int k, int stride, int pad, int out, int& o0,
+                                      int& o1) {
+  const int a = i + pad - (k - 1);
+  o0 = a <= 0 ? 0 : (a + stride - 1) / stride;
+  o1 = (i + pad) / stride;
+  if (o1 > out - 1) o1 = out - 1;
+}
+
+// Whether `val`, scanned after `best` in a pooling window, becomes the window's maximum: a
+// larger value, or the first NaN (NaN propagates); on ties the first position keeps it.
+SPOTRAIN_HD bool pool_takes(float val, float best) {
+  return val > best || (val != val && best == best);
+}
+
 // Batch-norm inference for one element: gamma * (x - mean) / sqrt(var + eps) + beta.
 SPOTRAIN_HD float bn_infer(float x, float mean, float var, float gamma, float beta, float eps) {
   return gamma * (x - mean) * (1.f / ::sqrtf(var + eps)) + beta;

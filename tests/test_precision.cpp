@@ -626,3 +626,92 @@ TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
   EXPECT_EQ(huge.scale(), std::ldexp(1.0, 40));
   EXPECT_EQ(t.optimizer().steps(), 1);
 }
+
+// ---- max pooling index math (kernels/elementwise.h), as the CUDA kernels use it -------------
+
+namespace {
+// Forward by scanning each window (pool_takes), backward by gathering through
+// pool_windows_holding, exactly as cuda_kernels.cu does, on one (h, w) plane.
+void pool_gather(const std::vector<float>& x, int h, int w, int k, int s, int pad,
+                 const std::vector<float>& dy, std::vector<float>& y, std::vector<float>& dx) {
+  const int oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+  std::vector<int> at(size_t(oh * ow));
+  y.assign(size_t(oh * ow), 0.f);
+  for (int i = 0; i < oh; ++i)
+    for (int j = 0; j < ow; ++j) {
+      float best = -INFINITY;
+      int a = 0;
+      for (int kh = 0; kh < k; ++kh)
+        for (int kw = 0; kw < k; ++kw) {
+          int ih = i * s - pad + kh, iw = j * s - pad + kw;
+          if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+          if (spotrain::pool_takes(x[size_t(ih * w + iw)], best)) {
+            best = x[size_t(ih * w + iw)];
+            a = kh * k + kw;
+          }
+        }
+      y[size_t(i * ow + j)] = best;
+      at[size_t(i * ow + j)] = a;
+    }
+  dx.assign(size_t(h * w), 0.f);
+  for (int ih = 0; ih < h; ++ih)
+    for (int iw = 0; iw < w; ++iw) {
+      int o0, o1, p0, p1;
+      spotrain::pool_windows_holding(ih, k, s, pad, oh, o0, o1);
+      spotrain::pool_windows_holding(iw, k, s, pad, ow, p0, p1);
+      for (int i = o0; i <= o1; ++i)
+        for (int j = p0; j <= p1; ++j)
+          if (at[size_t(i * ow + j)] == (ih - (i * s - pad)) * k + (iw - (j * s - pad)))
+            dx[size_t(ih * w + iw)] += dy[size_t(i * ow + j)];
+    }
+}
+}  // namespace
+
+TEST(MaxPoolMath, WindowsHoldingAnInputAreExactlyThoseThatContainIt) {
+  for (int k = 1; k <= 5; ++k)
+    for (int s = 1; s <= 3; ++s)
+      for (int pad = 0; pad < k; ++pad)
+        for (int n = k; n <= 13; ++n) {
+          const int out = (n + 2 * pad - k) / s + 1;
+          for (int i = 0; i < n; ++i) {
+            int o0, o1;
+            spotrain::pool_windows_holding(i, k, s, pad, out, o0, o1);
+            for (int o = 0; o < out; ++o) {
+              bool holds = o * s - pad <= i && i < o * s - pad + k;
+              EXPECT_EQ(holds, o0 <= o && o <= o1)
+                  << "k " << k << " s " << s << " pad " << pad << " n " << n << " i " << i << " o " << o;
+            }
+          }
+        }
+}
+
+TEST(MaxPoolMath, GatheredBackwardEqualsScatteringEachWindowsGradientToItsMaximum) {
+  spotrain::Philox rng(7, 1);
+  for (int k : {2, 3}) {
+    for (int s : {1, 2}) {
+      const int pad = k / 2, h = 9, w = 8;
+      const int oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+      for (bool ties : {false, true}) {
+        std::vector<float> x(size_t(h * w)), dy(size_t(oh * ow));
+        for (auto& v : x) v = ties ? float(rng.below(3)) : rng.normal();
+        for (auto& v : dy) v = float(1 + rng.below(9));
+        std::vector<float> y, dx;
+        pool_gather(x, h, w, k, s, pad, dy, y, dx);
+        std::vector<float> ref(size_t(h * w), 0.f);
+        for (int i = 0; i < oh; ++i)
+          for (int j = 0; j < ow; ++j) {  // scatter: the first maximum of the window gets dy
+            int bi = -1;
+            for (int kh = 0; kh < k; ++kh)
+              for (int kw = 0; kw < k; ++kw) {
+                int ih = i * s - pad + kh, iw = j * s - pad + kw;
+                if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                if (bi < 0 || x[size_t(ih * w + iw)] > x[size_t(bi)]) bi = ih * w + iw;
+              }
+            EXPECT_EQ(y[size_t(i * ow + j)], x[size_t(bi)]);
+            ref[size_t(bi)] += dy[size_t(i * ow + j)];
+          }
+        EXPECT_EQ(dx, ref) << "k " << k << " s " << s << (ties ? " with ties" : "");
+      }
+    }
+  }
+}

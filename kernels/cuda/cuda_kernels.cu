@@ -190,7 +190,7 @@ __global__ void maxpool_fwd_kernel(const typename D::T* x, typename D::T* y, uin
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           float val = to_f32(p.v[v], D{});
-          if (val > best[v] || (val != val && best[v] == best[v])) {  // NaN wins (propagates)
+          if (pool_takes(val, best[v])) {
             best[v] = val;
             at[v] = uint8_t(kh * g.k + kw);
           }
@@ -226,12 +226,9 @@ __global__ void maxpool_bwd_kernel(const typename D::T* dy, const uint8_t* idx, 
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.f;
-    // The windows that contain (ih, iw): oh * stride - pad <= ih <= oh * stride - pad + k - 1.
-    const int a = ih + g.pad - (g.k - 1), b = iw + g.pad - (g.k - 1);
-    const int oh0 = a <= 0 ? 0 : (a + g.stride - 1) / g.stride;
-    const int ow0 = b <= 0 ? 0 : (b + g.stride - 1) / g.stride;
-    const int oh1 = min(g.oh - 1, (ih + g.pad) / g.stride);
-    const int ow1 = min(g.ow - 1, (iw + g.pad) / g.stride);
+    int oh0, oh1, ow0, ow1;  // the windows that hold (ih, iw)
+    pool_windows_holding(ih, g.k, g.stride, g.pad, g.oh, oh0, oh1);
+    pool_windows_holding(iw, g.k, g.stride, g.pad, g.ow, ow0, ow1);
     for (int oh = oh0; oh <= oh1; ++oh)
       for (int ow = ow0; ow <= ow1; ++ow) {
         const uint8_t mine =
