@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Downloads (never installs) the Debian 12 packages a bare CUDA machine lacks to build and run
-# spotrain: oneDNN, OpenMPI, HDF5, libjpeg-turbo, libpng, zlib, nlohmann-json, CLI11,
-# GoogleTest and pkgconf (CMake finds libjpeg and libpng through pkg-config), with the shared
-# libraries they load. Run it on a Debian 12 machine with network; it fills
-# .gpu-debs/ (git-ignored), which scripts/gpu-check.sh unpacks into a private prefix there.
+# Downloads (never installs) the Debian 12 packages that a GPU node without network access
+# (nvcc and perhaps PyTorch there, but no Debian packages) lacks to build and run spotrain:
+# oneDNN, OpenMPI, HDF5, libjpeg-turbo, libpng, zlib, nlohmann-json, CLI11, GoogleTest and
+# pkgconf (CMake finds libjpeg and libpng through pkg-config), with the shared libraries they
+# load. Run it on a Debian 12 machine with network; it fills .gpu-debs/ (git-ignored), which
+# scripts/gpu-check.sh unpacks into a private prefix on the GPU node.
 #
 #   ./scripts/gpu-deps.sh [DIR]      (default DIR: .gpu-debs in the repository root)
 #
 # Which runtime packages: the shared libraries we link (libdnnl.so.2, libmpi.so.40,
-# libhdf5_serial.so.103, libturbojpeg.so.0, libjpeg.so.62, libpng16.so.16) and, recursively, every library they name as
-# NEEDED (read with readelf from the downloaded packages), except the C/C++ runtime every
-# CUDA image has (glibc, libstdc++, libgcc_s, libgomp, zlib). Plugins that OpenMPI or hwloc
-# open at run time (verbs, UCX, libfabric...) are left out: one process per GPU needs none.
+# libhdf5_serial.so.103, libturbojpeg.so.0, libjpeg.so.62, libpng16.so.16) and, recursively,
+# every library they name as NEEDED (read with readelf from the downloaded packages), except
+# the C/C++ runtime every CUDA image has (glibc, libstdc++, libgcc_s, libgomp, zlib). Plugins
+# that OpenMPI or hwloc open at run time (verbs, UCX, libfabric...) are left out: one process
+# per GPU needs none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-.gpu-debs}"
