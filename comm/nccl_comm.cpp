@@ -95,11 +95,12 @@ class NcclComm final : public Communicator {
       host_->allreduce_sum(data, count, dt);
       return;
     }
-    COMM_CUDA_CHECK(cudaSetDevice(device_));
     cudaEvent_t e = mark ? static_cast<cudaEvent_t>(mark) : static_cast<cudaEvent_t>(mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
     give_event(e);  // reusable once the wait is queued: a later record does not affect it
-    NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(dt), ncclSum, comm_, stream_));
+    // Not under comm_mu_: an enqueue can block (connecting to a dead peer), and abort() must
+    // still get through to unblock it, which is what ncclCommAbort is for.
+    NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(dt), ncclSum, live(), stream_));
     wait();
   }
   void allreduce_sum(void* data, int64_t count, DType dt) override {
@@ -107,25 +108,32 @@ class NcclComm final : public Communicator {
   }
   void broadcast(void* data, size_t bytes, int root) override {
     if (!on_device(data)) return host_->broadcast(data, bytes, root);
-    COMM_CUDA_CHECK(cudaSetDevice(device_));
     cudaEvent_t e = static_cast<cudaEvent_t>(mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
     give_event(e);
-    NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
+    NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));  // see above
     wait();
   }
   void barrier() override { host_->barrier(); }
   std::vector<uint64_t> allgather(uint64_t v) override { return host_->allgather(v); }
   [[noreturn]] void abort(int code) override {
-    ncclComm_t c = comm_.exchange(nullptr);
-    if (c) ncclCommAbort(c);  // unblocks a collective stuck on a dead peer
+    {
+      // Not while wait() polls the communicator (it holds the lock only for that call, which
+      // returns at once): ncclCommAbort frees it.
+      std::lock_guard<std::mutex> lk(comm_mu_);
+      ncclComm_t c = comm_.exchange(nullptr);
+      if (c) ncclCommAbort(c);  // unblocks a collective stuck on a dead peer
+    }
     host_->abort(code);
     std::abort();  // not reached: the host communicator ends the job
   }
 
  private:
-  // Device (or managed) memory goes over NCCL; anything else is a host buffer.
-  static bool on_device(const void* p) {
+  // Device (or managed) memory goes over NCCL; anything else is a host buffer. Sets this
+  // rank's device first: the calling thread (the CommWorker's) must not make a context on
+  // GPU 0, as every rank would.
+  bool on_device(const void* p) const {
+    COMM_CUDA_CHECK(cudaSetDevice(device_));
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
       cudaGetLastError();
@@ -155,17 +163,25 @@ class NcclComm final : public Communicator {
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) COMM_CUDA_CHECK(q);
-      ncclComm_t c = comm_;
-      SPOTRAIN_CHECK(c, "NCCL communicator was aborted");
+      (void)cudaGetLastError();  // "not ready" is no error: leave none behind on this thread
       ncclResult_t async = ncclSuccess;
-      NCCL_CHECK(ncclCommGetAsyncError(c, &async));
-      if (async != ncclSuccess) {
-        if (comm_.exchange(nullptr)) ncclCommAbort(c);
+      {
+        std::lock_guard<std::mutex> lk(comm_mu_);
+        ncclComm_t c = live();
+        NCCL_CHECK(ncclCommGetAsyncError(c, &async));
+        if (async != ncclSuccess && comm_.exchange(nullptr)) ncclCommAbort(c);
+      }
+      if (async != ncclSuccess)
         SPOTRAIN_THROW("NCCL reported ", ncclGetErrorString(async),
                        " during a collective; a peer rank failed (see its log)");
-      }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+  // The communicator, unless abort() has freed it.
+  ncclComm_t live() const {
+    ncclComm_t c = comm_;
+    SPOTRAIN_CHECK(c, "NCCL communicator was aborted");
+    return c;
   }
 
   std::unique_ptr<Communicator> host_;
@@ -173,6 +189,7 @@ class NcclComm final : public Communicator {
   cudaStream_t stream_ = nullptr;  // NCCL's own
   int device_ = 0;
   std::atomic<ncclComm_t> comm_{nullptr};  // abort() may clear it from another thread
+  std::mutex comm_mu_;  // held around the error poll of wait() and around the abort
   std::mutex mu_;
   std::vector<cudaEvent_t> free_events_;
 };
