@@ -9,7 +9,7 @@
 #
 # Settings (environment variables):
 #   RANKS_PER_NODE    ranks started on each node (default 1). GPU ranks: the GPUs per node.
-#                     CPU ranks (what runs today): 1, or the number of sockets.
+#                     CPU ranks: 1, or the number of sockets.
 #   THREADS_PER_RANK  compute threads of each rank; sets OMP_NUM_THREADS and passes
 #                     --threads (spotrain's --threads 0 means every core of the node, so set
 #                     this whenever RANKS_PER_NODE > 1)
@@ -30,7 +30,7 @@
 # Example (2 nodes, one CPU rank of 32 threads each):
 #   THREADS_PER_RANK=32 examples/resnet50/launch/mpirun.sh hosts 2 \
 #     --model resnet20 --data fashion-mnist --epochs 6 --batch-size 128 --ckpt-dir /shared/ckpt
-# Once the CUDA backend lands (8 GPUs per node, 16 GPUs):
+# 8 GPUs per node, 16 GPUs:
 #   RANKS_PER_NODE=8 examples/resnet50/launch/mpirun.sh hosts 16 --device cuda ...
 # See docs/MULTI_NODE.md.
 set -euo pipefail
