@@ -534,6 +534,7 @@ TrainResult Trainer::run() {
   double t_start = now_seconds();
   double wall_limit = cfg_.max_wall_time.empty() ? 0 : parse_duration(cfg_.max_wall_time);
   double last_ckpt_time = t_start, last_step_end = t_start, step_time = 0, snapshot_seconds = 0;
+  bool stop_cost_logged = false;
   // Whether --max-wall-time leaves no room for two more steps and a checkpoint.
   auto wall_near = [&] {
     if (wall_limit <= 0) return false;
@@ -614,6 +615,16 @@ TrainResult Trainer::run() {
       double step_end = now_seconds();
       step_time = step_end - last_step_end;  // the latest step, not the warm-up average
       last_step_end = step_end;
+      // What a stop costs, once the first checkpoint has been written: the step under way,
+      // then a synchronous write with fsync and verification. Launchers must allow that.
+      if (!stop_cost_logged && writer_ && writer_->last_write_seconds() > 0) {
+        stop_cost_logged = true;
+        const double write = snapshot_seconds + writer_->last_write_seconds();
+        log_info(str("a stop takes about ", fmt_fixed(step_time + write, 1), " s (the step under way ",
+                     fmt_fixed(step_time, 1), " s + writing and verifying a checkpoint ",
+                     fmt_fixed(write, 1), " s): give the job at least that much time between "
+                     "the stop signal and a kill (docs/MULTI_NODE.md, 'Stopping it')"));
+      }
       bool stop;
       if (reducer_) {
         stop = reducer_->control(0) > 0;

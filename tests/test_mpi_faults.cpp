@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -228,6 +229,96 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
   Launch r3 = run(mpirun(3) + " " + resume_args(d / "w3", "--batch-size 16 --resume auto"));
   EXPECT_NE(r3.code, 0);
   EXPECT_TRUE(contains(r3.out, "does not divide over 3 ranks")) << r3.out;
+}
+
+// A scheduler's stop reaches the launcher, not the ranks: SIGTERM to examples/resnet50/launch/
+// mpirun.sh (the documented way to launch) must give the agreed stop, not Open MPI's kill.
+// Steps of a few seconds (resnet20, batch 1536 per rank, one thread: longer than the second
+// after which Open MPI's mpirun kills ranks it sent SIGTERM), the signal sent just after a
+// step's progress line, so it lands mid-step.
+struct LauncherStop {
+  Launch launch;
+  int64_t stopped_after = -1;
+};
+
+std::string launcher(const fs::path& dir, const std::string& env = "") {
+  std::ofstream(dir / "hosts") << "localhost slots=2\n";
+  return "env " + env + " RANKS_PER_NODE=2 THREADS_PER_RANK=1 MPIRUN=" + MPIEXEC_EXECUTABLE +
+         " SPOTRAIN=" + SPOTRAIN_BIN + " " + SPOTRAIN_SOURCE_DIR +
+         "/examples/resnet50/launch/mpirun.sh " + (dir / "hosts").string() + " 2";
+}
+
+std::string launcher_args(const fs::path& ckpt, const std::string& more = "") {
+  return " --model resnet20 --data synthetic --train-limit 16384 --test-limit 64 --steps 6"
+         " --batch-size 1536 --deterministic --log-every 1 --keep 100 --ckpt-dir " +
+         ckpt.string() + " " + more;
+}
+
+// Starts the launcher, waits for `ready` in its output, sends it SIGTERM, waits for its exit.
+LauncherStop stop_launcher(const fs::path& dir, const std::string& launch, const std::string& ready) {
+  fs::path log = dir / "launch.log", script = dir / "stop.sh";
+  std::ofstream(script) << "(" << launch << ") > " << log.string() << " 2>&1 &\n"
+                        << "pid=$!\n"
+                        << "while ! grep -qF -e '" << ready << "' " << log.string()
+                        << " && kill -0 $pid 2>/dev/null; do sleep 0.1; done\n"
+                        << "kill -TERM $pid\nwait $pid\nrc=$?\ncat " << log.string()
+                        << "\nexit $rc\n";
+  LauncherStop r;
+  r.launch = run("sh " + script.string());
+  std::smatch m;
+  if (std::regex_search(r.launch.out, m, std::regex("stopped by a signal after step (\\d+)")))
+    r.stopped_after = std::stoll(m[1]);
+  return r;
+}
+
+void expect_resumes_bitwise(const fs::path& d, const fs::path& stopped, const LauncherStop& s) {
+  EXPECT_EQ(s.launch.code, 75) << s.launch.out;
+  ASSERT_GT(s.stopped_after, 0) << s.launch.out;
+  ASSERT_LT(s.stopped_after, 6) << s.launch.out;
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(s.stopped_after));
+  Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (stopped / name).string());
+  EXPECT_EQ(v.code, 0) << "the stop checkpoint " << name << " does not verify:\n" << v.out;
+  for (auto& e : fs::directory_iterator(stopped))
+    EXPECT_NE(e.path().extension(), ".tmp") << "left behind: " << e.path();
+  // Resumed, the job ends where an uninterrupted one does, bit for bit.
+  Launch ref = run(launcher(d) + launcher_args(d / "ref", "--ckpt-every 2"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  EXPECT_TRUE(contains(ref.out, "a stop takes about")) << "the stop's cost is logged:\n" << ref.out;
+  Launch res = run(launcher(d) + launcher_args(stopped, "--resume auto"));
+  ASSERT_EQ(res.code, 0) << res.out;
+  CkptState a = load_ckpt_state((d / "ref" / "ckpt-00000006.h5").string());
+  CkptState b = load_ckpt_state((stopped / "ckpt-00000006.h5").string());
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
+}
+
+TEST(LauncherStop, SigtermToTheLauncherMidStepGivesTheAgreedStop) {
+  fs::path d = fs::temp_directory_path() / "spotrain_launcher_stop";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  LauncherStop s = stop_launcher(d, launcher(d) + launcher_args(d / "b"), "step 2/6");
+  // Sent as step 3 began: the ranks agree on it with step 3's all-reduce (step 4's, if the
+  // signal reached a rank after that one on a slow machine).
+  EXPECT_GE(s.stopped_after, 3) << s.launch.out;
+  EXPECT_LE(s.stopped_after, 4) << s.launch.out;
+  expect_resumes_bitwise(d, d / "b", s);
+}
+
+// The same while a background checkpoint write is under way (paused half-way by the test hook
+// SPOTRAIN_CKPT_WRITE_DELAY): the stop waits for it, then writes its own.
+TEST(LauncherStop, SigtermDuringABackgroundWriteGivesTheAgreedStop) {
+  fs::path d = fs::temp_directory_path() / "spotrain_launcher_stop_write";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  LauncherStop s = stop_launcher(
+      d,
+      launcher(d, "SPOTRAIN_CKPT_WRITE_DELAY=4:2 EXTRA_ENV=SPOTRAIN_CKPT_WRITE_DELAY") +
+          launcher_args(d / "b", "--ckpt-every 2"),
+      "ckpt-00000002.h5: training held");
+  EXPECT_TRUE(fs::exists(d / "b" / "ckpt-00000002.h5")) << s.launch.out;
+  expect_resumes_bitwise(d, d / "b", s);
 }
 
 }  // namespace

@@ -24,6 +24,10 @@
 #   EXTRA_ENV         names of extra environment variables to forward, split on spaces
 #   DRY_RUN=1         print the command and stop
 #
+# SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
+# write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow
+# the time the run logs as "a stop takes about N s" between the signal and any kill.
+#
 # Forwarded to every rank when set here: NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG
 # OMP_NUM_THREADS LD_LIBRARY_PATH PATH SPOTRAIN_FAULT and EXTRA_ENV.
 #
@@ -116,4 +120,25 @@ printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP" "$NODES" "$HOSTFIL
 printf ' %q' "${cmd[@]}"
 printf '\n'
 [[ "${DRY_RUN:-0}" == 1 ]] && exit 0
-exec "${cmd[@]}"
+
+# Preemption. A scheduler's stop (scancel, a pod deletion, Ctrl-C) signals this script, the
+# launcher. Open MPI's mpirun meets SIGTERM or SIGINT by killing the ranks (SIGKILL about a
+# second after its own SIGTERM, odls_base_sigkill_timeout), which loses the stop checkpoint;
+# SIGUSR1 it forwards to every rank at once and leaves them be. So mpirun runs as a child here
+# and TERM, INT and USR1 all reach it as SIGUSR1: every rank finishes its step, rank 0 writes
+# and verifies the stop checkpoint, all exit 75, and so do mpirun and this script.
+"${cmd[@]}" &
+mpirun_pid=$!
+signalled=0
+forward_stop() {
+  signalled=1
+  kill -USR1 "$mpirun_pid" 2>/dev/null || true
+}
+trap forward_stop TERM INT USR1
+while :; do
+  signalled=0
+  rc=0
+  wait "$mpirun_pid" || rc=$?
+  ((signalled)) || break  # a trapped signal cut the wait short: mpirun still runs
+done
+exit "$rc"
