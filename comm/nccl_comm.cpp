@@ -55,6 +55,16 @@ class NcclComm final : public Communicator {
  public:
   NcclComm(std::unique_ptr<Communicator> host, cudaStream_t compute)
       : host_(std::move(host)), compute_(compute) {
+    try {
+      start();
+    } catch (...) {
+      // The CommWorker that runs this start-up still refers to the host communicator and
+      // aborts the job through it: it must outlive the failure (the process ends anyway).
+      host_.release();
+      throw;
+    }
+  }
+  void start() {
     COMM_CUDA_CHECK(cudaGetDevice(&device_));
     int least = 0, greatest = 0;  // the highest priority, so communication is not starved
     COMM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));

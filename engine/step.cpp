@@ -45,7 +45,8 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
   double t1 = now();
   Tensor logits = model_.forward(x, /*training=*/true);
   Tensor dlogits;
-  r.loss = be.softmax_xent(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
+  // The loss is read once backward is queued: no wait for the host mid-step.
+  be.softmax_xent_queue(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
   if (times) be.synchronize();
   double t2 = now();
   model_.backward(dlogits, listener_);
@@ -54,6 +55,7 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
   // Gradients summed over ranks: every rank then reaches the same overflow verdict.
   double waited = finish_ ? finish_() : 0.0;
   double t3b = now();
+  r.loss = be.queued_loss();
   float grad_scale = 1.f / float(world_);
   if (scaler_.enabled()) {
     r.overflow = be.unscale_and_check(model_.flat_grads(), float(1.0 / (r.loss_scale * world_)));

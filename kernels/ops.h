@@ -171,6 +171,16 @@ class Backend {
   virtual LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
                                   float grad_scale, Tensor* dlogits) = 0;
 
+  // softmax_xent without waiting for its figures: queues the loss (and dlogits) and the copy
+  // of its per-row results; queued_loss() waits for them. The training step asks for the
+  // loss only once backward is queued, so a GPU never idles mid-step for the host to read
+  // it. The default computes at once.
+  virtual void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
+                                  float grad_scale, Tensor* dlogits) {
+    queued_loss_ = softmax_xent(logits, labels, smoothing, grad_scale, dlogits);
+  }
+  virtual LossResult queued_loss() { return queued_loss_; }
+
   // --- optimizer ---------------------------------------------------------------------------
   // SGD with momentum (PyTorch semantics) over flat fp32 buffers, segment by segment.
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
@@ -193,6 +203,9 @@ class Backend {
   // Waits for the marks recorded since the last call and returns each one's time in ms after
   // the first; forgets them.
   virtual std::vector<double> read_marks_ms() { return {}; }
+
+ protected:
+  LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
 };
 
 struct BackendOptions {

@@ -235,6 +235,11 @@ LossResult ProfiledBackend::softmax_xent(const Tensor& logits, const int32_t* la
   SPOTRAIN_TIMED("softmax_xent", desc(logits),
                  inner_->softmax_xent(logits, labels, smoothing, grad_scale, dlogits));
 }
+void ProfiledBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels,
+                                         float smoothing, float grad_scale, Tensor* dlogits) {
+  SPOTRAIN_TIMED_VOID("softmax_xent", desc(logits),
+                      inner_->softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits));
+}
 void ProfiledBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                                const std::vector<SgdSegment>& segments, const SgdHyper& h) {
   SPOTRAIN_TIMED_VOID("sgd_step", desc(params), inner_->sgd_step(params, grads, momentum, segments, h));

@@ -86,6 +86,9 @@ class ProfiledBackend final : public Backend {
                          bool need_dx) override;
   LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
                           float grad_scale, Tensor* dlogits) override;
+  void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits) override;
+  LossResult queued_loss() override { return inner_->queued_loss(); }
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;

@@ -101,9 +101,10 @@ Tensor Residual::backward_impl(const Tensor& dy, Context& ctx) {
     Tensor dres = tail_bn_->take_residual_grad();
     SPOTRAIN_CHECK(dres.defined(), "internal: ", name_, " backward without the residual gradient");
     Tensor dshort = shortcut_ ? shortcut_->backward(dres, ctx) : dres;
-    bool sum_in_conv = head_conv_ && needs_input_grad_;
+    bool sum_in_conv = head_conv_ && needs_input_grad_ && head_conv_->needs_input_grad();
     if (sum_in_conv) head_conv_->add_input_grad_to(dshort);
     while (k > 0 && g.defined()) g = seq.at(--k).backward(g, ctx);
+    if (sum_in_conv && !g.defined()) head_conv_->clear_stash();  // the sum never happened
     if (!needs_input_grad_) return Tensor();
     return sum_in_conv ? g : ctx.be.add_forward(g, dshort, /*relu=*/false);
   }

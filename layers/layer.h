@@ -67,6 +67,7 @@ class Layer {
   virtual void clear_stash() {}
   // The model's first layer: its input (the image) takes no gradient.
   virtual void set_needs_input_grad(bool v) { needs_input_grad_ = v; }
+  bool needs_input_grad() const { return needs_input_grad_; }
   const std::string& name() const { return name_; }
   virtual std::string kind() const = 0;
 

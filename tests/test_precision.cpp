@@ -639,13 +639,13 @@ void pool_gather(const std::vector<float>& x, int h, int w, int k, int s, int pa
   y.assign(size_t(oh * ow), 0.f);
   for (int i = 0; i < oh; ++i)
     for (int j = 0; j < ow; ++j) {
-      float best = -INFINITY;
-      int a = 0;
+      float best = 0.f;
+      int a = -1;
       for (int kh = 0; kh < k; ++kh)
         for (int kw = 0; kw < k; ++kw) {
           int ih = i * s - pad + kh, iw = j * s - pad + kw;
           if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-          if (spotrain::pool_takes(x[size_t(ih * w + iw)], best)) {
+          if (a < 0 || spotrain::pool_takes(x[size_t(ih * w + iw)], best)) {
             best = x[size_t(ih * w + iw)];
             a = kh * k + kw;
           }

@@ -84,6 +84,9 @@ class CudaBackend final : public Backend {
 
   LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
                           float grad_scale, Tensor* dlogits) override;
+  void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits) override;
+  LossResult queued_loss() override;
 
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
@@ -157,6 +160,11 @@ class CudaBackend final : public Backend {
   };
   std::vector<PinnedUpload> pinned_uploads_;
   std::vector<cudaEvent_t> free_events_;
+  // softmax_xent_queue: the per-row results copied to pinned memory (n doubles, then n
+  // int64 counts), the event after that copy, and the row count; -1 when nothing is queued.
+  Tensor loss_host_;
+  cudaEvent_t loss_ready_ = nullptr;
+  int64_t loss_rows_ = -1;
   // Profiling marks: events recorded on the compute stream, reused from read to read.
   std::vector<cudaEvent_t> marks_;
   size_t marks_used_ = 0;

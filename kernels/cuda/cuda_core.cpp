@@ -484,11 +484,18 @@ Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Ten
 
 LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
                                      float grad_scale, Tensor* dlogits) {
+  softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits);
+  return queued_loss();
+}
+
+void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
+                                     float grad_scale, Tensor* dlogits) {
   check_device(logits, "softmax_xent");
   SPOTRAIN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::f32,
                  "softmax_xent: logits must be fp32 (N, classes), got ", logits.describe());
   int64_t n = logits.dim(0), m = logits.dim(1);
-  if (n == 0) return LossResult{};
+  loss_rows_ = n;
+  if (n == 0) return;
   for (int64_t i = 0; i < n; ++i)
     SPOTRAIN_CHECK(labels[i] >= 0 && labels[i] < m, "softmax_xent: label ", labels[i],
                    " outside [0, ", m, ")");
@@ -496,18 +503,30 @@ LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels
   CUDA_CHECK(cudaMemcpyAsync(lab.raw(), labels, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
   if (dlogits && !dlogits->defined()) *dlogits = alloc({n, m}, DType::f32);
   float* dz = dlogits ? dlogits->data<float>() : nullptr;
-  // Per-row results: n doubles, then n int64 counts.
-  Tensor rows({4 * n}, DType::f32, allocator());
+  Tensor rows({4 * n}, DType::f32, allocator());  // (n) doubles, then (n) int64 counts
   double* loss = reinterpret_cast<double*>(rows.raw());
   int64_t* greater = reinterpret_cast<int64_t*>(loss + n);
   launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), n, m, smoothing,
                       grad_scale / float(n), dz, loss, greater, compute_);
-  char* host = static_cast<char*>(pinned(size_t(n) * 16));
-  CUDA_CHECK(cudaMemcpyAsync(host, rows.raw(), size_t(n) * 16, cudaMemcpyDeviceToHost, compute_));
-  CUDA_CHECK(cudaStreamSynchronize(compute_));  // the caller reads the loss now
-  const double* hl = reinterpret_cast<const double*>(host);
-  const int64_t* hg = reinterpret_cast<const int64_t*>(host + size_t(n) * 8);
+  if (!loss_ready_) CUDA_CHECK(cudaEventCreateWithFlags(&loss_ready_, cudaEventDisableTiming));
+  if (!loss_host_.defined() || loss_host_.numel() < 4 * n) {
+    CUDA_CHECK(cudaEventSynchronize(loss_ready_));  // a previous copy may still write the old one
+    loss_host_ = Tensor({4 * n}, DType::f32, pinned_host_allocator());
+  }
+  CUDA_CHECK(cudaMemcpyAsync(loss_host_.raw(), rows.raw(), size_t(n) * 16,
+                             cudaMemcpyDeviceToHost, compute_));
+  CUDA_CHECK(cudaEventRecord(loss_ready_, compute_));
+}
+
+LossResult CudaBackend::queued_loss() {
+  SPOTRAIN_CHECK(loss_rows_ >= 0, "internal: queued_loss without softmax_xent_queue");
   LossResult r;
+  const int64_t n = loss_rows_;
+  loss_rows_ = -1;
+  if (n == 0) return r;
+  CUDA_CHECK(cudaEventSynchronize(loss_ready_));
+  const double* hl = reinterpret_cast<const double*>(loss_host_.raw());
+  const int64_t* hg = reinterpret_cast<const int64_t*>(hl + n);
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {
     total += hl[i];

@@ -665,6 +665,8 @@ CudaBackend::~CudaBackend() {
   free_events_.clear();
   for (cudaEvent_t ev : marks_) CUDA_WARN(cudaEventDestroy(ev));
   marks_.clear();
+  if (loss_ready_) CUDA_WARN(cudaEventDestroy(loss_ready_));
+  loss_host_ = Tensor();
   conv_cache_.clear();
   bn_cache_.clear();
   weight_copies_.clear();

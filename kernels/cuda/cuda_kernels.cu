@@ -67,7 +67,8 @@ void dispatch(DType dt, F&& f) {
 
 // ---- vectorized elementwise maps ---------------------------------------------------------------
 // Each thread handles one 16-byte vector (8 fp16/bf16 or 4 fp32 values) of every operand;
-// conversions use the hardware's round-to-nearest-even, which is what elementwise.h computes.
+// conversions use the hardware's round-to-nearest-even, which is what elementwise.h computes
+// (NaN payloads aside: the hardware gives the canonical NaN).
 __device__ inline float to_f32(uint16_t v, F16) { return __half2float(__ushort_as_half(v)); }
 __device__ inline float to_f32(uint16_t v, BF16) {
   return __bfloat162float(__ushort_as_bfloat16(v));
@@ -174,11 +175,7 @@ __global__ void maxpool_fwd_kernel(const typename D::T* x, typename D::T* y, uin
     const int n = int(r / g.oh);
     float best[V];
     uint8_t at[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      best[v] = -INFINITY;
-      at[v] = 0;
-    }
+    bool first = true;  // the window's first valid position is taken as it is (even -inf)
     for (int kh = 0; kh < g.k; ++kh) {
       const int ih = oh * g.stride - g.pad + kh;
       if (ih < 0 || ih >= g.h) continue;
@@ -190,11 +187,12 @@ __global__ void maxpool_fwd_kernel(const typename D::T* x, typename D::T* y, uin
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           float val = to_f32(p.v[v], D{});
-          if (pool_takes(val, best[v])) {
+          if (first || pool_takes(val, best[v])) {
             best[v] = val;
             at[v] = uint8_t(kh * g.k + kw);
           }
         }
+        first = false;
       }
     }
     const int64_t o = ((int64_t(n) * g.oh + oh) * g.ow + ow) * g.c + int64_t(cv) * V;
