@@ -198,6 +198,24 @@ TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
 
 // ---- batch norm ------------------------------------------------------------------------------
 
+// Batch-norm parameters and their gradients as unaligned views of one flat buffer, as in a
+// Model: gamma and beta hold hg and hb.
+struct BnParams {
+  Tensor flat, gamma, beta, dgamma, dbeta;
+};
+BnParams bn_params(Backend& be, const Tensor& hg, const Tensor& hb) {
+  const int64_t C = hg.numel();
+  BnParams p;
+  p.flat = be.zeros({4 * C + 1});
+  p.gamma = Tensor::view(p.flat, 1, {C});
+  p.beta = Tensor::view(p.flat, 1 + C, {C});
+  p.dgamma = Tensor::view(p.flat, 1 + 2 * C, {C});
+  p.dbeta = Tensor::view(p.flat, 1 + 3 * C, {C});
+  be.copy(be.from_host(hg), p.gamma);
+  be.copy(be.from_host(hb), p.beta);
+  return p;
+}
+
 TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
   REQUIRE_GPU();
   Prec pr = GetParam();
@@ -213,14 +231,8 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
       Tensor hx = host_nhwc(s, ++seed, 2.f);
       Tensor hg = host_plain({C}, ++seed, 0.2f, 1.f), hb = host_plain({C}, ++seed, 0.5f);
       Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
-      // Parameters and their gradients as unaligned views of a flat buffer, as in a Model.
-      Tensor flat_c = c->zeros({4 * C + 1}), flat_g = g->zeros({4 * C + 1});
-      Tensor gc = Tensor::view(flat_c, 1, {C}), bc = Tensor::view(flat_c, 1 + C, {C});
-      Tensor gg = Tensor::view(flat_g, 1, {C}), bg = Tensor::view(flat_g, 1 + C, {C});
-      c->copy(c->from_host(hg), gc);
-      c->copy(c->from_host(hb), bc);
-      g->copy(g->from_host(hg), gg);
-      g->copy(g->from_host(hb), bg);
+      BnParams pc = bn_params(*c, hg, hb), pg = bn_params(*g, hg, hb);
+      Tensor &gc = pc.gamma, &bc = pc.beta, &gg = pg.gamma, &bg = pg.beta;
       BnSaved sc, sg;
       Tensor yc = c->batchnorm_forward_train(xc, gc, bc, 1e-5f, relu, sc);
       Tensor yg = g->batchnorm_forward_train(xg, gg, bg, 1e-5f, relu, sg);
@@ -229,8 +241,7 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
       EXPECT_CLOSE(*g, sg.var, *c, sc.var, tol);
       Tensor hdy = host_nhwc(s, ++seed);
       Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
-      Tensor dgc = Tensor::view(flat_c, 1 + 2 * C, {C}), dbc = Tensor::view(flat_c, 1 + 3 * C, {C});
-      Tensor dgg = Tensor::view(flat_g, 1 + 2 * C, {C}), dbg = Tensor::view(flat_g, 1 + 3 * C, {C});
+      Tensor &dgc = pc.dgamma, &dbc = pc.dbeta, &dgg = pg.dgamma, &dbg = pg.dbeta;
       g->fill(dgg, kNaN);
       g->fill(dbg, kNaN);
       Tensor dxc = c->batchnorm_backward(dyc, xc, gc, bc, sc, 1e-5f, relu, dgc, dbc);
@@ -309,13 +320,8 @@ TEST_P(GpuOps, BatchNormAddReluMatchesTheComposition) {
     auto ref = [&](const Tensor& h) { return c->cast(c->upload_images(h, pr.dt), DType::f32); };
     Tensor xc = ref(hx), xg = g->upload_images(hx, pr.dt);
     Tensor zc = ref(hz), zg = g->upload_images(hz, pr.dt);
-    Tensor flat_c = c->zeros({4 * C + 1}), flat_g = g->zeros({4 * C + 1});
-    Tensor gc = Tensor::view(flat_c, 1, {C}), bc = Tensor::view(flat_c, 1 + C, {C});
-    Tensor gg = Tensor::view(flat_g, 1, {C}), bg = Tensor::view(flat_g, 1 + C, {C});
-    c->copy(c->from_host(hg), gc);
-    c->copy(c->from_host(hb), bc);
-    g->copy(g->from_host(hg), gg);
-    g->copy(g->from_host(hb), bg);
+    BnParams pc = bn_params(*c, hg, hb), pg = bn_params(*g, hg, hb);
+    Tensor &gc = pc.gamma, &bc = pc.beta, &gg = pg.gamma, &bg = pg.beta;
     BnSaved sc, sg;
     Tensor yc = c->batchnorm_add_relu_forward_train(xc, zc, gc, bc, 1e-5f, sc);
     Tensor yg = g->batchnorm_add_relu_forward_train(xg, zg, gg, bg, 1e-5f, sg);
@@ -324,8 +330,7 @@ TEST_P(GpuOps, BatchNormAddReluMatchesTheComposition) {
     EXPECT_CLOSE(*g, sg.var, *c, sc.var, tol);
     Tensor hdy = host_nhwc(s, ++seed);
     Tensor dyc = ref(hdy), dyg = g->upload_images(hdy, pr.dt);
-    Tensor dgc = Tensor::view(flat_c, 1 + 2 * C, {C}), dbc = Tensor::view(flat_c, 1 + 3 * C, {C});
-    Tensor dgg = Tensor::view(flat_g, 1 + 2 * C, {C}), dbg = Tensor::view(flat_g, 1 + 3 * C, {C});
+    Tensor &dgc = pc.dgamma, &dbc = pc.dbeta, &dgg = pg.dgamma, &dbg = pg.dbeta;
     g->fill(dgg, kNaN);
     g->fill(dbg, kNaN);
     Tensor dzc, dzg;
