@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 

@@ -20,7 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/core/test_hooks.h"
 
 #define H5_CHECK(call, what)                                                          \
   ([&]() {                                                                            \
@@ -130,55 +131,12 @@ void fsync_path(const std::string& path, bool dir) {
 
 }  // namespace
 
-CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
-                                       Tensor* params_buf, Tensor* momentum_buf) {
-  Backend& be = model.backend();
-  CheckpointSnapshot s;
-  s.info = info;
-  // The BN buffers first (small, copied at once), then one host copy of each flat buffer,
-  // queued without waiting where the backend can; the per-parameter tensors are views.
-  std::vector<std::pair<std::string, Tensor>> buffers;
-  for (auto* b : model.buffers()) buffers.emplace_back(b->name, be.to_host(b->value));
-  std::vector<std::function<void()>> waits;
-  auto host_copy = [&](const Tensor& src, Tensor* buf) {
-    if (!buf) return be.to_host(src);  // to_host always copies
-    waits.push_back(be.copy_to_host_async(src, *buf));
-    return *buf;
-  };
-  Tensor params = host_copy(model.flat_params(), params_buf);
-  for (auto* p : model.params())
-    s.model.emplace_back(p->name, Tensor::view(params, model.offset_of(p), p->value.shape()));
-  for (auto& b : buffers) s.model.push_back(std::move(b));
-  if (sgd) {
-    Tensor m = host_copy(sgd->momentum(), momentum_buf);
-    for (auto* p : model.params())
-      s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
-    s.sgd_steps = sgd->steps();
-    s.sgd = sgd->options();
-  }
-  s.wait_copies = [waits] {
-    for (auto& w : waits) w();
-  };
-  return s;
-}
-
-int64_t checkpoint_bytes(Model& model, bool with_momentum) {
-  int64_t n = model.num_params() * (with_momentum ? 2 : 1);
-  for (auto* b : model.buffers()) n += b->value.numel();
-  return n * 4 + (int64_t(1) << 20);  // + attributes and HDF5 metadata
-}
-
 namespace {
-// Test hook: SPOTRAIN_CKPT_WRITE_DELAY=SECONDS[:STEP] pauses writes (of checkpoints from
-// global step STEP on) half way: the .tmp file exists, the new checkpoint does not, so a
-// test can kill the process mid-write.
+// SPOTRAIN_CKPT_WRITE_DELAY (engine/core/test_hooks.h): pauses a write half way.
 void write_delay_hook(int64_t step) {
-  const char* v = std::getenv("SPOTRAIN_CKPT_WRITE_DELAY");
-  if (!v) return;
-  double seconds = 0;
-  long long from = 0;
-  if (std::sscanf(v, "%lf:%lld", &seconds, &from) < 1 || step < from) return;
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const TestHooks& h = test_hooks();
+  if (h.ckpt_write_delay <= 0 || step < h.ckpt_write_delay_from_step) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>(h.ckpt_write_delay));
 }
 }  // namespace
 
@@ -221,14 +179,15 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
     write_delay_hook(info.global_step);
     H5Id g(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (auto& [name, t] : snap.model) write_dataset(g, name, t);
-    if (snap.sgd_steps >= 0) {
+    if (snap.optimizer.steps >= 0) {
+      const OptimizerRecord& o = snap.optimizer;
       H5Id og(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      write_int_attr(og, "steps", snap.sgd_steps);
+      write_int_attr(og, "steps", o.steps);
       write_string_attr(og, "kind", "sgd");
-      write_double_attr(og, "momentum", snap.sgd.momentum);
-      write_int_attr(og, "nesterov", snap.sgd.nesterov ? 1 : 0);
-      write_double_attr(og, "weight_decay", snap.sgd.weight_decay);
-      write_int_attr(og, "decay_bn_and_bias", snap.sgd.decay_bn_and_bias ? 1 : 0);
+      write_double_attr(og, "momentum", o.momentum);
+      write_int_attr(og, "nesterov", o.nesterov ? 1 : 0);
+      write_double_attr(og, "weight_decay", o.weight_decay);
+      write_int_attr(og, "decay_bn_and_bias", o.decay_bn_and_bias ? 1 : 0);
       H5Id mg(H5Gcreate2(og, "momentum", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       for (auto& [name, t] : snap.momentum) write_dataset(mg, name, t);
     }
@@ -243,10 +202,6 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
   fs::rename(tmp, path, ec);
   if (ec) SPOTRAIN_THROW("cannot rename ", tmp, " to ", path, ": ", ec.message());
   fsync_path(p.has_parent_path() ? p.parent_path().string() : ".", true);
-}
-
-void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info) {
-  write_checkpoint_file(path, snapshot_checkpoint(model, sgd, info));
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
@@ -283,16 +238,23 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     info.scaler.skipped_steps = read_int_attr(sg, "skipped_steps", path);
     info.scaler.consecutive_overflows = read_int_attr(sg, "consecutive_overflows", path);
   }
+  if (H5Lexists(file, "optimizer", H5P_DEFAULT) > 0) {
+    H5Id og(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
+    info.optimizer_steps = read_int_attr(og, "steps", path);
+  }
   return info;
 }
 
-namespace {
-// Reads dataset `group/name` into `dst` (an fp32 tensor on the model's device).
-void load_tensor(hid_t file, const std::string& path, const std::string& group,
-                 const std::string& name, Tensor& dst, Backend& be) {
-  {
+void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into) {
+  read_checkpoint_info(path);  // validates the file and its version
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) <= 0 ||
+      H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0)
+    SPOTRAIN_THROW("checkpoint ", path, " has no ", group,
+                   group == "model" ? " tensors" : " (no optimizer state: it cannot resume training)");
+  for (auto& [name, dst] : into) {
     std::string dname = group + "/" + name;
-    if (H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
+    if (H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
       SPOTRAIN_THROW("checkpoint ", path, " has no tensor '", name, "' (another model's checkpoint?)");
     H5Id ds(H5Dopen2(file, dname.c_str(), H5P_DEFAULT), H5Dclose);
     H5Id space(H5Dget_space(ds), H5Sclose);
@@ -303,42 +265,15 @@ void load_tensor(hid_t file, const std::string& path, const std::string& group,
     if (s != dst.shape())
       SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name, "' has shape ", shape_str(s),
                      ", the model expects ", shape_str(dst.shape()));
-    Tensor host = Tensor::host(s);
-    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) < 0)
+    SPOTRAIN_CHECK(dst.device() == Device::cpu && dst.dtype() == DType::f32,
+                   "internal: checkpoint tensors are read into host fp32 tensors");
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.write_raw()) < 0)
       SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", name, "' (corrupt file?)");
     if (H5Aexists(ds, "crc32") > 0 &&
-        uint32_t(read_int_attr(ds, "crc32", path)) != crc_of(host.raw(), size_t(host.numel()) * 4))
+        uint32_t(read_int_attr(ds, "crc32", path)) != crc_of(dst.raw(), size_t(dst.numel()) * 4))
       SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name,
                      "' fails its checksum (the file is corrupt)");
-    Tensor dev = be.from_host(host);
-    be.copy(dev, dst);
   }
-}
-}  // namespace
-
-void load_checkpoint_weights(const std::string& path, Model& model) {
-  read_checkpoint_info(path);  // validates the file and its version
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  Backend& be = model.backend();
-  for (auto* p : model.params()) load_tensor(file, path, "model", p->name, p->value, be);
-  for (auto* b : model.buffers()) load_tensor(file, path, "model", b->name, b->value, be);
-  model.parameters_changed();
-}
-
-CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd) {
-  CheckpointInfo info = read_checkpoint_info(path);
-  load_checkpoint_weights(path, model);
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0)
-    SPOTRAIN_THROW("checkpoint ", path, " has no optimizer state; it cannot resume training");
-  Backend& be = model.backend();
-  for (auto* p : model.params()) {
-    Tensor m = Tensor::view(sgd.momentum(), model.offset_of(p), p->value.shape());
-    load_tensor(file, path, "optimizer/momentum", p->name, m, be);
-  }
-  H5Id og(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
-  sgd.set_steps(read_int_attr(og, "steps", path));
-  return info;
 }
 
 void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
@@ -424,18 +359,6 @@ void finish_checkpoint(const std::string& path, int keep) {
   auto all = list_checkpoints(dir.string());
   for (size_t i = size_t(keep); i < all.size(); ++i)
     if (all[i] != path) fs::remove(all[i], ec);
-}
-
-std::string newest_checkpoint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::string best;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    auto n = e.path().filename().string();
-    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".h5" && n > best) best = n;
-  }
-  return best.empty() ? "" : (fs::path(dir) / best).string();
 }
 
 }  // namespace spotrain

@@ -9,9 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/loss_scaler.h"
-#include "engine/model.h"
-#include "engine/optimizer.h"
+#include "checkpoints/training_record.h"
+#include "engine/core/tensor.h"
 
 namespace spotrain {
 
@@ -31,43 +30,34 @@ struct CheckpointInfo {
   int world_size = 0;        // ranks the checkpoint was trained on
   int64_t samples_in_epoch = 0;  // = batch_in_epoch * global_batch
   uint64_t seed = 0;
+  int64_t optimizer_steps = -1;  // the optimizer's step count (-1: no optimizer state)
 };
+
+// Host tensors with their checkpoint names (torchvision's: "layer1.0.conv1.weight").
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Everything a checkpoint holds, copied to host memory at a step boundary, so a background
 // thread can write it while training goes on.
 struct CheckpointSnapshot {
   CheckpointInfo info;
-  std::vector<std::pair<std::string, Tensor>> model;     // parameters, then BN buffers
-  std::vector<std::pair<std::string, Tensor>> momentum;  // per parameter (none without sgd)
-  int64_t sgd_steps = -1;                                // -1: no optimizer state
-  SgdOptions sgd;                                        // hyper-parameters (attributes)
+  NamedTensors model;         // host fp32: parameters, then BN buffers
+  NamedTensors momentum;      // per parameter (empty without optimizer state)
+  OptimizerRecord optimizer;  // steps < 0: no optimizer state
   // Waits for device-to-host copies still in flight into the tensors above (a GPU's
   // snapshot into pinned buffers returns before its DMA is done); write_checkpoint_file
   // calls it first.
   std::function<void()> wait_copies;
 };
-// Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
-// `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused
-// buffers must not be in use by a write still in flight. Buffers from the backend's
-// host_staging_allocator() are filled by DMA while training goes on (see wait_copies).
-CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
-                                       Tensor* params_buf = nullptr,
-                                       Tensor* momentum_buf = nullptr);
 // Writes a snapshot to `path` atomically (PATH.tmp, fsync, rename, fsync of the directory).
 void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap);
-// snapshot_checkpoint + write_checkpoint_file.
-void save_checkpoint(const std::string& path, Model& model, Sgd* sgd, const CheckpointInfo& info);
-// Bytes a checkpoint of this model takes on disk (parameters, buffers, momentum), roughly.
-int64_t checkpoint_bytes(Model& model, bool with_momentum);
+// Bytes a checkpoint of `elements` fp32 values takes on disk, roughly (with metadata).
+inline int64_t checkpoint_bytes(int64_t elements) { return elements * 4 + (int64_t(1) << 20); }
 // Reads the attributes only. Throws Error naming the file when it is not a readable checkpoint.
 CheckpointInfo read_checkpoint_info(const std::string& path);
-// Loads parameters and BN buffers into `model` (shapes must match; names must all exist).
-void load_checkpoint_weights(const std::string& path, Model& model);
-// Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
-// count; returns the attributes (progress, loss-scaler state).
-CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);
-// The newest ckpt-*.h5 in `dir` ("" when there is none).
-std::string newest_checkpoint(const std::string& dir);
+// Reads the tensors of `group` ("model" or "optimizer/momentum") named in `into` into its
+// host fp32 tensors, checking each one's shape and CRC-32; throws Error naming the file and
+// the tensor when one is missing, of another shape or corrupt.
+void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into);
 // Reads every tensor and checks its CRC-32, the format version and the attributes; throws
 // Error saying what is wrong. Fills `info` when given.
 void verify_checkpoint(const std::string& path, CheckpointInfo* info);

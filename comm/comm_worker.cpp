@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 

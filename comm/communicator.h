@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
+#include "engine/core/dtype.h"
 
 namespace spotrain {
 

@@ -2,7 +2,7 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 

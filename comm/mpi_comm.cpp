@@ -8,8 +8,8 @@
 #include <exception>
 
 #include "comm/communicator.h"
-#include "engine/error.h"
-#include "kernels/elementwise.h"
+#include "engine/core/error.h"
+#include "engine/core/half.h"
 
 #define MPI_CHECK(call)                                                       \
   do {                                                                        \

@@ -2,79 +2,64 @@
 #include "comm/reducer.h"
 
 #include <algorithm>
-#include <chrono>
-
-#include "engine/error.h"
-#include "kernels/elementwise.h"
+#include "engine/core/clock.h"
+#include "engine/core/error.h"
+#include "engine/core/half.h"
 
 namespace spotrain {
 
-Reducer::Reducer(Model& model, CommWorker& worker, const ReducerOptions& opt)
-    : model_(model), worker_(worker), opt_(opt) {
+Reducer::Reducer(Tensor grads, int64_t tail, std::vector<GradRange> ranges, CommWorker& worker,
+                 const ReducerOptions& opt)
+    : grads_(std::move(grads)), tail_(tail), worker_(worker), opt_(opt) {
   SPOTRAIN_CHECK(opt.bucket_mb > 0, "--bucket-mb must be positive");
   SPOTRAIN_CHECK(opt.compression == "none" || opt.compression == "fp16" || opt.compression == "bf16",
                  "unknown --grad-compression '", opt.compression, "'; use none, fp16 or bf16");
-  SPOTRAIN_CHECK(model.flat_grads().device() == Device::cpu || opt.compression == "none",
+  SPOTRAIN_CHECK(grads_.device() == Device::cpu || opt.compression == "none",
                  "--grad-compression is implemented for host buffers only");
-  SPOTRAIN_CHECK(model.flat_grads().device() == Device::cpu || worker.comm().size() == 1 ||
+  SPOTRAIN_CHECK(grads_.device() == Device::cpu || worker.comm().size() == 1 ||
                      worker.comm().device_buffers(),
                  "internal: GPU gradients need a device communicator (NCCL), got ",
                  worker.comm().name());
+  SPOTRAIN_CHECK(grads_.dtype() == DType::f32 && tail_ >= 0,
+                 "internal: the reducer takes fp32 gradients");
   // Parameters sorted by flat offset (reverse layer order) fill buckets front to back.
-  const auto& params = model.params();
-  std::vector<std::pair<int64_t, int>> order;
-  for (size_t i = 0; i < params.size(); ++i) order.emplace_back(model.offset_of(params[i]), int(i));
+  std::vector<std::pair<int64_t, size_t>> order;
+  for (size_t i = 0; i < ranges.size(); ++i) order.emplace_back(ranges[i].offset, i);
   std::sort(order.begin(), order.end());
-  bucket_of_param_.assign(params.size(), -1);
+  bucket_of_param_.assign(ranges.size(), -1);
   // The first bucket is the smaller of --bucket-mb and first_bucket_mb.
   int64_t limit = int64_t(std::min(opt.first_bucket_mb, opt.bucket_mb) * (1 << 20) / 4);
   for (auto& [off, idx] : order) {
-    int64_t n = params[size_t(idx)]->value.numel();
+    int64_t n = ranges[idx].count;
     if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= limit) {
       if (!buckets_.empty()) limit = int64_t(opt.bucket_mb * (1 << 20) / 4);
       buckets_.push_back(Bucket{off, off, 0, 0, false, 0});
     }
     buckets_.back().end = off + n;
     buckets_.back().params++;
-    bucket_of_param_[size_t(idx)] = int(buckets_.size() - 1);
+    bucket_of_param_[idx] = int(buckets_.size() - 1);
   }
   SPOTRAIN_CHECK(!buckets_.empty(), "internal: a model without parameters");
+  SPOTRAIN_CHECK(buckets_.back().end + tail_ == grads_.numel(),
+                 "internal: the gradient ranges do not end where the control slots begin");
   tail_bucket_ = int64_t(buckets_.size()) - 1;  // sorted by offset: the last ends at P
   int64_t biggest = 0;
   for (auto& b : buckets_) biggest = std::max(biggest, b.end - b.begin);
-  if (opt.compression != "none") scratch_.resize(size_t(biggest + Model::kGradTail));
+  if (opt.compression != "none") scratch_.resize(size_t(biggest + tail_));
 }
 
-void Reducer::set_control(int i, float value) {
-  SPOTRAIN_CHECK(i >= 0 && i < Model::kGradTail, "internal: control index ", i);
-  control_[i] = value;
-}
-
-float Reducer::control(int i) {
-  SPOTRAIN_CHECK(i >= 0 && i < Model::kGradTail, "internal: control index ", i);
-  return summed_[i];
-}
-
-void Reducer::grad_ready(const Param& p) {
-  const auto& params = model_.params();
-  auto it = std::find(params.begin(), params.end(), &p);
-  SPOTRAIN_CHECK(it != params.end(), "internal: gradient of unknown parameter ", p.name);
-  Bucket& b = buckets_[size_t(bucket_of_param_[size_t(it - params.begin())])];
+void Reducer::grad_ready(size_t param) {
+  SPOTRAIN_CHECK(param < bucket_of_param_.size(), "internal: gradient of unknown parameter ", param);
+  Bucket& b = buckets_[size_t(bucket_of_param_[param])];
   if (++b.ready == b.params) launch(b);
 }
 
 void Reducer::launch(Bucket& b) {
   b.launched = true;
-  float* g = model_.flat_grads().data<float>() + b.begin;
+  float* g = grads_.data<float>() + b.begin;
   int64_t n = b.end - b.begin;
-  if (&b == &buckets_[size_t(tail_bucket_)]) {
-    // The tail slots follow this bucket in memory: one all-reduce covers both.
-    Backend& be = model_.backend();
-    Tensor h = Tensor::host({Model::kGradTail});
-    std::copy(control_, control_ + Model::kGradTail, h.data<float>());
-    be.copy(be.from_host(h), model_.grad_tail());
-    n += Model::kGradTail;
-  }
+  // The tail slots follow the last bucket in memory: one all-reduce covers both.
+  if (&b == &buckets_[size_t(tail_bucket_)]) n += tail_;
   Communicator& comm = worker_.comm();
   std::string what = str("all-reduce of gradient bucket [", b.begin, ", ", b.end, ")");
   if (opt_.compression == "none") {
@@ -96,18 +81,16 @@ void Reducer::launch(Bucket& b) {
 }
 
 double Reducer::finish() {
-  auto t0 = std::chrono::steady_clock::now();
+  double t0 = now_seconds();
   for (auto& b : buckets_)
     if (!b.launched) launch(b);  // parameters that took no gradient this step
   for (auto& b : buckets_) worker_.wait(b.ticket);
-  Tensor h = model_.backend().to_host(model_.grad_tail());
-  std::copy(h.data<float>(), h.data<float>() + Model::kGradTail, summed_);
-  std::fill(control_, control_ + Model::kGradTail, 0.f);
+  grads_.mark_written();
   for (auto& b : buckets_) {
     b.ready = 0;
     b.launched = false;
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return now_seconds() - t0;
 }
 
 }  // namespace spotrain

@@ -1,4 +1,5 @@
-// RunConfig validation and serialization (see config.h).
+// RunConfig validation and serialization (see config.h); the settings themselves are
+// described in config.h's table.
 #include "engine/config.h"
 
 #include <nlohmann/json.hpp>
@@ -6,7 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/precision.h"
 
 namespace spotrain {
@@ -54,44 +55,8 @@ void RunConfig::validate() const {
 }
 
 std::string RunConfig::to_json() const {
-  nlohmann::json j{{"model", model},
-                   {"data", data},
-                   {"image_size", image_size},
-                   {"max_bad_fraction", max_bad_fraction},
-                   {"prefetch", prefetch},
-                   {"eval_every", eval_every},
-                   {"train_limit", train_limit},
-                   {"test_limit", test_limit},
-                   {"augment", augment},
-                   {"epochs", epochs},
-                   {"steps", steps},
-                   {"batch_size", batch_size},
-                   {"lr", lr},
-                   {"momentum", momentum},
-                   {"nesterov", nesterov},
-                   {"weight_decay", weight_decay},
-                   {"decay_bn_and_bias", decay_bn_and_bias},
-                   {"label_smoothing", label_smoothing},
-                   {"warmup_epochs", warmup_epochs},
-                   {"lr_schedule", lr_schedule},
-                   {"zero_init_residual", zero_init_residual},
-                   {"grad_checkpoint", grad_checkpoint},
-                   {"precision", precision},
-                   {"loss_scale", loss_scale},
-                   {"max_overflow_steps", max_overflow_steps},
-                   {"seed", seed},
-                   {"deterministic", deterministic},
-                   {"device", device},
-                   {"threads", threads},
-                   {"workers", workers},
-                   {"ckpt_dir", ckpt_dir},
-                   {"ckpt_every", ckpt_every},
-                   {"metrics", metrics},
-                   {"log_every", log_every},
-                   {"eval_each_epoch", eval_each_epoch},
-                   {"bucket_mb", bucket_mb},
-                   {"grad_compression", grad_compression},
-                   {"comm_timeout", comm_timeout}};
+  nlohmann::json j = nlohmann::json::object();
+  for_each_setting(*this, [&](const SettingInfo& s, const auto& v) { j[s.name] = v; });
   return j.dump();
 }
 

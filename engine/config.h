@@ -1,5 +1,8 @@
-// The run configuration: every setting of `spotrain train` in one plain struct, filled by
-// the CLI (flags or --config file) and validated once before anything heavy starts.
+// The run configuration: every setting of `spotrain train`, each described once in the table
+// below (type, name, default, command-line flag, help, how ranks treat it). The struct, the
+// CLI options (and so the --config file's keys), the JSON that the metrics' start record and
+// every checkpoint carry, and the start-up check that all ranks got the same settings are all
+// made from that table: a new setting is one line there, and none can be forgotten.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,58 +12,120 @@ namespace spotrain {
 // "8h", "90m", "3600s" or "3600" -> seconds; throws Error for anything else.
 double parse_duration(const std::string& s);
 
+// How a setting is treated beyond being a flag and a JSON key.
+enum SettingFlags : unsigned {
+  kSettingPlain = 0,
+  kShowDefault = 1u << 0,  // --help shows the default
+  kPerNode = 1u << 1,      // may differ between ranks (not compared at start-up)
+};
+
+// X(type, name, default, flag, help, flags): the JSON key is the name. A bool is an on/off
+// flag ("--augment,!--no-augment" spells both forms).
+#define SPOTRAIN_RUN_SETTINGS(X)                                                                  \
+  /* model and data */                                                                            \
+  X(std::string, model, "resnet20", "--model",                                                    \
+    "resnet18|34|50|101|152, or resnet20|32|44|56|110 (small input)", kShowDefault)               \
+  X(std::string, data, "fashion-mnist", "--data",                                                 \
+    "fashion-mnist[:DIR], imagefolder:DIR (DIR/train, DIR/val), shards:DIR or synthetic",         \
+    kShowDefault)                                                                                 \
+  X(int, image_size, 224, "--image-size",                                                         \
+    "imagefolder/shards: training crop (eval: resize to size*256/224, center crop)", kShowDefault) \
+  X(int64_t, train_limit, 0, "--train-limit",                                                     \
+    "use only the first N training samples (0 = all; an image folder's are in class order)",      \
+    kSettingPlain)                                                                                \
+  X(int64_t, test_limit, 0, "--test-limit", "evaluate on the first N test samples (0 = all)",     \
+    kSettingPlain)                                                                                \
+  X(bool, augment, true, "--augment,!--no-augment",                                               \
+    "training augmentation: pad-and-crop + flips (fashion-mnist), RandomResizedCrop + flips "     \
+    "(imagefolder/shards; off: the eval crop)",                                                   \
+    kShowDefault)                                                                                 \
+  /* schedule and optimizer */                                                                    \
+  X(int64_t, epochs, 3, "--epochs", "epochs to train", kShowDefault)                              \
+  X(int64_t, steps, 0, "--steps", "train exactly this many steps (overrides --epochs)",           \
+    kSettingPlain)                                                                                \
+  X(int64_t, batch_size, 128, "--batch-size", "batch size per rank", kShowDefault)                \
+  X(float, lr, 0.1f, "--lr", "peak learning rate", kShowDefault)                                  \
+  X(float, momentum, 0.9f, "--momentum", "SGD momentum", kShowDefault)                            \
+  X(bool, nesterov, false, "--nesterov", "Nesterov momentum", kSettingPlain)                      \
+  X(float, weight_decay, 5e-4f, "--weight-decay", "L2 weight decay", kShowDefault)                \
+  X(bool, decay_bn_and_bias, false, "--decay-bn-bias",                                            \
+    "apply weight decay to BN scale/shift and biases too (excluded by default)", kSettingPlain)   \
+  X(float, label_smoothing, 0.0f, "--label-smoothing", "label smoothing in [0, 1)", kShowDefault) \
+  X(float, warmup_epochs, 0.0f, "--warmup-epochs", "linear warm-up length in epochs",             \
+    kShowDefault)                                                                                 \
+  X(std::string, lr_schedule, "cosine", "--lr-schedule",                                          \
+    "cosine|step|constant (step: x0.1 at 50% and 75%)", kShowDefault)                             \
+  X(bool, zero_init_residual, false, "--zero-init-residual",                                      \
+    "start each block's last BN gamma at 0", kSettingPlain)                                       \
+  X(std::string, grad_checkpoint, "none", "--grad-checkpoint", "none|block|stage|every:K",        \
+    kShowDefault)                                                                                 \
+  X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault)           \
+  X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault) \
+  X(int64_t, max_overflow_steps, 50, "--max-overflow-steps",                                      \
+    "fp16: stop after this many overflowed steps in a row", kShowDefault)                         \
+  /* execution */                                                                                 \
+  X(uint64_t, seed, 0, "--seed", "random seed (weights, data order, augmentation)", kShowDefault) \
+  X(bool, deterministic, false, "--deterministic", "bitwise-reproducible runs", kSettingPlain)     \
+  X(std::string, device, "auto", "--device", "auto|cpu|cuda", kShowDefault | kPerNode)            \
+  X(int, threads, 0, "--threads", "compute threads (0 = all cores)", kPerNode)                    \
+  X(int, workers, 1, "--workers", "data loader threads", kShowDefault | kPerNode)                 \
+  X(int, prefetch, 2, "--prefetch", "batches the data loader prepares ahead",                     \
+    kShowDefault | kPerNode)                                                                      \
+  X(double, max_bad_fraction, 0.001, "--max-bad-fraction",                                        \
+    "stop with an error when more than this fraction of images is unreadable", kShowDefault)      \
+  /* distributed (comm/) */                                                                       \
+  X(double, bucket_mb, 25, "--bucket-mb", "gradient all-reduce bucket size in MB", kShowDefault)  \
+  X(std::string, grad_compression, "none", "--grad-compression", "none|fp16|bf16 all-reduce",     \
+    kShowDefault)                                                                                 \
+  X(double, comm_timeout, 300, "--comm-timeout",                                                  \
+    "seconds a collective may take before the job is aborted", kShowDefault | kPerNode)           \
+  /* output */                                                                                    \
+  X(int, log_every, 50, "--log-every", "progress line every N steps", kShowDefault)               \
+  X(std::string, metrics, "", "--metrics", "write JSONL metrics to FILE", kPerNode)               \
+  X(bool, eval_each_epoch, true, "--eval-each-epoch,!--no-eval-each-epoch",                       \
+    "evaluate on the test/val set after epochs (--eval-every); off: only at the end",             \
+    kSettingPlain)                                                                                 \
+  X(int64_t, eval_every, 1, "--eval-every",                                                       \
+    "evaluate on the test/val set every N epochs (0 = at the end)", kShowDefault)                 \
+  /* checkpoints and stopping */                                                                  \
+  X(std::string, ckpt_dir, "runs/spotrain", "--ckpt-dir",                                         \
+    "write checkpoints here (\"\" = none)", kShowDefault)                                         \
+  X(int64_t, ckpt_every, 0, "--ckpt-every", "also write a checkpoint every N steps (0 = no)",      \
+    kSettingPlain)                                                                                \
+  X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault)                                  \
+  X(double, ckpt_every_min, 0, "--ckpt-every-min", "also write a checkpoint every M minutes",     \
+    kSettingPlain)                                                                                \
+  X(std::string, max_wall_time, "", "--max-wall-time",                                            \
+    "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain)        \
+  X(std::string, resume, "none", "--resume",                                                      \
+    "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint", kShowDefault)
+
 struct RunConfig {
-  // model and data
-  std::string model = "resnet20";
-  std::string data = "fashion-mnist";  // fashion-mnist[:DIR] | imagefolder:DIR | shards:DIR | synthetic
-  int image_size = 224;                // imagefolder/shards: crop size (eval resizes to size*256/224)
-  int64_t train_limit = 0;             // use only the first N training samples (0 = all)
-  int64_t test_limit = 0;              // evaluate on the first N test samples (0 = all)
-  bool augment = true;                 // pad-and-crop + flip for training
-  // schedule
-  int64_t epochs = 3;
-  int64_t steps = 0;  // when > 0 overrides epochs: train exactly this many steps
-  int64_t batch_size = 128;
-  float lr = 0.1f;
-  float momentum = 0.9f;
-  bool nesterov = false;
-  float weight_decay = 5e-4f;
-  bool decay_bn_and_bias = false;
-  float label_smoothing = 0.0f;
-  float warmup_epochs = 0.0f;
-  std::string lr_schedule = "cosine";
-  bool zero_init_residual = false;
-  std::string grad_checkpoint = "none";
-  std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16
-  double loss_scale = 0;            // fp16: 0 = dynamic, > 0 = static scale
-  int64_t max_overflow_steps = 50;  // fp16: stop after this many overflowed steps in a row
-  // execution
-  uint64_t seed = 0;
-  bool deterministic = false;
-  std::string device = "auto";
-  int threads = 0;
-  int workers = 1;
-  int prefetch = 2;                // batches the loader prepares ahead
-  double max_bad_fraction = 0.001; // stop when more than this fraction of images is unreadable
-  // distributed (comm/)
-  double bucket_mb = 25;
-  std::string grad_compression = "none";  // none | fp16 | bf16
-  double comm_timeout = 300;              // seconds before a stuck collective aborts the job
-  // output
-  int log_every = 50;
-  std::string metrics;  // JSONL file ("" = none)
-  bool eval_each_epoch = true;
-  int64_t eval_every = 1;  // evaluate every N epochs (0 = only at the end)
-  std::string ckpt_dir = "runs/spotrain";  // checkpoints go here ("" = none)
-  int64_t ckpt_every = 0;                  // also every N steps (0 = only at the end / on stop)
-  int keep = 3;                            // checkpoints kept (older ones are removed)
-  double ckpt_every_min = 0;               // also every M minutes of training (0 = no)
-  std::string max_wall_time;               // e.g. "8h", "90m", "3600s": stop (exit 75) before it
-  std::string resume = "none";             // none | auto (newest in ckpt_dir) | PATH
+#define SPOTRAIN_DECLARE_SETTING(type, name, def, flag, help, flags) type name = def;
+  SPOTRAIN_RUN_SETTINGS(SPOTRAIN_DECLARE_SETTING)
+#undef SPOTRAIN_DECLARE_SETTING
 
   // Throws Error naming the first bad setting.
   void validate() const;
+  // Every setting as a JSON object (keys: the names above).
   std::string to_json() const;
 };
+
+// One setting's description, as for_each_setting passes it.
+struct SettingInfo {
+  const char* name;
+  const char* flag;
+  const char* help;
+  unsigned flags;
+};
+
+// Calls f(info, value) for each setting of `c` (RunConfig or const RunConfig), in table order.
+template <class Config, class F>
+void for_each_setting(Config& c, F&& f) {
+#define SPOTRAIN_VISIT_SETTING(type, name, def, flag, help, flags) \
+  f(SettingInfo{#name, flag, help, flags}, c.name);
+  SPOTRAIN_RUN_SETTINGS(SPOTRAIN_VISIT_SETTING)
+#undef SPOTRAIN_VISIT_SETTING
+}
 
 }  // namespace spotrain

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "checkpoints/training_record.h"  // LossScalerState
+
 namespace spotrain {
 
 struct LossScalerOptions {
@@ -15,14 +17,6 @@ struct LossScalerOptions {
   int64_t growth_interval = 2000;
   double static_scale = 0.0;  // > 0: fixed scale
   int64_t max_consecutive_overflows = 50;
-};
-
-// Everything a checkpoint needs to resume the scaler exactly.
-struct LossScalerState {
-  double scale = 1.0;
-  int64_t good_steps = 0;         // finite steps since the last change of scale
-  int64_t skipped_steps = 0;      // total overflowed steps
-  int64_t consecutive_overflows = 0;
 };
 
 class LossScaler {

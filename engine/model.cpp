@@ -5,8 +5,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 
 namespace spotrain {
 
@@ -16,6 +16,7 @@ Model::Model(std::unique_ptr<Layer> net, Backend& be) : net_(std::move(net)), be
   int64_t total = 0;
   for (auto* p : params_) {
     SPOTRAIN_CHECK(by_name_.emplace(p->name, p).second, "duplicate parameter name ", p->name);
+    index_[p] = index_.size();
     total += p->value.numel();
   }
   // Reverse layer order: the last layer's parameters sit at offset 0.
@@ -28,16 +29,15 @@ Model::Model(std::unique_ptr<Layer> net, Backend& be) : net_(std::move(net)), be
     off += p->value.numel();
   }
   flat_params_ = be_.from_host(host_params);
-  Tensor grads_and_tail = be_.zeros({total + kGradTail});
-  flat_grads_ = Tensor::view(grads_and_tail, 0, {total});
-  grad_tail_ = Tensor::view(grads_and_tail, total, {kGradTail});
+  grads_and_tail_ = be_.zeros({total + kGradTail});
+  flat_grads_ = Tensor::view(grads_and_tail_, 0, {total});
+  grad_tail_ = Tensor::view(grads_and_tail_, total, {kGradTail});
   for (auto* p : params_) {
     int64_t o = offsets_[p];
     p->value = Tensor::view(flat_params_, o, p->value.shape());
     p->grad = Tensor::view(flat_grads_, o, p->grad.shape());
   }
   for (auto* b : buffers_) b->value = be_.from_host(b->value);
-  be_.weights_changed();
 }
 
 Param* Model::find_param(const std::string& name) const {
@@ -52,6 +52,7 @@ Buffer* Model::find_buffer(const std::string& name) const {
 }
 
 int64_t Model::offset_of(const Param* p) const { return offsets_.at(p); }
+size_t Model::index_of(const Param* p) const { return index_.at(p); }
 
 void Model::initialize(uint64_t seed) {
   Tensor host = Tensor::host({num_params()});
@@ -82,7 +83,6 @@ void Model::initialize(uint64_t seed) {
   }
   Tensor dev = be_.from_host(host);
   be_.copy(dev, flat_params_);
-  be_.weights_changed();
 }
 
 Tensor Model::forward(const Tensor& x, bool training) {

@@ -39,11 +39,11 @@ class Model {
   // sums its control values (the stop flag) across ranks with the last gradient bucket.
   static constexpr int64_t kGradTail = 4;
   Tensor& grad_tail() { return grad_tail_; }
+  Tensor& grads_and_tail() { return grads_and_tail_; }  // (P + kGradTail), one storage
   int64_t num_params() const { return flat_params_.numel(); }
-  // Offset of a parameter in the flat buffers.
+  // Offset of a parameter in the flat buffers, and its index in params().
   int64_t offset_of(const Param* p) const;
-  // Tells the backend that parameter values changed (after an optimizer step or a load).
-  void parameters_changed() { be_.weights_changed(); }
+  size_t index_of(const Param* p) const;
   // One line per layer with parameter counts.
   std::string summary() const;
 
@@ -54,7 +54,8 @@ class Model {
   std::vector<Buffer*> buffers_;
   std::map<std::string, Param*> by_name_;
   std::map<const Param*, int64_t> offsets_;
-  Tensor flat_params_, flat_grads_, grad_tail_;
+  std::map<const Param*, size_t> index_;
+  Tensor flat_params_, flat_grads_, grad_tail_, grads_and_tail_;
 };
 
 }  // namespace spotrain

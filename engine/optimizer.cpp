@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 
@@ -33,7 +33,6 @@ Sgd::Sgd(Model& model, const SgdOptions& opt) : model_(model), opt_(opt) {
 void Sgd::step(float lr, float grad_scale) {
   SgdHyper h{lr, opt_.momentum, opt_.nesterov, grad_scale};
   model_.backend().sgd_step(model_.flat_params(), model_.flat_grads(), momentum_, segments_, h);
-  model_.parameters_changed();
   ++steps_;
 }
 

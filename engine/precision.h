@@ -4,8 +4,8 @@
 #pragma once
 #include <string>
 
-#include "engine/dtype.h"
-#include "engine/error.h"
+#include "engine/core/dtype.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 

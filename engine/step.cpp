@@ -1,37 +1,29 @@
 // StepRunner (see step.h).
 #include "engine/step.h"
 
-#include <chrono>
 #include <cmath>
 
-#include "engine/error.h"
+#include "engine/core/clock.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 
-namespace {
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
-                       GradListener* listener, std::function<double()> finish, int world)
+                       GradSync* sync, int world)
     : model_(model),
       sgd_(sgd),
       scaler_(scaler),
       dtype_(spotrain::compute_dtype(precision)),
-      listener_(listener),
-      finish_(std::move(finish)),
+      sync_(sync),
       world_(world) {}
 
 StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
                            float label_smoothing, StepTimes* times) {
   Backend& be = model_.backend();
-  double t0 = now();
+  double t0 = now_seconds();
   Tensor x = be.upload_images(images, dtype_);
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
-  double upload = now() - t0;
+  double upload = now_seconds() - t0;
   StepResult r = run_uploaded(x, labels, lr, label_smoothing, times);
   if (times) times->data = upload;
   return r;
@@ -42,19 +34,19 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
   Backend& be = model_.backend();
   StepResult r;
   r.loss_scale = scaler_.scale();
-  double t1 = now();
+  double t1 = now_seconds();
   Tensor logits = model_.forward(x, /*training=*/true);
   Tensor dlogits;
   // The loss is read once backward is queued: no wait for the host mid-step.
   be.softmax_xent_queue(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
   if (times) be.synchronize();
-  double t2 = now();
-  model_.backward(dlogits, listener_);
+  double t2 = now_seconds();
+  model_.backward(dlogits, sync_);
   if (times) be.synchronize();
-  double t3 = now();
+  double t3 = now_seconds();
   // Gradients summed over ranks: every rank then reaches the same overflow verdict.
-  double waited = finish_ ? finish_() : 0.0;
-  double t3b = now();
+  double waited = sync_ ? sync_->finish() : 0.0;
+  double t3b = now_seconds();
   r.loss = be.queued_loss();
   float grad_scale = 1.f / float(world_);
   if (scaler_.enabled()) {
@@ -68,7 +60,7 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
   }
   scaler_.update(r.overflow);
   if (times) be.synchronize();
-  double t4 = now();
+  double t4 = now_seconds();
   if (times) *times = StepTimes{0.0, t2 - t1, t3 - t2, waited, t4 - t3b};
   return r;
 }

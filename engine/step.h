@@ -4,8 +4,8 @@
 // The Trainer and `spotrain bench` both run steps through here.
 #pragma once
 #include <cstdint>
-#include <functional>
 
+#include "engine/grad_sync.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
@@ -25,11 +25,10 @@ struct StepResult {
 
 class StepRunner {
  public:
-  // With a listener (the Reducer) gradients are summed over `world` ranks during backward;
-  // `finish` waits for that and returns the seconds it waited.
+  // With a GradSync, gradients are summed over `world` ranks during backward, and the step
+  // waits for that before the update.
   StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
-             GradListener* listener = nullptr, std::function<double()> finish = nullptr,
-             int world = 1);
+             GradSync* sync = nullptr, int world = 1);
   // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
                  StepTimes* times = nullptr);
@@ -44,8 +43,7 @@ class StepRunner {
   Sgd& sgd_;
   LossScaler& scaler_;
   DType dtype_;
-  GradListener* listener_;
-  std::function<double()> finish_;
+  GradSync* sync_;
   int world_;
 };
 

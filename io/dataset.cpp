@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 
 namespace spotrain {
 namespace io {

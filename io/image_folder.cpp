@@ -21,7 +21,7 @@
 #include <fstream>
 #include <map>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "io/jpeg.h"
 
 namespace spotrain {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 
 namespace spotrain {
 namespace io {

@@ -12,7 +12,7 @@
 
 #include <algorithm>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 namespace io {

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/core/tensor.h"
 #include "io/dataset.h"
 #include "io/image_transforms.h"
 #include "io/sampler.h"

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 namespace io {

@@ -4,8 +4,8 @@
 #include <numeric>
 #include <utility>
 
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 
 namespace spotrain {
 namespace io {

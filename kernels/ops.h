@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/tensor.h"
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
 
 namespace spotrain {
 
@@ -27,11 +27,14 @@ struct PoolParams {
 
 // What batch-norm training forward leaves for backward.
 struct BnSaved {
-  Tensor mean;       // (C) fp32 batch mean
-  Tensor var;        // (C) fp32 biased batch variance
-  Tensor workspace;  // backend-specific (ReLU mask when fused)
-  Tensor aux;        // backend-specific (CUDA: cuDNN's saved inverse std)
-  Tensor output;     // backend-specific (CUDA with ReLU: the forward output, for the mask)
+  Tensor mean;  // (C) fp32 batch mean
+  Tensor var;   // (C) fp32 biased batch variance
+  // The backend's own (a workspace, saved statistics, the output for a ReLU mask): layers
+  // keep these from forward to backward and never read them.
+  static constexpr int kSlots = 3;
+  Tensor backend_state[kSlots];
+  // The slot the composed batchnorm_add_relu_* below keep their output in.
+  static constexpr int kComposedOutput = 2;
 };
 
 // One contiguous run of the flat parameter buffer sharing a weight decay.
@@ -120,12 +123,13 @@ class Backend {
                                     bool relu, Tensor& dgamma, Tensor& dbeta) = 0;
   // relu(batchnorm(x) + z) for training: a residual block's last BN with its Add and ReLU,
   // in one op where the backend has one (cuDNN's BN_ADD_ACTIVATION). The default composes
-  // batchnorm_forward_train and add_forward. saved.output keeps the result (the ReLU mask).
+  // batchnorm_forward_train and add_forward. The result (the ReLU mask) is kept
+  // in saved.backend_state[BnSaved::kComposedOutput].
   virtual Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
                                                   const Tensor& gamma, const Tensor& beta,
                                                   float eps, BnSaved& saved) {
     Tensor y = add_forward(batchnorm_forward_train(x, gamma, beta, eps, false, saved), z, true);
-    saved.output = y;
+    saved.backend_state[BnSaved::kComposedOutput] = y;
     return y;
   }
   // Its backward: returns dx, writes dgamma and dbeta, and sets dz to the gradient of z.
@@ -133,7 +137,7 @@ class Backend {
                                              const Tensor& gamma, const Tensor& beta,
                                              const BnSaved& saved, float eps, Tensor& dgamma,
                                              Tensor& dbeta, Tensor& dz) {
-    dz = add_backward(dy, saved.output, true);
+    dz = add_backward(dy, saved.backend_state[BnSaved::kComposedOutput], true);
     return batchnorm_backward(dz, x, gamma, beta, saved, eps, false, dgamma, dbeta);
   }
   // running = (1 - momentum) * running + momentum * batch (variance made unbiased with n).
@@ -183,13 +187,12 @@ class Backend {
 
   // --- optimizer ---------------------------------------------------------------------------
   // SGD with momentum (PyTorch semantics) over flat fp32 buffers, segment by segment.
+  // Marks params written (Tensor::mark_written), as copy and fill mark dst and t.
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                         const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
   // Multiplies the flat gradients by inv_scale in place and reports whether any element is
   // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
   virtual bool unscale_and_check(Tensor& grads, float inv_scale) = 0;
-  // Called after parameters changed (optimizer step, load): cached weight copies are stale.
-  virtual void weights_changed() = 0;
   virtual void synchronize() {}
   // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
   // can order its work after the backend's with an event; nullptr on the CPU.
@@ -221,5 +224,7 @@ struct BackendOptions {
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is
 // present, else cpu). Throws Error for "cuda" when unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt);
+// Whether this build has the CUDA backend and a CUDA device is present (what "auto" picks).
+bool cuda_backend_ready();
 
 }  // namespace spotrain

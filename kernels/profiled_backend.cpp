@@ -1,6 +1,8 @@
 // ProfiledBackend (see profiled_backend.h).
 #include "kernels/profiled_backend.h"
 
+#include "engine/core/clock.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -9,10 +11,7 @@ namespace spotrain {
 
 namespace {
 
-double host_ms() {
-  using namespace std::chrono;
-  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
+double host_ms() { return 1e3 * now_seconds(); }
 
 std::string desc(const Tensor& t) {
   std::string s = dtype_name(t.dtype());
@@ -247,7 +246,6 @@ void ProfiledBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& mome
 bool ProfiledBackend::unscale_and_check(Tensor& grads, float inv_scale) {
   SPOTRAIN_TIMED("unscale_and_check", desc(grads), inner_->unscale_and_check(grads, inv_scale));
 }
-void ProfiledBackend::weights_changed() { inner_->weights_changed(); }
 
 #undef SPOTRAIN_TIMED
 #undef SPOTRAIN_TIMED_VOID

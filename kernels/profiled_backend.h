@@ -92,7 +92,6 @@ class ProfiledBackend final : public Backend {
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
-  void weights_changed() override;
   void synchronize() override { inner_->synchronize(); }
   void* native_stream() override { return inner_->native_stream(); }
 

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/core/tensor.h"
 #include "kernels/ops.h"
 
 namespace spotrain {
 
-// A trainable tensor with its torchvision name. After Model::finalize, value and grad are
+// A trainable tensor with its torchvision name. Once a Model holds it, value and grad are
 // views into the model's flat parameter and gradient buffers.
 struct Param {
   // How Model::initialize fills the value (torchvision's ResNet initialization).

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoints/checkpoint.h"
+#include "engine/checkpoint_state.h"
 #include "layers/resnet.h"
 
 struct CkptState {

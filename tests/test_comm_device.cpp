@@ -12,10 +12,10 @@
 
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
-#include "comm/reducer.h"
-#include "engine/error.h"
+#include "engine/grad_sync.h"
+#include "engine/core/error.h"
 #include "engine/model.h"
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 #include "kernels/ops.h"
 #include "layers/resnet.h"
 
@@ -87,7 +87,7 @@ TEST(ReducerDevicePath, EveryBucketMarkedOnTheTrainingThreadAndReducedInOrder) {
   RecordingComm comm;
   {
     CommWorker worker(comm, 60);
-    Reducer red(m, worker, ReducerOptions{0.05, 0.01, "none"});
+    GradSync red(m, worker, ReducerOptions{0.05, 0.01, "none"});
     ASSERT_GT(red.num_buckets(), 2u) << "the test needs several buckets";
     grads(&red);
     red.finish();

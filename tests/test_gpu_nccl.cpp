@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>

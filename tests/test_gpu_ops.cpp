@@ -16,20 +16,15 @@
 #include <memory>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 #include "engine/step.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
 #include "layers/resnet.h"
-
-namespace spotrain {
-bool cuda_device_available();  // kernels/cuda/cuda_backend.cpp
-bool cuda_backend_ready();
-}  // namespace spotrain
 
 using namespace spotrain;
 
@@ -39,7 +34,7 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
 bool have_gpu() {
-  static const bool yes = cuda_backend_ready() && cuda_device_available();
+  static const bool yes = cuda_backend_ready();
   return yes;
 }
 
@@ -168,8 +163,7 @@ TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
     Tensor hw = host_plain(ws, ++seed, 1.f / std::sqrt(float(cc.x[1] * cc.k * cc.k)));
     Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
     Tensor wc = c->from_host(hw), wg = g->from_host(hw);
-    c->weights_changed();  // new weight tensors: no cached copy may be reused
-    g->weights_changed();
+    // New weight tensors: their storage versions are new, so no cached copy is reused.
     Tensor yc = c->conv2d_forward(xc, wc, p), yg = g->conv2d_forward(xg, wg, p);
     ASSERT_EQ(yg.shape(), yc.shape());
     EXPECT_EQ(yg.dtype(), pr.dt);
@@ -185,13 +179,12 @@ TEST_P(GpuOps, ConvolutionForwardBackwardDataAndWeights) {
     c->conv2d_backward_weights(xc, dyc, p, dwc);
     g->conv2d_backward_weights(xg, dyg, p, dwg);
     EXPECT_CLOSE(*g, dwg, *c, dwc, pr.tol);
-    // Twice with the same weights (cached copy) and after weights_changed() (refreshed).
+    // Twice with the same weights (cached copy), and after a copy into them (the copy marks
+    // them written: the cached copy is refreshed).
     EXPECT_CLOSE(*g, g->conv2d_forward(xg, wg, p), *c, yc, pr.tol);
     Tensor hw2 = host_plain(ws, ++seed);
     g->copy(g->from_host(hw2), wg);
     c->copy(c->from_host(hw2), wc);
-    g->weights_changed();
-    c->weights_changed();
     EXPECT_CLOSE(*g, g->conv2d_forward(xg, wg, p), *c, c->conv2d_forward(xc, wc, p), pr.tol);
   }
 }
@@ -282,8 +275,6 @@ TEST_P(GpuOps, ConvolutionBackwardDataAddsIntoTheGivenGradient) {
     Tensor hw = host_plain(ws, ++seed, 1.f / std::sqrt(float(cc.x[1] * cc.k * cc.k)));
     Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
     Tensor wc = c->from_host(hw), wg = g->from_host(hw);
-    c->weights_changed();
-    g->weights_changed();
     Tensor yc = c->conv2d_forward(xc, wc, p);
     Tensor hdy = host_nhwc(yc.shape(), ++seed);
     Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
@@ -624,7 +615,6 @@ TEST(GpuTraining, TwentyStepsFollowTheCpuStepByStep) {
     assign(*g.be, g.sgd->momentum(), *c.be, c.sgd->momentum());
     for (size_t i = 0; i < g.model->buffers().size(); ++i)
       assign(*g.be, g.model->buffers()[i]->value, *c.be, c.model->buffers()[i]->value);
-    g.model->parameters_changed();
     std::vector<float> before = values(*c.be, c.model->flat_params());
     Batch b = batch(16, 1000 + uint64_t(step));
     double lc = rc.run(b.images, b.labels.data(), 0.05f, 0.1f).loss.loss;

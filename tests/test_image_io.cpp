@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/philox.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
 #include "image_folder_fixture.h"
 #include "io/image_folder.h"
 #include "io/image_transforms.h"

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/allocator.h"
-#include "engine/error.h"
+#include "engine/core/allocator.h"
+#include "engine/core/error.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/sampler.h"

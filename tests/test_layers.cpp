@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/model.h"
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 #include "kernels/profiled_backend.h"
 #include "layers/containers.h"
 #include "layers/layers.h"
@@ -83,7 +83,7 @@ Floats distinct_planes(int64_t planes, int64_t hw, uint32_t stream) {
 int64_t padded(int64_t c) { return (c + 15) / 16 * 16; }
 
 int64_t storage_for(const Shape& s, Layout l) {
-  if (s.size() == 4 && l == Layout::nchw16c) return s[0] * padded(s[1]) * s[2] * s[3];
+  if (s.size() == 4 && l == Layout::blocked) return s[0] * padded(s[1]) * s[2] * s[3];
   return shape_numel(s);
 }
 
@@ -95,7 +95,7 @@ int64_t offset4(const Shape& s, Layout l, int64_t n, int64_t c, int64_t h, int64
       return ((n * C + c) * H + h) * W + w;
     case Layout::nhwc:
       return ((n * H + h) * W + w) * C + c;
-    case Layout::nchw16c:
+    case Layout::blocked:
       return ((n * (padded(C) / 16) + c / 16) * H * W + h * W + w) * 16 + c % 16;
   }
   return -1;
@@ -150,7 +150,7 @@ double dot(const Vec& a, const Floats& b) {
 // Every padded channel of a blocked tensor holds zero (oneDNN's invariant, and the check
 // that catches NaN-poisoned memory left unwritten there).
 ::testing::AssertionResult zero_padding(const Tensor& t) {
-  if (t.ndim() != 4 || t.layout() != Layout::nchw16c || t.dim(1) % 16 == 0)
+  if (t.ndim() != 4 || t.layout() != Layout::blocked || t.dim(1) % 16 == 0)
     return ::testing::AssertionSuccess();
   const Shape& s = t.shape();
   const float* p = t.data<float>();
@@ -412,7 +412,7 @@ double xent_ref(const Vec& z, const std::vector<int32_t>& labels, int N, int M, 
 // Writes `v` into a standalone layer's parameter (host tensor) and poisons its gradient.
 void set_param(Param& p, const Floats& v) {
   ASSERT_EQ(int64_t(v.size()), p.value.numel()) << p.name;
-  std::copy(v.begin(), v.end(), p.value.data<float>());
+  std::copy(v.begin(), v.end(), static_cast<float*>(p.value.write_raw()));
   fill_nan(p.grad);
 }
 
@@ -426,7 +426,7 @@ TEST(LayoutHelper, MakeTensorRoundTripsThroughTheBackend) {
   auto be = cpu_backend();
   Shape s{2, 5, 3, 4};
   Floats v = normals(shape_numel(s), 1);
-  for (Layout l : {Layout::plain, Layout::nhwc, Layout::nchw16c}) {
+  for (Layout l : {Layout::plain, Layout::nhwc, Layout::blocked}) {
     Tensor t = make_tensor(v, s, l);
     EXPECT_TRUE(close(values(*be, t), to_vec(v), 0.0)) << layout_name(l);
   }
@@ -452,11 +452,10 @@ TEST_P(ConvVsReference, ForwardAndBackwardMatchFloat64) {
   Floats x = normals(shape_numel(g.x_shape()), 10);
   Floats w = normals(shape_numel(g.w_shape()), 11, 1.f / std::sqrt(float(g.c * g.k * g.k)));
   set_param(conv.weight(), w);
-  be->weights_changed();
   Tensor xt = make_tensor(x, g.x_shape(), cc.layout);
   Context ctx = train_ctx(*be);
 
-  int64_t y_store = storage_for(g.y_shape(), Layout::nchw16c);
+  int64_t y_store = storage_for(g.y_shape(), Layout::blocked);
   poison_pool({y_store, xt.storage_elems()});
   Tensor y = conv.forward(xt, ctx);
   ASSERT_EQ(y.shape(), g.y_shape());
@@ -465,7 +464,7 @@ TEST_P(ConvVsReference, ForwardAndBackwardMatchFloat64) {
 
   Floats r = normals(shape_numel(g.y_shape()), 12);
   Tensor dy = make_like(r, y);
-  poison_pool({y_store, xt.storage_elems(), storage_for(g.x_shape(), Layout::nchw16c)});
+  poison_pool({y_store, xt.storage_elems(), storage_for(g.x_shape(), Layout::blocked)});
   Tensor dx = conv.backward(dy, ctx);
   ASSERT_TRUE(dx.defined());
   ASSERT_EQ(dx.shape(), g.x_shape());
@@ -482,12 +481,12 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{"k3s1p1_3to5_nhwc", {1, 3, 5, 7, 9, 3, 1, 1}, Layout::nhwc},
         ConvCase{"k7s2p3_3to5_nhwc_n3", {3, 3, 5, 13, 13, 7, 2, 3}, Layout::nhwc},
         ConvCase{"k3s2p1_3to16_plain", {2, 3, 16, 9, 9, 3, 2, 1}, Layout::plain},
-        ConvCase{"k3s2p1_16to24_blocked_n3", {3, 16, 24, 7, 9, 3, 2, 1}, Layout::nchw16c},
-        ConvCase{"k1s1p0_16to24_blocked", {1, 16, 24, 13, 13, 1, 1, 0}, Layout::nchw16c},
-        ConvCase{"k1s2p0_5to7_blocked_n3", {3, 5, 7, 9, 7, 1, 2, 0}, Layout::nchw16c},
-        ConvCase{"k3s1p0_20to16_blocked", {2, 20, 16, 5, 5, 3, 1, 0}, Layout::nchw16c},
-        ConvCase{"k7s2p3_5to24_blocked", {2, 5, 24, 11, 9, 7, 2, 3}, Layout::nchw16c},
-        ConvCase{"k3s1p1_24to5_blocked_n3", {3, 24, 5, 13, 13, 3, 1, 1}, Layout::nchw16c}),
+        ConvCase{"k3s2p1_16to24_blocked_n3", {3, 16, 24, 7, 9, 3, 2, 1}, Layout::blocked},
+        ConvCase{"k1s1p0_16to24_blocked", {1, 16, 24, 13, 13, 1, 1, 0}, Layout::blocked},
+        ConvCase{"k1s2p0_5to7_blocked_n3", {3, 5, 7, 9, 7, 1, 2, 0}, Layout::blocked},
+        ConvCase{"k3s1p0_20to16_blocked", {2, 20, 16, 5, 5, 3, 1, 0}, Layout::blocked},
+        ConvCase{"k7s2p3_5to24_blocked", {2, 5, 24, 11, 9, 7, 2, 3}, Layout::blocked},
+        ConvCase{"k3s1p1_24to5_blocked_n3", {3, 24, 5, 13, 13, 3, 1, 1}, Layout::blocked}),
     [](const ::testing::TestParamInfo<ConvCase>& i) { return std::string(i.param.name); });
 
 TEST(Conv2d, BlockedInputFromAPriorConvolution) {
@@ -500,10 +499,9 @@ TEST(Conv2d, BlockedInputFromAPriorConvolution) {
          w2 = normals(shape_numel(g2.w_shape()), 22, 0.2f);
   set_param(c1.weight(), w1);
   set_param(c2.weight(), w2);
-  be->weights_changed();
   Context ctx = train_ctx(*be);
   Tensor h = c1.forward(make_tensor(x, g1.x_shape(), Layout::nhwc), ctx);
-  ASSERT_EQ(h.layout(), Layout::nchw16c);
+  ASSERT_EQ(h.layout(), Layout::blocked);
   Tensor y = c2.forward(h, ctx);
   Vec href = conv_ref(to_vec(x), to_vec(w1), g1);
   Vec hval = values(*be, h);
@@ -517,7 +515,6 @@ TEST(Conv2d, NoInputGradientWhenToldSoButWeightGradientWritten) {
   Conv2d conv("conv", 3, 5, 3, 1, 1);
   Floats x = normals(shape_numel(g.x_shape()), 30), w = normals(shape_numel(g.w_shape()), 31, 0.3f);
   set_param(conv.weight(), w);
-  be->weights_changed();
   conv.set_needs_input_grad(false);
   Context ctx = train_ctx(*be);
   Tensor y = conv.forward(make_tensor(x, g.x_shape(), Layout::nhwc), ctx);
@@ -545,7 +542,6 @@ TEST_P(ConvFiniteDiff, InputAndWeightGradients) {
   Floats x = normals(shape_numel(g.x_shape()), 40);
   Floats w = normals(shape_numel(g.w_shape()), 41, 0.3f);
   set_param(conv.weight(), w);
-  be->weights_changed();
   Tensor xt = make_tensor(x, g.x_shape(), GetParam());
   Context ctx = train_ctx(*be);
   Tensor y = conv.forward(xt, ctx);
@@ -553,7 +549,7 @@ TEST_P(ConvFiniteDiff, InputAndWeightGradients) {
   Vec dx = values(*be, conv.backward(make_like(r, y), ctx));
   Vec dw = to_vec(conv.weight().grad);
   auto loss = [&] {
-    be->weights_changed();
+    conv.weight().value.mark_written();  // finite_diff moved an input or a weight
     return dot(values(*be, conv.forward(xt, ctx)), r);
   };
   for (int64_t i : pick(int64_t(x.size()), 8, 43)) {
@@ -567,7 +563,7 @@ TEST_P(ConvFiniteDiff, InputAndWeightGradients) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ConvFiniteDiff, ::testing::Values(Layout::nhwc, Layout::nchw16c),
+INSTANTIATE_TEST_SUITE_P(Layouts, ConvFiniteDiff, ::testing::Values(Layout::nhwc, Layout::blocked),
                          [](const ::testing::TestParamInfo<Layout>& i) {
                            return std::string(layout_name(i.param));
                          });
@@ -627,7 +623,7 @@ TEST_P(BatchNormTest, TrainingForwardAndBackwardMatchFloat64) {
   Floats gamma = uniforms(s.C, 51, 0.5f, 1.5f), beta = normals(s.C, 52, 0.5f);
   set_param(bn.gamma(), gamma);
   set_param(bn.beta(), beta);
-  Tensor xt = make_tensor(x, s.shape(), Layout::nchw16c);
+  Tensor xt = make_tensor(x, s.shape(), Layout::blocked);
   Context ctx = train_ctx(*be);
   poison_pool({xt.storage_elems()});
   Tensor y = bn.forward(xt, ctx);
@@ -686,7 +682,7 @@ TEST_P(BatchNormTest, RunningStatisticsAndEvalMode) {
   Vec rm(s.C, 0.0), rv(s.C, 1.0);  // fresh running statistics: mean 0, variance 1
   for (int step = 0; step < 2; ++step) {
     Floats x = bn_input(s, 72 + step);
-    bn.forward(make_tensor(x, s.shape(), Layout::nchw16c), ctx);
+    bn.forward(make_tensor(x, s.shape(), Layout::blocked), ctx);
     BnRef ref = bn_ref(to_vec(x), s.N, s.C, s.hw(), to_vec(gamma), to_vec(beta), 1e-5, relu);
     for (int c = 0; c < s.C; ++c) {
       rm[size_t(c)] = 0.9 * rm[size_t(c)] + 0.1 * ref.mean[size_t(c)];
@@ -698,15 +694,15 @@ TEST_P(BatchNormTest, RunningStatisticsAndEvalMode) {
   // A checkpoint replay recomputes the batch statistics without counting them again.
   Vec rm_before = to_vec(bn.running_mean().value), rv_before = to_vec(bn.running_var().value);
   Context replay{*be, true, true};
-  bn.forward(make_tensor(bn_input(s, 80), s.shape(), Layout::nchw16c), replay);
+  bn.forward(make_tensor(bn_input(s, 80), s.shape(), Layout::blocked), replay);
   EXPECT_EQ(to_vec(bn.running_mean().value), rm_before);
   EXPECT_EQ(to_vec(bn.running_var().value), rv_before);
 
   // Eval: normalized with the running statistics, which stay as they are.
   Floats x = bn_input(s, 81);
   Context eval{*be, false, false};
-  poison_pool({storage_for(s.shape(), Layout::nchw16c)});
-  Tensor y = bn.forward(make_tensor(x, s.shape(), Layout::nchw16c), eval);
+  poison_pool({storage_for(s.shape(), Layout::blocked)});
+  Tensor y = bn.forward(make_tensor(x, s.shape(), Layout::blocked), eval);
   EXPECT_TRUE(zero_padding(y));
   Vec want(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -734,7 +730,7 @@ TEST_P(BatchNormTest, FiniteDifferences) {
   }
   set_param(bn.gamma(), gamma);
   set_param(bn.beta(), beta);
-  Tensor xt = make_tensor(x, s.shape(), Layout::nchw16c);
+  Tensor xt = make_tensor(x, s.shape(), Layout::blocked);
   Context ctx = train_ctx(*be);
   Tensor y = bn.forward(xt, ctx);
   Floats r = normals(s.numel(), 93);
@@ -767,7 +763,7 @@ TEST(ReLU, ForwardBackwardAndFiniteDifferences) {
   Shape s{2, 5, 3, 7};
   Floats x = normals_off_zero(shape_numel(s), 100, 0.1f);
   ReLU relu("relu");
-  Tensor xt = make_tensor(x, s, Layout::nchw16c);
+  Tensor xt = make_tensor(x, s, Layout::blocked);
   Context ctx = train_ctx(*be);
   poison_pool({xt.storage_elems()});
   Tensor y = relu.forward(xt, ctx);
@@ -809,7 +805,7 @@ TEST_P(MaxPoolTest, ForwardBackwardAndFiniteDifferences) {
   std::vector<size_t> arg;
   Vec want = maxpool_ref(to_vec(x), pc.n, pc.c, pc.h, pc.w, pc.k, pc.s, pc.p, arg);
   Shape ys{pc.n, pc.c, (pc.h + 2 * pc.p - pc.k) / pc.s + 1, (pc.w + 2 * pc.p - pc.k) / pc.s + 1};
-  poison_pool({storage_for(ys, Layout::nchw16c)});
+  poison_pool({storage_for(ys, Layout::blocked)});
   Tensor y = pool.forward(xt, ctx);
   ASSERT_EQ(y.shape(), ys);
   EXPECT_TRUE(zero_padding(y));
@@ -818,7 +814,7 @@ TEST_P(MaxPoolTest, ForwardBackwardAndFiniteDifferences) {
   Floats r = normals(shape_numel(ys), 111);
   Vec dwant(x.size(), 0.0);
   for (size_t i = 0; i < r.size(); ++i) dwant[arg[i]] += r[i];
-  poison_pool({storage_for(s, Layout::nchw16c), xt.storage_elems()});
+  poison_pool({storage_for(s, Layout::blocked), xt.storage_elems()});
   Tensor dx = pool.backward(make_like(r, y), ctx);
   ASSERT_EQ(dx.shape(), s);
   EXPECT_TRUE(zero_padding(dx));
@@ -834,10 +830,10 @@ TEST_P(MaxPoolTest, ForwardBackwardAndFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Windows, MaxPoolTest,
-    ::testing::Values(PoolCase{"k3s2p1_7x9_blocked", 2, 5, 7, 9, 3, 2, 1, Layout::nchw16c},
-                      PoolCase{"k3s2p1_8x8_c20_blocked", 1, 20, 8, 8, 3, 2, 1, Layout::nchw16c},
-                      PoolCase{"k2s2p0_8x6_blocked", 2, 5, 8, 6, 2, 2, 0, Layout::nchw16c},
-                      PoolCase{"k2s2p0_7x9_blocked", 3, 16, 7, 9, 2, 2, 0, Layout::nchw16c},
+    ::testing::Values(PoolCase{"k3s2p1_7x9_blocked", 2, 5, 7, 9, 3, 2, 1, Layout::blocked},
+                      PoolCase{"k3s2p1_8x8_c20_blocked", 1, 20, 8, 8, 3, 2, 1, Layout::blocked},
+                      PoolCase{"k2s2p0_8x6_blocked", 2, 5, 8, 6, 2, 2, 0, Layout::blocked},
+                      PoolCase{"k2s2p0_7x9_blocked", 3, 16, 7, 9, 2, 2, 0, Layout::blocked},
                       PoolCase{"k3s2p1_7x9_nhwc", 2, 5, 7, 9, 3, 2, 1, Layout::nhwc},
                       PoolCase{"k2s2p0_7x9_plain", 2, 5, 7, 9, 2, 2, 0, Layout::plain}),
     [](const ::testing::TestParamInfo<PoolCase>& i) { return std::string(i.param.name); });
@@ -875,7 +871,7 @@ TEST_P(GlobalAvgPoolTest, ForwardBackwardAndFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GlobalAvgPoolTest,
-                         ::testing::Values(Layout::nchw16c, Layout::nhwc, Layout::plain),
+                         ::testing::Values(Layout::blocked, Layout::nhwc, Layout::plain),
                          [](const ::testing::TestParamInfo<Layout>& i) {
                            return std::string(layout_name(i.param));
                          });
@@ -1013,11 +1009,10 @@ TEST_P(ResidualBlockTest, FiniteDifferencesOfInputAndParameters) {
   std::unique_ptr<Layer> block = bc.make();
   ASSERT_TRUE(block);
   randomize_params(*block, 140);
-  be->weights_changed();
   std::vector<Param*> ps;
   block->collect_params(ps);
   Shape s{bc.n, bc.c, bc.h, bc.w};
-  Tensor xt = make_tensor(normals(shape_numel(s), 141), s, Layout::nchw16c);
+  Tensor xt = make_tensor(normals(shape_numel(s), 141), s, Layout::blocked);
   Context ctx = train_ctx(*be);
   Tensor y = block->forward(xt, ctx);
   Floats r = normals(y.numel(), 142);
@@ -1027,7 +1022,7 @@ TEST_P(ResidualBlockTest, FiniteDifferencesOfInputAndParameters) {
   EXPECT_TRUE(zero_padding(dxt));
   Vec dx = values(*be, dxt);
   auto loss = [&] {
-    be->weights_changed();
+    for (auto* p : ps) p->value.mark_written();  // finite_diff moved a weight
     return dot(values(*be, block->forward(xt, ctx)), r);
   };
   // A step may cross a ReLU kink (the one-sided slopes then disagree): such elements are
@@ -1073,9 +1068,8 @@ TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryO
   auto run = [](Backend& be, std::vector<Vec>* grads) {
     std::unique_ptr<Layer> block = bottleneck(8, 4, 2);
     randomize_params(*block, 150);
-    be.weights_changed();
     Shape s{2, 8, 7, 7};
-    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::nchw16c);
+    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::blocked);
     Context ctx = train_ctx(be);
     Tensor y = block->forward(x, ctx);
     Vec out = values(be, y);

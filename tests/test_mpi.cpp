@@ -19,11 +19,11 @@
 
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
-#include "comm/reducer.h"
-#include "engine/error.h"
+#include "engine/grad_sync.h"
+#include "engine/core/error.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 #include "engine/step.h"
 #include "engine/trainer.h"
 #include "kernels/elementwise.h"
@@ -285,7 +285,7 @@ TEST_P(ReducedGradients, EqualAverageOfPerShardGradients) {
   opt.bucket_mb = gc.bucket_mb;
   opt.first_bucket_mb = gc.first_bucket_mb;
   opt.compression = gc.compression;
-  Reducer red(m, worker, opt);
+  GradSync red(m, worker, opt);
   std::vector<std::vector<float>> got(2);
   for (int it = 0; it < 2; ++it) {
     Tensor x;
@@ -387,7 +387,7 @@ TEST_P(StepRunnerRanks, OneStepAppliesTheAverageGradient) {
   auto before = to_floats(*be, m.flat_params());
 
   CommWorker worker(c, 120);
-  Reducer red(m, worker, ReducerOptions{0.25, 0.05, "none"});
+  GradSync red(m, worker, ReducerOptions{0.25, 0.05, "none"});
   SgdOptions so;
   so.momentum = 0;
   so.weight_decay = 0;
@@ -396,7 +396,7 @@ TEST_P(StepRunnerRanks, OneStepAppliesTheAverageGradient) {
   lso.enabled = prec == Precision::fp16;
   lso.static_scale = S;
   LossScaler scaler(lso);
-  StepRunner runner(m, sgd, scaler, prec, &red, [&red] { return red.finish(); }, W);
+  StepRunner runner(m, sgd, scaler, prec, &red, W);
   Tensor x;
   std::vector<int32_t> labels;
   make_shard(R, B, H, x, labels);

@@ -9,9 +9,9 @@
 #include <limits>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/loss_scaler.h"
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 #include "engine/step.h"
 #include "engine/trainer.h"
 #include "kernels/elementwise.h"
@@ -67,14 +67,14 @@ int64_t offset4(const Shape& s, Layout l, int64_t n, int64_t c, int64_t h, int64
   switch (l) {
     case Layout::plain: return ((n * C + c) * H + h) * W + w;
     case Layout::nhwc: return ((n * H + h) * W + w) * C + c;
-    case Layout::nchw16c: return ((n * (padded16(C) / 16) + c / 16) * H * W + h * W + w) * 16 + c % 16;
+    case Layout::blocked: return ((n * (padded16(C) / 16) + c / 16) * H * W + h * W + w) * 16 + c % 16;
   }
   return -1;
 }
 
 // A host fp32 4-D tensor in `layout` holding `plain` (row-major N, C, H, W); padding is zero.
 Tensor make4(const std::vector<float>& plain, const Shape& s, Layout layout) {
-  int64_t store = layout == Layout::nchw16c ? s[0] * padded16(s[1]) * s[2] * s[3] : shape_numel(s);
+  int64_t store = layout == Layout::blocked ? s[0] * padded16(s[1]) * s[2] * s[3] : shape_numel(s);
   Tensor t(s, DType::f32, Allocator::host(), layout, store);  // (N, C, H, W) fp32 in `layout`
   float* p = t.data<float>();
   std::fill(p, p + store, 0.f);
@@ -252,7 +252,7 @@ void check_cast(Backend& be, const Tensor& x, DType to) {
 TEST(Cast, BlockedTensorMatchesScalarConversion) {
   auto be = cpu();
   Shape s{2, 20, 5, 7};  // (N, C, H, W); 20 channels: the second block of 16 is partly padding
-  Tensor x = make4(wide_values(shape_numel(s), 1), s, Layout::nchw16c);
+  Tensor x = make4(wide_values(shape_numel(s), 1), s, Layout::blocked);
   ASSERT_EQ(x.storage_elems(), 2 * 32 * 5 * 7);
   check_cast(*be, x, DType::f16);
   check_cast(*be, x, DType::bf16);

@@ -115,7 +115,7 @@ Tensor CpuBackend::cast(const Tensor& t, DType to) {
 }
 
 Tensor CpuBackend::alloc_like(const Tensor& x, DType dt) {
-  if (x.layout() == Layout::nchw16c) return alloc_blocked(allocator(), x.shape(), dt);
+  if (x.layout() == Layout::blocked) return alloc_blocked(allocator(), x.shape(), dt);
   return Tensor(x.shape(), dt, allocator(), x.layout());
 }
 
@@ -153,11 +153,13 @@ Tensor CpuBackend::zeros(const Shape& shape) {
 }
 
 void CpuBackend::fill(Tensor& t, float value) {
+  t.mark_written();
   float* p = t.data<float>();
   std::fill(p, p + t.storage_elems(), value);
 }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  dst.mark_written();
   SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
                  dst.describe());
   std::memcpy(dst.raw(), src.raw(), src.nbytes());
@@ -270,7 +272,7 @@ struct Indexer {
   int64_t c, hw, cpad;
   int64_t operator()(int64_t n, int64_t ci, int64_t p) const {
     switch (layout) {
-      case Layout::nchw16c: return ((n * (cpad / 16) + ci / 16) * hw + p) * 16 + (ci % 16);
+      case Layout::blocked: return ((n * (cpad / 16) + ci / 16) * hw + p) * 16 + (ci % 16);
       case Layout::nhwc: return (n * hw + p) * c + ci;
       case Layout::plain: return (n * c + ci) * hw + p;
     }
@@ -411,6 +413,7 @@ LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
 
 void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                           const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+  params.mark_written();
   float* p = params.data<float>();
   const float* g = grads.data<float>();
   float* m = momentum.data<float>();
@@ -436,21 +439,3 @@ bool CpuBackend::unscale_and_check(Tensor& grads, float inv_scale) {
 }
 
 }  // namespace spotrain::cpu
-
-namespace spotrain {
-
-std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);  // kernels/cuda
-bool cuda_device_available();
-bool cuda_backend_ready();
-
-std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt) {
-  if (device == "cpu") return std::make_unique<cpu::CpuBackend>(opt);
-  if (device == "cuda") return make_cuda_backend(opt);
-  if (device == "auto") {
-    if (cuda_backend_ready() && cuda_device_available()) return make_cuda_backend(opt);
-    return std::make_unique<cpu::CpuBackend>(opt);
-  }
-  SPOTRAIN_THROW("unknown device '", device, "'; use auto, cpu or cuda");
-}
-
-}  // namespace spotrain

@@ -69,7 +69,6 @@ class CpuBackend final : public Backend {
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
-  void weights_changed() override { ++weights_generation_; }
 
  private:
   struct ConvEntry;
@@ -77,7 +76,7 @@ class CpuBackend final : public Backend {
   struct PoolEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x, bool relu, float eps);
-  // The weights `w` (canonical, plain) reordered into `md`, cached until weights_changed().
+  // The weights `w` (canonical, plain) reordered into `md`, cached until the weights' version changes.
   memory weights_as(const Tensor& w, const memory::desc& md);
   // `t` as a memory of descriptor `md`, reordering into a temporary when it differs.
   memory as_desc(const Tensor& t, const memory::desc& md, Tensor& holder);
@@ -90,14 +89,13 @@ class CpuBackend final : public Backend {
 
   DnnlContext ctx_;
   int threads_ = 1;
-  uint64_t weights_generation_ = 1;
   std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
   std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;
   std::unordered_map<std::string, std::unique_ptr<PoolEntry>> pool_cache_;
   struct WeightCopy {
     memory::desc md;
     Tensor data;
-    uint64_t generation = 0;
+    uint64_t version = 0;  // the weights' Tensor::version() copied
   };
   std::unordered_map<const void*, std::vector<WeightCopy>> weight_copies_;
 };

@@ -28,10 +28,10 @@ memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md) {
     wc = &copies.back();
   }
   memory dst(md, ctx_.eng, wc->data.raw());
-  if (wc->generation != weights_generation_) {
+  if (wc->version != w.version()) {
     memory src(md_of(w), ctx_.eng, w.raw());
     DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
-    wc->generation = weights_generation_;
+    wc->version = w.version();
   }
   return dst;
 }
@@ -58,7 +58,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   auto dt = dnnl_dtype(x.dtype());
   // The first convolution takes the canonical NHWC image: let oneDNN pick its input
   // format (a reorder at that one boundary); every later one takes nChw16c as it is.
-  e->src_any = x.layout() == Layout::nchw16c ? md_of(x)
+  e->src_any = x.layout() == Layout::blocked ? md_of(x)
                                              : memory::desc(dims_of(x), dt, tag::any);
   e->w_any = memory::desc(dims_of(w), dt, tag::any);
   e->dw_any = memory::desc(dims_of(w), memory::data_type::f32, tag::any);

@@ -7,6 +7,9 @@ namespace spotrain::cpu {
 
 using namespace dnnl;
 
+// BnSaved::backend_state slot: oneDNN's batch-norm workspace (the ReLU mask when fused).
+constexpr int kBnWorkspace = 0;
+
 
 
 CpuBackend::BnEntry& CpuBackend::bn_entry(const Tensor& x, bool relu, float eps) {
@@ -44,10 +47,10 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
       {DNNL_ARG_MEAN, mem_of(ctx_, saved.mean)}, {DNNL_ARG_VARIANCE, mem_of(ctx_, saved.var)}};
   if (relu) {
     auto wmd = e.fwd_pd.workspace_desc();
-    saved.workspace = alloc_for(allocator(), wmd);
-    args.emplace(DNNL_ARG_WORKSPACE, memory(wmd, ctx_.eng, saved.workspace.raw()));
+    saved.backend_state[kBnWorkspace] = alloc_for(allocator(), wmd);
+    args.emplace(DNNL_ARG_WORKSPACE, memory(wmd, ctx_.eng, saved.backend_state[kBnWorkspace].raw()));
   } else {
-    saved.workspace = Tensor();
+    saved.backend_state[kBnWorkspace] = Tensor();
   }
   DNNL_CHECK(e.fwd.execute(ctx_.strm, args));
   return y;
@@ -109,7 +112,7 @@ Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const T
       {DNNL_ARG_DIFF_SHIFT, mem_of(ctx_, dbeta)}};
   if (relu)
     args.emplace(DNNL_ARG_WORKSPACE,
-                 memory(e.fwd_pd.workspace_desc(), ctx_.eng, saved.workspace.raw()));
+                 memory(e.fwd_pd.workspace_desc(), ctx_.eng, saved.backend_state[kBnWorkspace].raw()));
   DNNL_CHECK(e.bwd.execute(ctx_.strm, args));
   return dx;
 }

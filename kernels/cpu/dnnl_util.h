@@ -6,8 +6,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "engine/error.h"
-#include "engine/tensor.h"
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
 
 #define DNNL_CHECK(...)                                                         \
   do {                                                                          \
@@ -51,7 +51,7 @@ inline memory::desc md_of(const Tensor& t) {
   if (t.ndim() == 4) {
     switch (t.layout()) {
       case Layout::nhwc: return memory::desc(dims, dt, tag::nhwc);
-      case Layout::nchw16c: return memory::desc(dims, dt, tag::nChw16c);
+      case Layout::blocked: return memory::desc(dims, dt, tag::nChw16c);
       case Layout::plain: return memory::desc(dims, dt, tag::nchw);
     }
   }
@@ -71,7 +71,7 @@ inline memory mem_of(const DnnlContext& c, const Tensor& t, const memory::desc& 
 // A 4-D activation of logical shape (N, C, H, W) in the blocked layout, channels padded.
 inline Tensor alloc_blocked(Allocator& a, const Shape& nchw, DType dt = DType::f32) {
   memory::desc md(memory::dims(nchw.begin(), nchw.end()), dnnl_dtype(dt), tag::nChw16c);
-  return Tensor(nchw, dt, a, Layout::nchw16c, int64_t(md.get_size() / dtype_size(dt)));
+  return Tensor(nchw, dt, a, Layout::blocked, int64_t(md.get_size() / dtype_size(dt)));
 }
 
 // A tensor whose memory follows an arbitrary oneDNN descriptor (weights copies, workspaces).

@@ -91,7 +91,6 @@ class CudaBackend final : public Backend {
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
-  void weights_changed() override { ++weights_generation_; }
   void synchronize() override;
 
   void* native_stream() override { return compute_; }
@@ -107,7 +106,7 @@ class CudaBackend final : public Backend {
   // A new device tensor (NaN-filled when poisoning).
   Tensor alloc(const Shape& shape, DType dt, Layout layout = Layout::plain);
   Tensor alloc_like(const Tensor& x) { return alloc(x.shape(), x.dtype(), x.layout()); }
-  // The conv weights `w` (fp32 OIHW) as (O, H, W, I) in `dt`, cached until weights_changed().
+  // The conv weights `w` (fp32 OIHW) as (O, H, W, I) in `dt`, cached until the weights' version changes.
   const void* weights_as(const Tensor& w, DType dt);
   // The shared cuDNN workspace, grown to at least `bytes`.
   void* workspace(size_t bytes);
@@ -171,7 +170,6 @@ class CudaBackend final : public Backend {
   void reap_pinned_uploads();
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  uint64_t weights_generation_ = 1;
   bool fuse_bn_add_ = true;  // batchnorm_add_relu_* through cuDNN's BN_ADD_ACTIVATION
   Tensor workspace_;
   void* pinned_ = nullptr;
@@ -181,7 +179,7 @@ class CudaBackend final : public Backend {
   struct WeightCopy {
     DType dt;
     Tensor data;
-    uint64_t generation = 0;
+    uint64_t version = 0;  // the weights' Tensor::version() copied
   };
   std::unordered_map<const void*, std::vector<WeightCopy>> weight_copies_;
   // The SGD chunk table on the device, rebuilt when the segments change.

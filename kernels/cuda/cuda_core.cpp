@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/core/test_hooks.h"
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/elementwise.h"
@@ -95,10 +96,8 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
-  // Diagnostics: SPOTRAIN_NO_FUSED_BN_ADD=1 runs a block's last BN, Add and ReLU as separate
-  // ops (to measure what the fusion gives, or to rule it out).
-  const char* nf = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD");
-  fuse_bn_add_ = !(nf && *nf && std::string(nf) != "0");
+  // SPOTRAIN_NO_FUSED_BN_ADD (engine/core/test_hooks.h): a diagnostic.
+  fuse_bn_add_ = !test_hooks().no_fused_bn_add;
   CUBLAS_CHECK(blas::create(&blas_));
   CUBLAS_CHECK(blas::set_stream(blas_, compute_));
   CUBLAS_CHECK(
@@ -311,7 +310,7 @@ Tensor CudaBackend::to_host(const Tensor& t0) {
       cudaMemcpyAsync(raw.raw(), t.raw(), size_t(t.numel()) * 4, cudaMemcpyDefault, compute_));
   CUDA_CHECK(cudaStreamSynchronize(compute_));
   if (!nhwc) return raw.reshaped(t.shape(), Layout::plain);
-  SPOTRAIN_CHECK(t.layout() != Layout::nchw16c, "to_host: blocked layout on the GPU");
+  SPOTRAIN_CHECK(t.layout() != Layout::blocked, "to_host: blocked layout on the GPU");
   Tensor out = Tensor::host(t.shape());
   int64_t n = t.dim(0), c = t.dim(1), hw = t.dim(2) * t.dim(3);
   const float* s = raw.data<float>();
@@ -372,12 +371,14 @@ Tensor CudaBackend::zeros(const Shape& shape) {
 }
 
 void CudaBackend::fill(Tensor& t, float value) {
+  t.mark_written();
   check_device(t, "fill");
   SPOTRAIN_CHECK(t.dtype() == DType::f32, "fill: fp32 tensors only, got ", t.describe());
   launch_fill_f32(t.data<float>(), value, t.storage_elems(), compute_);
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  dst.mark_written();
   SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
                  dst.describe());
   if (src.nbytes() > 0)
@@ -542,6 +543,7 @@ LossResult CudaBackend::queued_loss() {
 
 void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                            const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+  params.mark_written();
   check_device(params, "sgd_step");
   check_device(grads, "sgd_step");
   check_device(momentum, "sgd_step");

@@ -13,6 +13,10 @@
 
 namespace spotrain::cuda {
 
+// BnSaved::backend_state slots: cuDNN's reserve space, its saved inverse standard deviation,
+// and (with a ReLU) the forward output for the mask: the same slot as the composed default.
+constexpr int kBnReserve = 0, kBnInvStd = 1, kBnOutput = BnSaved::kComposedOutput;
+
 namespace {
 
 cudnnDataType_t dnn_dtype(DType d) {
@@ -185,10 +189,10 @@ const void* CudaBackend::weights_as(const Tensor& w, DType dt) {
     copies.push_back(WeightCopy{dt, Tensor(w.shape(), dt, allocator(), Layout::nhwc), 0});
     wc = &copies.back();
   }
-  if (wc->generation != weights_generation_) {
+  if (wc->version != w.version()) {
     launch_oihw_to_ohwi(w.data<float>(), wc->data.raw(), dt, int(w.dim(0)), int(w.dim(1)),
                         int(w.dim(2)), int(w.dim(3)), compute_);
-    wc->generation = weights_generation_;
+    wc->version = w.version();
   }
   return wc->data.raw();
 }
@@ -403,7 +407,7 @@ CudaBackend::BnArgs CudaBackend::bn_args(const Tensor& gamma, const Tensor& beta
   a.scratch = Tensor({2 * c4}, DType::f32, allocator());
   if (saved) {
     saved->mean = alloc({c}, DType::f32);
-    saved->aux = alloc({c}, DType::f32);
+    saved->backend_state[kBnInvStd] = alloc({c}, DType::f32);
     saved->var = alloc({c}, DType::f32);
     a.rm = a.scratch.data<float>();
     a.rv = a.rm + c4;
@@ -433,12 +437,12 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
                  CUDNN_BN_MIN_EPSILON);
   auto& e = bn_entry(x);
   // The fp32 route: statistics and normalization in fp32, ReLU after the cast back, so what
-  // backward keeps (saved.output) stays in x's dtype.
+  // backward keeps (saved.backend_state[kBnOutput]) stays in x's dtype.
   auto via_f32 = [&] {
     Tensor y32 = batchnorm_forward_train(cast(x, DType::f32), gamma, beta, eps, false, saved);
     Tensor yc = cast(y32, x.dtype());
     if (relu) launch_relu_fwd(yc.raw(), yc.raw(), yc.dtype(), yc.numel(), compute_);
-    saved.output = relu ? yc : Tensor();
+    saved.backend_state[kBnOutput] = relu ? yc : Tensor();
     return yc;
   };
   if (e.f32) return via_f32();
@@ -465,7 +469,7 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
         if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
         st = cudnnBatchNormalizationForwardTrainingEx(
             dnn_, cf.mode, cf.ops, &kOne, &kZero, e.x, x.raw(), nullptr, nullptr, e.x, y.raw(),
-            e.stats, a.g, a.b, 1.0, a.rm, a.rv, double(eps), saved.mean.raw(), saved.aux.raw(), act,
+            e.stats, a.g, a.b, 1.0, a.rm, a.rv, double(eps), saved.mean.raw(), saved.backend_state[kBnInvStd].raw(), act,
             workspace(ws), ws, rs > 0 ? reserve.raw() : nullptr, rs);
       }
       // cuDNN 9 returns sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ...): compare categories.
@@ -475,7 +479,7 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
       CUDNN_CHECK(st);
       chosen = i;
       done = true;
-      saved.workspace = reserve;
+      saved.backend_state[kBnReserve] = reserve;
       if (relu && !fused) {
         launch_relu_fwd(y.raw(), y.raw(), y.dtype(), y.numel(), compute_);
       }
@@ -489,8 +493,8 @@ Tensor CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma
     return via_f32();
   }
   SPOTRAIN_CHECK(done, "internal: no batch-norm configuration ran");
-  saved.output = relu ? y : Tensor();
-  launch_invstd_to_var(saved.aux.data<float>(), saved.var.data<float>(), int(c), eps, compute_);
+  saved.backend_state[kBnOutput] = relu ? y : Tensor();
+  launch_invstd_to_var(saved.backend_state[kBnInvStd].data<float>(), saved.var.data<float>(), int(c), eps, compute_);
   return y;
 }
 
@@ -503,31 +507,31 @@ Tensor CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const 
                  "batchnorm_backward: gradient ", dy.describe(), " does not match ", x.describe());
   auto& e = bn_entry(x);
   if (e.f32) {  // see batchnorm_forward_train
-    SPOTRAIN_CHECK(!relu || saved.output.defined(),
+    SPOTRAIN_CHECK(!relu || saved.backend_state[kBnOutput].defined(),
                    "internal: batch-norm backward without its training forward");
-    Tensor g = relu ? relu_backward(dy, saved.output) : dy;
+    Tensor g = relu ? relu_backward(dy, saved.backend_state[kBnOutput]) : dy;
     return cast(batchnorm_backward(cast(g, DType::f32), cast(x, DType::f32), gamma, beta, saved,
                                    eps, false, dgamma, dbeta),
                 x.dtype());
   }
   int chosen = e.cfg[relu ? 1 : 0];
-  SPOTRAIN_CHECK(chosen >= 0 && saved.aux.defined() && (!relu || saved.output.defined()),
+  SPOTRAIN_CHECK(chosen >= 0 && saved.backend_state[kBnInvStd].defined() && (!relu || saved.backend_state[kBnOutput].defined()),
                  "internal: batch-norm backward without its training forward");
   const BnConfig& cf = kBnConfigs[chosen];
   bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
   cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
-  Tensor g = relu && !fused ? relu_backward(dy, saved.output) : dy;
+  Tensor g = relu && !fused ? relu_backward(dy, saved.backend_state[kBnOutput]) : dy;
   int64_t c = x.dim(1);
   Tensor dx = alloc_like(x);
   BnArgs a = bn_args(gamma, beta, c, nullptr);
   size_t ws = 0;
   CUDNN_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
       dnn_, cf.mode, cf.ops, e.x, fused ? e.x : nullptr, e.x, nullptr, e.x, e.stats, act, &ws));
-  const Tensor& reserve = saved.workspace;
+  const Tensor& reserve = saved.backend_state[kBnReserve];
   CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
       dnn_, cf.mode, cf.ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), fused ? e.x : nullptr,
-      fused ? saved.output.raw() : nullptr, e.x, g.raw(), nullptr, nullptr, e.x, dx.raw(), e.stats,
-      a.g, a.b, a.dg, a.db, double(eps), saved.mean.raw(), saved.aux.raw(), act, workspace(ws), ws,
+      fused ? saved.backend_state[kBnOutput].raw() : nullptr, e.x, g.raw(), nullptr, nullptr, e.x, dx.raw(), e.stats,
+      a.g, a.b, a.dg, a.db, double(eps), saved.mean.raw(), saved.backend_state[kBnInvStd].raw(), act, workspace(ws), ws,
       reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0));
   bn_grads_out(a, c, dgamma, dbeta);
   return dx;
@@ -564,7 +568,7 @@ Tensor CudaBackend::batchnorm_add_relu_forward_train(const Tensor& x, const Tens
     if (rs > 0) reserve = Tensor({int64_t((rs + 3) / 4)}, DType::f32, allocator());
     st = cudnnBatchNormalizationForwardTrainingEx(
         dnn_, mode, ops, &kOne, &kZero, e.x, x.raw(), e.x, z.raw(), e.x, y.raw(), e.stats, a.g,
-        a.b, 1.0, a.rm, a.rv, double(eps), s.mean.raw(), s.aux.raw(), e.act, workspace(ws), ws,
+        a.b, 1.0, a.rm, a.rv, double(eps), s.mean.raw(), s.backend_state[kBnInvStd].raw(), e.act, workspace(ws), ws,
         rs > 0 ? reserve.raw() : nullptr, rs);
   }
   if (e.add_fused < 0 && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
@@ -574,9 +578,9 @@ Tensor CudaBackend::batchnorm_add_relu_forward_train(const Tensor& x, const Tens
   }
   CUDNN_CHECK(st);
   e.add_fused = 1;
-  launch_invstd_to_var(s.aux.data<float>(), s.var.data<float>(), int(c), eps, compute_);
-  s.workspace = reserve;
-  s.output = y;
+  launch_invstd_to_var(s.backend_state[kBnInvStd].data<float>(), s.var.data<float>(), int(c), eps, compute_);
+  s.backend_state[kBnReserve] = reserve;
+  s.backend_state[kBnOutput] = y;
   saved = std::move(s);
   return y;
 }
@@ -589,8 +593,8 @@ Tensor CudaBackend::batchnorm_add_relu_backward(const Tensor& dy, const Tensor& 
   if (e.add_fused != 1 || e.f32 || !fuse_bn_add_)
     return Backend::batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
   check_activation(dy, "batchnorm_add_relu_backward");
-  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && saved.output.defined() &&
-                     saved.aux.defined(),
+  SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && saved.backend_state[kBnOutput].defined() &&
+                     saved.backend_state[kBnInvStd].defined(),
                  "batchnorm_add_relu_backward: gradient ", dy.describe(), " does not match ",
                  x.describe(), " or the forward is missing");
   int64_t c = x.dim(1);
@@ -602,11 +606,11 @@ Tensor CudaBackend::batchnorm_add_relu_backward(const Tensor& dy, const Tensor& 
   size_t ws = 0;
   CUDNN_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
       dnn_, mode, ops, e.x, e.x, e.x, e.x, e.x, e.stats, e.act, &ws));
-  const Tensor& reserve = saved.workspace;
+  const Tensor& reserve = saved.backend_state[kBnReserve];
   CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
-      dnn_, mode, ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), e.x, saved.output.raw(), e.x,
+      dnn_, mode, ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), e.x, saved.backend_state[kBnOutput].raw(), e.x,
       dy.raw(), e.x, dz.raw(), e.x, dx.raw(), e.stats, a.g, a.b, a.dg, a.db, double(eps),
-      saved.mean.raw(), saved.aux.raw(), e.act, workspace(ws), ws,
+      saved.mean.raw(), saved.backend_state[kBnInvStd].raw(), e.act, workspace(ws), ws,
       reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0));
   bn_grads_out(a, c, dgamma, dbeta);
   return dx;

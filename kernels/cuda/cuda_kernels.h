@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "engine/dtype.h"
+#include "engine/core/dtype.h"
 
 namespace spotrain::cuda {
 

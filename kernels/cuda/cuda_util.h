@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain::cuda {
 

@@ -1,12 +1,13 @@
-// `spotrain bench` (see bench.h).
-#include "examples/resnet50/bench.h"
+// `spotrain bench`: training-step throughput on synthetic or real data (warm-up, then timed
+// steps), per-phase breakdown with the data wait, per-rank and total images/s, peak memory,
+// the machine, the cost of a 90-epoch ImageNet run; optional JSON output.
+#include "tools/spotrain/commands.h"
 
 #include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <thread>
 #include <fstream>
@@ -14,30 +15,42 @@
 #include <memory>
 #include <vector>
 
-#include "comm/comm_worker.h"
-#include "comm/communicator.h"
-#include "comm/reducer.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/model.h"
-#include "engine/optimizer.h"
-#include "engine/philox.h"
-#include "engine/precision.h"
-#include "engine/rank_backend.h"
-#include "engine/step.h"
-#include "kernels/cuda/device_info.h"
-#include "kernels/profiled_backend.h"
-#include "engine/trainer.h"
+#include "engine/core/clock.h"
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "engine/core/philox.h"
+#include "engine/data.h"
+#include "engine/session.h"
 #include "io/loader.h"
-#include "layers/resnet.h"
+#include "kernels/device_info.h"
+#include "kernels/profiled_backend.h"
 
-namespace spotrain {
+namespace spotrain::cli {
 
 namespace {
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
+
+struct BenchOptions {
+  std::string model = "resnet50";
+  int64_t batch_size = 32;
+  int image_size = 224;
+  int channels = 3;
+  int num_classes = 1000;
+  int steps = 10;
+  int warmup = 2;
+  int threads = 0;
+  std::string precision = "fp32";
+  std::string grad_checkpoint = "none";
+  std::string device = "auto";
+  std::string data = "synthetic";  // synthetic | imagefolder:DIR | shards:DIR (training transforms)
+  int workers = 4;                  // loader threads for real data
+  int prefetch = 4;                 // batches the loader prepares ahead
+  double max_bad_fraction = 0.001;  // unreadable images tolerated (fraction of the set)
+  std::string json;
+  double price_per_hour = 0;
+  uint64_t seed = 0;
+  bool profile = false;  // time every op (device events on a GPU) and print where a step goes
+};
+
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   double pos = q * double(v.size() - 1);
@@ -59,26 +72,21 @@ size_t peak_rss_bytes() {
 }
 }  // namespace
 
-int run_bench(const BenchOptions& o) {
+static int run_bench(const BenchOptions& o) {
   SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
   SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   Precision prec = parse_precision(o.precision);
-  auto comm = make_communicator("auto");
-  auto worker = std::make_unique<CommWorker>(*comm, 300);
-  const int world = comm->size();
-  set_log_enabled(comm->rank() == 0);
-  BackendOptions bo;
-  bo.threads = o.threads;
-  bo.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
-  auto be = make_rank_backend(o.device, bo, comm, worker, 300);
-  ProfiledBackend* prof = nullptr;
-  if (o.profile) {
-    auto p = std::make_unique<ProfiledBackend>(std::move(be));
-    prof = p.get();
-    be = std::move(p);
-  }
+  SessionOptions so;
+  so.device = o.device;
+  so.backend.threads = o.threads;
+  so.backend.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
+  so.profile = o.profile;
+  Session session(so);
+  Backend* be = &session.backend();
+  ProfiledBackend* prof = session.profiler();
+  const int world = session.world();
   // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
   std::unique_ptr<io::Loader> loader;
   int num_classes = o.num_classes, channels = o.channels;
@@ -86,7 +94,7 @@ int run_bench(const BenchOptions& o) {
     DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size, /*with_test=*/false);
     io::LoaderOptions lo;
     lo.batch_size = o.batch_size;
-    lo.rank = comm->rank();
+    lo.rank = session.rank();
     lo.world = world;
     lo.seed = o.seed;
     lo.workers = o.workers;
@@ -102,29 +110,16 @@ int run_bench(const BenchOptions& o) {
   }
   const GpuInfo& gpu = gpu_info();
   if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
-  ResNetOptions ro;
-  ro.arch = o.model;
-  ro.num_classes = num_classes;
-  ro.in_channels = channels;
-  ro.grad_checkpoint = o.grad_checkpoint;
-  Model model(build_resnet(ro), *be);
-  model.initialize(o.seed);
-  Sgd sgd(model, SgdOptions{});
-  LossScalerOptions lso;
-  lso.enabled = prec == Precision::fp16;
-  LossScaler scaler(lso);
-  std::unique_ptr<Reducer> reducer;
-  if (world > 1) {
-    Tensor& flat = model.flat_params();
-    worker->run("broadcast of the initial parameters", [&] { comm->broadcast(flat.raw(), flat.nbytes(), 0); });
-    model.parameters_changed();
-    reducer = std::make_unique<Reducer>(model, *worker, ReducerOptions{});
-  }
-  Reducer* red = reducer.get();
-  StepRunner runner(model, sgd, scaler, prec, red,
-                    red ? std::function<double()>([red] { return red->finish(); })
-                        : std::function<double()>(),
-                    world);
+  TrainingSpec spec;
+  spec.net.arch = o.model;
+  spec.net.num_classes = num_classes;
+  spec.net.in_channels = channels;
+  spec.net.grad_checkpoint = o.grad_checkpoint;
+  spec.seed = o.seed;
+  spec.precision = prec;
+  Training tr = session.make_training(spec);
+  Model& model = *tr.model;
+  StepRunner& runner = *tr.runner;
 
   // Synthetic data: one batch generated once and uploaded once, so it stays on the device
   // in the compute dtype (as NVIDIA's reference scripts do); steps then move no input data.
@@ -154,12 +149,12 @@ int run_bench(const BenchOptions& o) {
     const Tensor* x = &images;
     const int32_t* y = labels.data();
     if (loader) {  // the time the step waits for its batch is the data phase
-      double t0 = now();
+      double t0 = now_seconds();
       if (!loader->next(batch)) {
         loader->start_epoch(++epoch);
         SPOTRAIN_CHECK(loader->next(batch), "bench: the data set yields no batch");
       }
-      wait = now() - t0;
+      wait = now_seconds() - t0;
       x = &batch.images;
       y = batch.labels.data();
     }
@@ -195,7 +190,8 @@ int run_bench(const BenchOptions& o) {
     uint64_t bits;
     std::memcpy(&bits, &rank_ips[0], 8);
     std::vector<uint64_t> all;
-    worker->run("gather of per-rank throughput", [&] { all = comm->allgather(bits); });
+    session.worker().run("gather of per-rank throughput",
+                         [&] { all = session.comm().allgather(bits); });
     for (int r = 0; r < world; ++r) std::memcpy(&rank_ips[size_t(r)], &all[size_t(r)], 8);
   }
   std::string per_rank;
@@ -229,7 +225,7 @@ int run_bench(const BenchOptions& o) {
                  fmt_fixed(secs / 3600.0 * o.price_per_hour, 2), " at $",
                  fmt_fixed(o.price_per_hour, 2), "/hour"));
   }
-  if (!o.json.empty() && comm->rank() == 0) {
+  if (!o.json.empty() && session.rank() == 0) {
     nlohmann::json j{{"model", o.model},
                      {"batch_size", o.batch_size},
                      {"image_size", o.image_size},
@@ -275,4 +271,37 @@ int run_bench(const BenchOptions& o) {
   return 0;
 }
 
-}  // namespace spotrain
+Command add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  BenchOptions& bo = *o;
+  auto* bench = app.add_subcommand("bench", "measure training-step throughput (synthetic or real data)");
+  bench->add_option("--model", bo.model, "model")->capture_default_str();
+  bench->add_option("--batch-size", bo.batch_size, "batch size per rank")->capture_default_str();
+  bench->add_option("--image-size", bo.image_size, "square input size")->capture_default_str();
+  bench->add_option("--channels", bo.channels, "input channels")->capture_default_str();
+  bench->add_option("--num-classes", bo.num_classes, "classes")->capture_default_str();
+  bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
+  bench->add_option("--warmup", bo.warmup, "untimed warm-up steps")->capture_default_str();
+  bench->add_option("--threads", bo.threads, "compute threads (0 = all cores)");
+  bench->add_option("--precision", bo.precision, "fp32|tf32|bf16|fp16")->capture_default_str();
+  bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
+      ->capture_default_str();
+  bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
+  bench->add_option("--data", bo.data,
+                    "synthetic (one batch made once) | imagefolder:DIR | shards:DIR (the training loader)")
+      ->capture_default_str();
+  bench->add_option("--workers", bo.workers, "loader threads for real data")->capture_default_str();
+  bench->add_option("--prefetch", bo.prefetch, "batches the loader prepares ahead")->capture_default_str();
+  bench->add_option("--max-bad-fraction", bo.max_bad_fraction,
+                    "stop when more than this fraction of images is unreadable")
+      ->capture_default_str();
+  bench->add_option("--json", bo.json, "write the results as JSON to FILE");
+  bench->add_option("--price-per-hour", bo.price_per_hour,
+                    "USD per hour: estimate the cost of a 90-epoch ImageNet run");
+  bench->add_option("--seed", bo.seed, "random seed");
+  bench->add_flag("--profile", bo.profile,
+                  "time every op (CUDA events on a GPU) and print where a step's time goes");
+  return {bench, [o] { return run_bench(*o); }};
+}
+
+}  // namespace spotrain::cli

@@ -1,9 +1,10 @@
 // Tensor and Storage (see tensor.h).
-#include "engine/tensor.h"
+#include "engine/core/tensor.h"
 
+#include <atomic>
 #include <sstream>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace spotrain {
 
@@ -21,10 +22,26 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
+namespace {
+// Versions are unique over the process: a new storage at a freed one's address never
+// matches a copy derived from the old one.
+uint64_t next_version() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+}  // namespace
+
 Storage::Storage(Allocator& a, size_t n) : bytes(n), device(a.device()), alloc(&a) {
   data = a.allocate(n);
+  version = next_version();
 }
-Storage::Storage(void* external, size_t n, Device d) : data(external), bytes(n), device(d) {}
+Storage::Storage(void* external, size_t n, Device d) : data(external), bytes(n), device(d) {
+  version = next_version();
+}
+
+void Tensor::mark_written() const {
+  if (storage_) storage_->version = next_version();
+}
 Storage::~Storage() {
   if (alloc) alloc->deallocate(data, bytes);
 }

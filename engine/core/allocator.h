@@ -10,7 +10,7 @@
 #include <mutex>
 #include <set>
 
-#include "engine/dtype.h"
+#include "engine/core/dtype.h"
 
 namespace spotrain {
 

@@ -12,8 +12,9 @@ enum class Device : uint8_t { cpu, cuda };
 // Physical arrangement of a 4-D tensor whose logical shape is always (N, C, H, W).
 //   plain     : row-major over the logical shape (also every non-4-D tensor)
 //   nhwc      : canonical image layout (loader, GPU backend, interop)
-//   nchw16c   : oneDNN's blocked layout, channels padded to a multiple of 16
-enum class Layout : uint8_t { plain, nhwc, nchw16c };
+//   blocked   : a backend's own blocked arrangement, which only that backend reads (the CPU
+//               backend's is oneDNN's nChw16c: channels padded to a multiple of 16)
+enum class Layout : uint8_t { plain, nhwc, blocked };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -41,7 +42,7 @@ inline const char* layout_name(Layout l) {
   switch (l) {
     case Layout::plain: return "plain";
     case Layout::nhwc: return "nhwc";
-    case Layout::nchw16c: return "nchw16c";
+    case Layout::blocked: return "blocked";
   }
   return "?";
 }

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/allocator.h"
-#include "engine/dtype.h"
+#include "engine/core/allocator.h"
+#include "engine/core/dtype.h"
 
 namespace spotrain {
 
@@ -29,6 +29,9 @@ struct Storage {
   size_t bytes = 0;
   Device device = Device::cpu;
   Allocator* alloc = nullptr;  // null for external memory
+  // Which contents the memory holds: a number no other storage or write has had, renewed
+  // by every Tensor::mark_written (see there).
+  uint64_t version = 0;
 };
 
 class Tensor {
@@ -57,6 +60,17 @@ class Tensor {
   void* raw() const;
   template <typename T>
   T* data() const { return static_cast<T*>(raw()); }
+  // Writes that others may have derived copies of. A backend keeps derived copies of
+  // weights (reordered, fp16), keyed by the storage's version; whoever changes a tensor's
+  // contents in place outside the backend's own ops (a load, a broadcast, a test) writes
+  // through write_raw() or calls mark_written(), and the next use refreshes the copies.
+  // Backend ops that write into an existing tensor (sgd_step, copy, fill) mark it themselves.
+  uint64_t version() const { return storage_ ? storage_->version : 0; }
+  void mark_written() const;
+  void* write_raw() const {
+    mark_written();
+    return raw();
+  }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   // Same storage, new logical shape/layout (element count must match).

@@ -1,0 +1,124 @@
+// CheckpointManager (see checkpoint_manager.h).
+#include "checkpoints/checkpoint_manager.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/core/clock.h"
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "engine/core/test_hooks.h"
+
+namespace spotrain {
+
+CheckpointManager::CheckpointManager(const CheckpointPolicy& policy, int64_t bytes_each)
+    : policy_(policy), writer_(policy.keep), last_time_(now_seconds()) {
+  SPOTRAIN_CHECK(!policy_.dir.empty(), "internal: a checkpoint manager without a folder");
+  check_folder(bytes_each);
+}
+
+// Fail now, not after hours of training, when checkpoints cannot be written: the folder
+// must be writable and hold a new checkpoint next to the previous one.
+void CheckpointManager::check_folder(int64_t need) {
+  namespace fs = std::filesystem;
+  const std::string& dir = policy_.dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string probe = dir + "/.write-test";
+  {
+    std::ofstream f(probe);
+    SPOTRAIN_CHECK(!ec && f.good(), "checkpoint directory ", dir,
+                   " is not writable; pass a writable --ckpt-dir");
+  }
+  fs::remove(probe, ec);
+  // Half-written files of a process killed mid-write: never valid, safe to remove.
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".tmp") {
+      log_info(str("removing the unfinished checkpoint ", e.path().string(),
+                   " (a write was interrupted)"));
+      fs::remove(e.path(), ec);
+    }
+  }
+  std::error_code space_ec;
+  int64_t free_bytes = int64_t(fs::space(dir, space_ec).available);
+  if (test_hooks().free_bytes >= 0) {
+    free_bytes = test_hooks().free_bytes;
+    space_ec.clear();
+  }
+  if (space_ec) return;  // space unknown (some network filesystems): the writes will tell
+  auto mib = [](int64_t b) { return fmt_fixed(double(b) / double(1 << 20), 1) + " MiB"; };
+  SPOTRAIN_CHECK(free_bytes >= 2 * need, "checkpoint directory ", dir, " has ", mib(free_bytes),
+                 " free; writing a checkpoint of this model (", mib(need),
+                 ") while keeping the previous one needs ", mib(2 * need),
+                 "; free some space or pass another --ckpt-dir");
+  int64_t keep_need = need * (policy_.keep > 0 ? policy_.keep + 1 : 4);
+  if (free_bytes < keep_need)
+    log_info(str("warning: checkpoint directory ", dir, " has ", mib(free_bytes), " free; --keep ",
+                 policy_.keep, " needs about ", mib(keep_need)));
+}
+
+std::string CheckpointManager::path_for(int64_t step) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+  return policy_.dir + "/" + name;
+}
+
+bool CheckpointManager::due(int64_t step, bool epoch_end) const {
+  return epoch_end || (policy_.every_steps > 0 && step % policy_.every_steps == 0) ||
+         (policy_.every_minutes > 0 && now_seconds() - last_time_ >= policy_.every_minutes * 60);
+}
+
+std::string CheckpointManager::write(int64_t step, const SnapshotFn& snapshot, bool sync) {
+  const std::string path = path_for(step);
+  if (writer_.busy()) {
+    double t0 = now_seconds();
+    poll();
+    writer_.wait();
+    if (!sync)
+      log_info(str("warning: the previous checkpoint write was still running; training waited ",
+                   fmt_fixed(now_seconds() - t0, 2), " s (checkpoints are due faster than the disk "
+                   "writes them: raise --ckpt-every)"));
+  }
+  poll();
+  double t0 = now_seconds();
+  writer_.submit(path, snapshot());
+  writing_ = path;
+  snapshot_seconds_ = now_seconds() - t0;
+  last_time_ = now_seconds();
+  if (sync) {
+    poll();
+    writer_.wait();
+    log_info(str("checkpoint written: ", path, " in ",
+                 fmt_fixed(snapshot_seconds_ + writer_.last_write_seconds(), 2), " s"));
+    writing_.clear();
+  } else {
+    log_info(str("checkpoint ", path, ": training held ", fmt_fixed(snapshot_seconds_, 3),
+                 " s for the state copy, writing in the background"));
+  }
+  return path;
+}
+
+void CheckpointManager::poll() {
+  if (writing_.empty() || writer_.busy()) return;
+  std::string path = writing_;
+  writing_.clear();
+  try {
+    writer_.check();
+  } catch (const std::exception& e) {
+    SPOTRAIN_THROW("checkpoint ", path, " could not be written: ", e.what(),
+                   " (older checkpoints are intact)");
+  }
+  log_info(str("checkpoint written: ", path, " in ", fmt_fixed(writer_.last_write_seconds(), 2),
+               " s (background)"));
+}
+
+void CheckpointManager::write_class_names(const std::vector<std::string>& names) const {
+  if (names.empty()) return;
+  std::ofstream cf(policy_.dir + "/classes.txt");
+  for (auto& c : names) cf << c << "\n";
+  SPOTRAIN_CHECK(cf.good(), "cannot write ", policy_.dir, "/classes.txt");
+}
+
+}  // namespace spotrain

@@ -1,0 +1,58 @@
+// A run's checkpoint folder, kept by rank 0: checks at start that checkpoints can be written
+// there (writable, room for two, no half-written leftovers), decides when one is due (every N
+// steps, every M minutes, epoch ends), names and writes them (in the background, or at once
+// for a stop), reports finished and failed writes, keeps the newest N, and finds the one to
+// resume from. What goes into a checkpoint comes from the caller as a snapshot function.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoints/async_writer.h"
+#include "checkpoints/checkpoint.h"
+
+namespace spotrain {
+
+struct CheckpointPolicy {
+  std::string dir;            // the run's checkpoint folder
+  int keep = 3;               // checkpoints kept (older ones are removed)
+  int64_t every_steps = 0;    // also every N steps (0 = no)
+  double every_minutes = 0;   // also every M minutes of training (0 = no)
+};
+
+class CheckpointManager {
+ public:
+  // Prepares `policy.dir` for checkpoints of about `bytes_each` bytes; throws Error when it
+  // cannot hold them (not writable, or less free space than two checkpoints).
+  CheckpointManager(const CheckpointPolicy& policy, int64_t bytes_each);
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // "DIR/ckpt-00001234.h5"
+  std::string path_for(int64_t step) const;
+  // Whether a periodic or epoch-end checkpoint is due after `step`.
+  bool due(int64_t step, bool epoch_end) const;
+  // Writes a checkpoint of `step` from `snapshot()` (called now, at the step boundary): in
+  // the background, or with `sync` before returning (verified and published). Returns its path.
+  using SnapshotFn = std::function<CheckpointSnapshot()>;
+  std::string write(int64_t step, const SnapshotFn& snapshot, bool sync);
+  // Reports a background write that finished since the last call; throws Error when it failed.
+  void poll();
+  // Seconds the latest snapshot held training, and the latest write took (0 before the first).
+  double last_snapshot_seconds() const { return snapshot_seconds_; }
+  double last_write_seconds() const { return writer_.last_write_seconds(); }
+  // Writes DIR/classes.txt: line i names label i.
+  void write_class_names(const std::vector<std::string>& names) const;
+
+ private:
+  void check_folder(int64_t bytes_each);
+  CheckpointPolicy policy_;
+  AsyncCheckpointWriter writer_;
+  std::string writing_;  // path of the write in flight
+  double last_time_;     // when the latest checkpoint was written (or the manager made)
+  double snapshot_seconds_ = 0;
+};
+
+}  // namespace spotrain

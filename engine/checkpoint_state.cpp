@@ -1,0 +1,92 @@
+// Model and optimizer state to and from checkpoints (see checkpoint_state.h).
+#include "engine/checkpoint_state.h"
+
+#include <functional>
+#include <vector>
+
+#include "engine/core/error.h"
+
+namespace spotrain {
+
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
+                                       Tensor* params_buf, Tensor* momentum_buf) {
+  Backend& be = model.backend();
+  CheckpointSnapshot s;
+  s.info = info;
+  // The BN buffers first (small, copied at once), then one host copy of each flat buffer,
+  // queued without waiting where the backend can; the per-parameter tensors are views.
+  NamedTensors buffers;
+  for (auto* b : model.buffers()) buffers.emplace_back(b->name, be.to_host(b->value));
+  std::vector<std::function<void()>> waits;
+  auto host_copy = [&](const Tensor& src, Tensor* buf) {
+    if (!buf) return be.to_host(src);  // to_host always copies
+    waits.push_back(be.copy_to_host_async(src, *buf));
+    return *buf;
+  };
+  Tensor params = host_copy(model.flat_params(), params_buf);
+  for (auto* p : model.params())
+    s.model.emplace_back(p->name, Tensor::view(params, model.offset_of(p), p->value.shape()));
+  for (auto& b : buffers) s.model.push_back(std::move(b));
+  if (sgd) {
+    Tensor m = host_copy(sgd->momentum(), momentum_buf);
+    for (auto* p : model.params())
+      s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
+    const SgdOptions& o = sgd->options();
+    s.optimizer.steps = sgd->steps();
+    s.optimizer.momentum = o.momentum;
+    s.optimizer.nesterov = o.nesterov;
+    s.optimizer.weight_decay = o.weight_decay;
+    s.optimizer.decay_bn_and_bias = o.decay_bn_and_bias;
+  }
+  s.wait_copies = [waits] {
+    for (auto& w : waits) w();
+  };
+  return s;
+}
+
+int64_t checkpoint_bytes(const Model& model, bool with_momentum) {
+  int64_t n = model.num_params() * (with_momentum ? 2 : 1);
+  for (auto* b : model.buffers()) n += b->value.numel();
+  return checkpoint_bytes(n);
+}
+
+namespace {
+
+// Host views, named per parameter, into one host buffer laid out as the flat parameters.
+NamedTensors flat_views(const Model& model, const Tensor& host_flat) {
+  NamedTensors out;
+  for (auto* p : model.params())
+    out.emplace_back(p->name, Tensor::view(host_flat, model.offset_of(p), p->value.shape()));
+  return out;
+}
+
+}  // namespace
+
+void load_checkpoint_weights(const std::string& path, Model& model) {
+  Backend& be = model.backend();
+  Tensor flat = Tensor::host({model.num_params()});
+  NamedTensors params = flat_views(model, flat);
+  read_checkpoint_tensors(path, "model", params);
+  NamedTensors buffers;
+  for (auto* b : model.buffers()) buffers.emplace_back(b->name, Tensor::host(b->value.shape()));
+  read_checkpoint_tensors(path, "model", buffers);
+  be.copy(be.from_host(flat), model.flat_params());  // marks the weights written
+  for (size_t i = 0; i < buffers.size(); ++i)
+    be.copy(be.from_host(buffers[i].second), model.buffers()[i]->value);
+}
+
+CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  load_checkpoint_weights(path, model);
+  SPOTRAIN_CHECK(info.optimizer_steps >= 0, "checkpoint ", path,
+                 " has no optimizer state; it cannot resume training");
+  Backend& be = model.backend();
+  Tensor flat = Tensor::host({model.num_params()});
+  NamedTensors momentum = flat_views(model, flat);
+  read_checkpoint_tensors(path, "optimizer/momentum", momentum);
+  be.copy(be.from_host(flat), sgd.momentum());
+  sgd.set_steps(info.optimizer_steps);
+  return info;
+}
+
+}  // namespace spotrain

@@ -1,0 +1,29 @@
+// What of a Model and its optimizer goes into a checkpoint, and how it comes back: the
+// bridge between the engine's training state and checkpoints/, which knows only named host
+// tensors and a typed state record.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "checkpoints/checkpoint.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+
+namespace spotrain {
+
+// Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
+// `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused
+// buffers must not be in use by a write still in flight. Buffers from the backend's
+// host_staging_allocator() are filled by DMA while training goes on (see wait_copies).
+CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
+                                       Tensor* params_buf = nullptr,
+                                       Tensor* momentum_buf = nullptr);
+// Bytes a checkpoint of this model takes on disk (parameters, buffers, momentum), roughly.
+int64_t checkpoint_bytes(const Model& model, bool with_momentum);
+// Loads parameters and BN buffers into `model` (shapes must match; names must all exist).
+void load_checkpoint_weights(const std::string& path, Model& model);
+// Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
+// count; returns the attributes (progress, loss-scaler state).
+CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);
+
+}  // namespace spotrain

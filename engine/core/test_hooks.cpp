@@ -1,0 +1,62 @@
+// Test hooks (see test_hooks.h).
+#include "engine/core/test_hooks.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace spotrain {
+
+namespace {
+
+TestHooks read_hooks() {
+  TestHooks h;
+  if (const char* v = std::getenv("SPOTRAIN_FAULT")) {
+    char kind[8] = {0};
+    int r = -1;
+    long long s = -1;
+    if (std::sscanf(v, "%7[a-z]:%d:%lld", kind, &r, &s) == 3) {
+      h.fault_kind = kind;
+      h.fault_rank = r;
+      h.fault_step = s;
+    } else {
+      std::fprintf(stderr, "warning: ignoring SPOTRAIN_FAULT='%s' (expected KIND:RANK:STEP)\n", v);
+    }
+  }
+  if (const char* v = std::getenv("SPOTRAIN_SAMPLE_LOG")) h.sample_log = v;
+  if (const char* v = std::getenv("SPOTRAIN_FREE_BYTES")) h.free_bytes = std::atoll(v);
+  if (const char* v = std::getenv("SPOTRAIN_CKPT_WRITE_DELAY")) {
+    double seconds = 0;
+    long long from = 0;
+    if (std::sscanf(v, "%lf:%lld", &seconds, &from) >= 1) {
+      h.ckpt_write_delay = seconds;
+      h.ckpt_write_delay_from_step = from;
+    }
+  }
+  if (const char* v = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD"))
+    h.no_fused_bn_add = *v && std::string(v) != "0";
+  return h;
+}
+
+}  // namespace
+
+const TestHooks& test_hooks() {
+  static const TestHooks hooks = read_hooks();
+  return hooks;
+}
+
+void inject_fault(int rank, int64_t step) {
+  const TestHooks& h = test_hooks();
+  if (h.fault_kind.empty() || h.fault_rank != rank || h.fault_step != step) return;
+  std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, h.fault_kind.c_str(),
+               static_cast<long long>(step));
+  std::fflush(stderr);
+  if (h.fault_kind == "die") raise(SIGKILL);
+  if (h.fault_kind == "term") raise(SIGTERM);  // as a spot preemption notice
+  if (h.fault_kind == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+}  // namespace spotrain

@@ -1,0 +1,81 @@
+// One rank's set-up, the same for `spotrain train`, `eval` and `bench`: the communicator and
+// its collective worker, the backend (one GPU per local rank; NCCL between GPU ranks, host
+// values still over MPI), and the training parts built on them (model, optimizer, loss
+// scaler, gradient sync, step runner), with every rank starting from rank 0's weights.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "comm/comm_worker.h"
+#include "comm/communicator.h"
+#include "comm/reducer.h"
+#include "engine/grad_sync.h"
+#include "engine/loss_scaler.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/precision.h"
+#include "engine/step.h"
+#include "kernels/ops.h"
+#include "layers/resnet.h"
+
+namespace spotrain {
+
+class ProfiledBackend;
+
+struct SessionOptions {
+  std::string comm = "auto";  // auto (MPI when started by mpirun/srun) | local
+  std::string device = "auto";
+  BackendOptions backend;
+  double comm_timeout = 300;  // seconds a collective may take before the job is aborted
+  bool profile = false;       // time every op (a ProfiledBackend around the real one)
+};
+
+// What a training step needs; made by Session::make_training.
+struct TrainingSpec {
+  ResNetOptions net;
+  uint64_t seed = 0;  // weight initialization
+  Precision precision = Precision::fp32;
+  SgdOptions sgd;
+  LossScalerOptions scaler;
+  ReducerOptions reducer;
+};
+struct Training {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Sgd> sgd;
+  std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<GradSync> sync;  // null on one rank
+  std::unique_ptr<StepRunner> runner;
+};
+
+class Session {
+ public:
+  explicit Session(const SessionOptions& opt);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Communicator& comm() { return *comm_; }
+  CommWorker& worker() { return *worker_; }
+  Backend& backend() { return *backend_; }
+  ProfiledBackend* profiler() { return profiler_; }  // with opt.profile, else null
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->size(); }
+
+  // A ResNet on this rank's backend, initialized from `seed`; with several ranks every rank
+  // then holds rank 0's parameters and buffers.
+  std::unique_ptr<Model> make_model(const ResNetOptions& net, uint64_t seed);
+  // The model with its optimizer, loss scaler, gradient sync (several ranks) and step runner.
+  Training make_training(const TrainingSpec& spec);
+
+  // Every rank gets rank 0's contents of `t` / of the model's BN buffers (no-ops on one rank).
+  void broadcast_from_rank0(Tensor& t, const std::string& what);
+  void broadcast_buffers(Model& model);
+
+ private:
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<CommWorker> worker_;
+  std::unique_ptr<Backend> backend_;
+  ProfiledBackend* profiler_ = nullptr;
+};
+
+}  // namespace spotrain

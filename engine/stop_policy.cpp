@@ -1,0 +1,58 @@
+// StopPolicy (see stop_policy.h).
+#include "engine/stop_policy.h"
+
+#include <algorithm>
+
+#include "checkpoints/preemption.h"
+#include "engine/core/clock.h"
+#include "engine/config.h"  // parse_duration
+#include "engine/core/log.h"
+
+namespace spotrain {
+
+constexpr int kStopSlot = 0;  // GradSync control slot of the stop flag
+
+StopPolicy::StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync)
+    : wall_text_(max_wall_time), started_at_(started_at), sync_(sync) {
+  if (!max_wall_time.empty()) wall_limit_ = parse_duration(max_wall_time);
+  install_stop_handlers();
+}
+
+// Whether --max-wall-time leaves no room for two more steps and a checkpoint.
+bool StopPolicy::wall_near() const {
+  if (wall_limit_ <= 0) return false;
+  double margin = std::min(5.0, 0.05 * wall_limit_);
+  return now_seconds() - started_at_ + 2 * step_seconds_ + checkpoint_seconds_ + margin > wall_limit_;
+}
+
+void StopPolicy::before_step() {
+  reason_ = stop_requested() ? "a signal" : wall_near() ? "--max-wall-time" : "";
+  if (sync_) sync_->set_control(kStopSlot, reason_.empty() ? 0.f : 1.f);
+}
+
+std::string StopPolicy::after_step(double step_seconds, double checkpoint_seconds) {
+  step_seconds_ = step_seconds;  // the latest step, not the warm-up average
+  checkpoint_seconds_ = checkpoint_seconds;
+  // What a stop costs, once the first checkpoint has been written: the step under way, then
+  // a synchronous write with fsync and verification. Launchers must allow that.
+  if (!cost_logged_ && checkpoint_seconds > 0) {
+    cost_logged_ = true;
+    log_info(str("a stop takes about ", fmt_fixed(step_seconds + checkpoint_seconds, 1),
+                 " s (the step under way ", fmt_fixed(step_seconds, 1),
+                 " s + writing and verifying a checkpoint ", fmt_fixed(checkpoint_seconds, 1),
+                 " s): give the job at least that much time between the stop signal and a kill "
+                 "(docs/MULTI_NODE.md, 'Stopping it')"));
+  }
+  std::string reason = reason_;
+  if (sync_) {
+    const bool any = sync_->control(kStopSlot) > 0;  // every rank's flag, summed
+    if (any && reason.empty()) reason = "a stop request on another rank";
+    if (!any) reason.clear();
+  } else if (reason.empty() && stop_requested()) {
+    reason = "a signal";
+  }
+  if (reason == "--max-wall-time") log_info(str("--max-wall-time ", wall_text_, " is near: stopping"));
+  return reason;
+}
+
+}  // namespace spotrain

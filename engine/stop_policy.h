@@ -1,0 +1,34 @@
+// When a run stops early, with a checkpoint and exit 75: a stop signal (SIGTERM, SIGINT,
+// SIGUSR1; checkpoints/preemption.h) on any rank, or --max-wall-time about to pass. Each rank
+// sets its flag before a step; the flags travel with the step's last gradient bucket (the
+// GradSync control slot), so every rank learns of every flag at no extra round trip and all
+// stop after the same step. Also says once what a stop costs, so launchers allow for it.
+#pragma once
+#include <string>
+
+#include "engine/grad_sync.h"
+
+namespace spotrain {
+
+class StopPolicy {
+ public:
+  // max_wall_time: as --max-wall-time ("" = none), counted from started_at; sync: nullptr
+  // on one rank.
+  StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync);
+  // Before a step: this rank's reason to stop ("" = none), sent to the other ranks.
+  void before_step();
+  // After a step of `step_seconds`, with a checkpoint costing `checkpoint_seconds` to write
+  // (0 before the first): why the run stops now ("" = it goes on).
+  std::string after_step(double step_seconds, double checkpoint_seconds);
+
+ private:
+  bool wall_near() const;
+  std::string wall_text_;
+  double wall_limit_ = 0, started_at_;
+  GradSync* sync_;
+  std::string reason_;  // this rank's, set before the step
+  double step_seconds_ = 0, checkpoint_seconds_ = 0;
+  bool cost_logged_ = false;
+};
+
+}  // namespace spotrain

@@ -1,0 +1,31 @@
+# The find_package consumer test: installs this build into a scratch prefix, then configures,
+# builds and runs tests/consumer against it. Run: cmake -DBUILD=<build dir> -DSRC=<source
+# dir> -DWORK=<scratch dir> [-DGENERATOR=...] -P this.
+foreach(v BUILD SRC WORK)
+  if(NOT ${v})
+    message(FATAL_ERROR "pass -D${v}=...")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${WORK})
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${what}: ok")
+endfunction()
+run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
+foreach(f bin/spotrain lib/cmake/spotrain/spotrainConfig.cmake include/spotrain/engine/session.h
+          include/spotrain/engine/core/tensor.h)
+  if(NOT EXISTS ${WORK}/prefix/${f})
+    message(FATAL_ERROR "cmake --install did not put ${f} in place")
+  endif()
+endforeach()
+set(gen "")
+if(GENERATOR)
+  set(gen -G ${GENERATOR})
+endif()
+run("configure the consumer" ${CMAKE_COMMAND} ${gen} -S ${SRC}/tests/consumer -B ${WORK}/build
+    -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_BUILD_TYPE=Release)
+run("build the consumer" ${CMAKE_COMMAND} --build ${WORK}/build)
+run("run the consumer" ${WORK}/build/consumer)

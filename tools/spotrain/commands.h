@@ -1,0 +1,26 @@
+// The `spotrain` subcommands, one file each (train.cpp, eval.cpp, bench.cpp, ckpt.cpp,
+// data.cpp): each adds its options to the CLI11 app and returns what runs it; main.cpp only
+// wires them. Errors are thrown as spotrain::Error; main turns them into one line and exit 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace spotrain::cli {
+
+// A (sub)subcommand and what runs it when it was given; run returns the exit code.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command add_train(CLI::App& app);                // spotrain train
+Command add_eval(CLI::App& app);                 // spotrain eval
+Command add_bench(CLI::App& app);                // spotrain bench
+std::vector<Command> add_ckpt(CLI::App& app);    // spotrain ckpt info|verify
+std::vector<Command> add_data(CLI::App& app);    // spotrain data pack|verify
+
+}  // namespace spotrain::cli

@@ -1,0 +1,83 @@
+// `spotrain data pack SRC OUT` (an image folder into CRC-checked shards) and
+// `spotrain data verify OUT`.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "io/image_folder.h"
+#include "tools/spotrain/commands.h"
+
+namespace spotrain::cli {
+
+namespace {
+
+struct DataOptions {
+  std::string pack_src, pack_out, shard_size = "1GiB";
+};
+
+// `spotrain data pack SRC OUT`: each split folder SRC/train, SRC/val -> OUT/train, OUT/val.
+int run_data_pack(const std::string& src, const std::string& out, const std::string& shard_size) {
+  namespace fs = std::filesystem;
+  const int64_t shard_bytes = spotrain::io::parse_bytes(shard_size);
+  SPOTRAIN_CHECK(fs::is_directory(src + "/train") || fs::is_directory(src + "/val"), src,
+                 " has neither train/ nor val/ (expected SRC/train/<class>/*.JPEG)");
+  std::vector<std::string> classes;
+  for (const char* split : {"train", "val"}) {
+    const std::string dir = src + "/" + split;
+    if (!fs::is_directory(dir)) continue;
+    auto folder = spotrain::io::open_image_folder(dir, classes);
+    if (classes.empty()) classes = folder->class_names();
+    auto st = spotrain::io::pack_shards(*folder, out + "/" + split, shard_bytes);
+    spotrain::log_info(spotrain::str("packed ", dir, ": ", st.records, " images, ", folder->num_classes(),
+                                     " classes, ", spotrain::fmt_fixed(double(st.bytes) / (1 << 20), 1),
+                                     " MiB in ", st.shards, " shard(s) -> ", out, "/", split));
+  }
+  return 0;
+}
+
+// `spotrain data verify OUT`: every split under OUT (or OUT itself).
+int run_data_verify(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  if (fs::exists(out + "/index.bin")) dirs.push_back(out);
+  for (const char* split : {"train", "val"})
+    if (fs::is_directory(out + "/" + split)) dirs.push_back(out + "/" + split);
+  SPOTRAIN_CHECK(!dirs.empty(), out, " holds no packed shards (index.bin, train/ or val/)");
+  size_t problems = 0;
+  for (auto& d : dirs) {
+    std::vector<std::string> notes;
+    auto p = spotrain::io::verify_shards(d, &notes);
+    for (auto& line : notes) std::fprintf(stderr, "%s: note: %s (the loader will skip it)\n", d.c_str(), line.c_str());
+    for (auto& line : p) std::fprintf(stderr, "%s: %s\n", d.c_str(), line.c_str());
+    if (p.empty()) std::printf("%s: OK\n", d.c_str());
+    problems += p.size();
+  }
+  SPOTRAIN_CHECK(problems == 0, problems, " problem(s) found in ", out, "; re-pack it with `spotrain data pack`");
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_data(CLI::App& app) {
+  auto o = std::make_shared<DataOptions>();
+  std::string& pack_src = o->pack_src;
+  std::string& pack_out = o->pack_out;
+  std::string& shard_size = o->shard_size;
+  auto* data_cmd = app.add_subcommand("data", "pack an image folder into shards, or verify shards");
+  data_cmd->require_subcommand(1);
+  auto* data_pack = data_cmd->add_subcommand("pack", "SRC/{train,val}/<class>/*.JPEG -> OUT/{train,val} shards");
+  data_pack->add_option("src", pack_src, "image folder root (with train/ and/or val/)")->required();
+  data_pack->add_option("out", pack_out, "output directory")->required();
+  data_pack->add_option("--shard-size", shard_size, "bytes per shard file, e.g. 1GiB, 256MiB")
+      ->capture_default_str();
+  auto* data_verify = data_cmd->add_subcommand("verify", "check shard headers, lengths and CRC-32s");
+  data_verify->add_option("out", pack_out, "directory written by data pack")->required();
+  return {{data_pack, [o] { return run_data_pack(o->pack_src, o->pack_out, o->shard_size); }},
+          {data_verify, [o] { return run_data_verify(o->pack_out); }}};
+}
+
+}  // namespace spotrain::cli
