@@ -1,9 +1,9 @@
 // AsyncCheckpointWriter (see async_writer.h).
 #include "checkpoints/async_writer.h"
 
-#include <chrono>
 #include <cstdio>
 
+#include "engine/core/clock.h"
 #include "engine/core/error.h"
 
 namespace spotrain {
@@ -20,14 +20,14 @@ void AsyncCheckpointWriter::submit(std::string path, CheckpointSnapshot snap) {
   wait();
   done_ = false;
   thread_ = std::thread([this, path = std::move(path), snap = std::move(snap)] {
-    auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     try {
       write_checkpoint_file(path, snap);
       finish_checkpoint(path, keep_);
     } catch (...) {
       error_ = std::current_exception();
     }
-    last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_seconds_ = now_seconds() - t0;
     done_ = true;
   });
 }

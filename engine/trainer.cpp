@@ -13,7 +13,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/core/test_hooks.h"
-#include "engine/lr_schedule.h"
+#include "engine/progress.h"
 #include "engine/stop_policy.h"
 #include "io/loader.h"
 #include "kernels/device_info.h"
@@ -51,27 +51,6 @@ TrainingSpec training_spec(const RunConfig& cfg, const io::Dataset& train) {
   s.reducer.compression = cfg.grad_compression;
   return s;
 }
-
-// Loss and accuracy summed over the steps of a progress window or an epoch.
-struct Tally {
-  double loss = 0;  // sum of per-sample losses
-  int64_t correct = 0, n = 0;
-  void add(const LossResult& l, int64_t batch) {
-    loss += l.loss * double(batch);
-    correct += l.top1;
-    n += batch;
-  }
-  // The whole job's figures (sums over ranks).
-  void sum_over(CommWorker& w, const std::string& what) {
-    double v[3] = {loss, double(correct), double(n)};
-    sum_across_ranks(w, v, 3, what);
-    loss = v[0];
-    correct = int64_t(v[1]);
-    n = int64_t(v[2]);
-  }
-  double mean_loss() const { return n ? loss / double(n) : 0; }
-  double accuracy() const { return n ? double(correct) / double(n) : 0; }
-};
 
 // What rank 0 tells every rank after looking for the checkpoint to resume from.
 struct ResumeHeader {
@@ -248,21 +227,7 @@ EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
                         &session_->worker(), cfg_.workers, cfg_.max_bad_fraction);
 }
 
-void Trainer::log_start(int64_t per_epoch, int64_t total_steps, int64_t epochs) {
-  log_info(str("model ", cfg_.model, ": ", t_.model->summary()));
-  if (session_->world() > 1)
-    log_info(str("data parallel over ", session_->world(), " ranks (", session_->comm().name(),
-                 "), global batch ", cfg_.batch_size * session_->world(), ", ",
-                 t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
-                 " MB, compression ", cfg_.grad_compression));
-  if (session_->backend().device() == Device::cuda) log_info(gpu_info_line(gpu_info()));
-  log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ",
-               data_.train->size(), " train / ", data_.test->size(), " test samples; ", epochs,
-               " epoch(s) of ", per_epoch, " steps, batch ", cfg_.batch_size));
-}
-
-TrainResult Trainer::run() {
-  Position at = resume();  // may change the per-rank batch (elastic resume)
+io::LoaderOptions Trainer::loader_options() const {
   io::LoaderOptions lo;
   lo.batch_size = cfg_.batch_size;
   lo.train = true;
@@ -276,130 +241,138 @@ TrainResult Trainer::run() {
   lo.rank = session_->rank();
   lo.world = session_->world();
   lo.transforms = transforms_for(data_.kind, *data_.train, true, cfg_.augment);
-  io::Loader loader(data_.train, lo);
-  const int64_t per_epoch = loader.batches_per_epoch();
-  const int64_t total_steps = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
-  const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
-  LrSchedule sched;
-  sched.kind = cfg_.lr_schedule;
-  sched.base_lr = cfg_.lr;
-  sched.total_steps = total_steps;
-  sched.warmup_steps = int64_t(std::llround(cfg_.warmup_epochs * double(per_epoch)));
-  sched.milestones = {total_steps / 2, total_steps * 3 / 4};
-  sched.validate();
-  log_start(per_epoch, total_steps, epochs);
+  return lo;
+}
 
-  if (at.batch_in_epoch >= per_epoch) at = Position{at.step, at.epoch + 1, 0};
-  CommWorker& worker = session_->worker();
+Trainer::Plan Trainer::plan(int64_t per_epoch) const {
+  Plan p;
+  p.per_epoch = per_epoch;
+  p.total_steps = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
+  p.epochs = (p.total_steps + per_epoch - 1) / per_epoch;
+  p.lr.kind = cfg_.lr_schedule;
+  p.lr.base_lr = cfg_.lr;
+  p.lr.total_steps = p.total_steps;
+  p.lr.warmup_steps = int64_t(std::llround(cfg_.warmup_epochs * double(per_epoch)));
+  p.lr.milestones = {p.total_steps / 2, p.total_steps * 3 / 4};
+  p.lr.validate();
+  return p;
+}
+
+void Trainer::log_start(const Plan& p) {
+  log_info(str("model ", cfg_.model, ": ", t_.model->summary()));
+  if (session_->world() > 1)
+    log_info(str("data parallel over ", session_->world(), " ranks (", session_->comm().name(),
+                 "), global batch ", cfg_.batch_size * session_->world(), ", ",
+                 t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
+                 " MB, compression ", cfg_.grad_compression));
+  if (session_->backend().device() == Device::cuda) log_info(gpu_info_line(gpu_info()));
+  log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ",
+               data_.train->size(), " train / ", data_.test->size(), " test samples; ", p.epochs,
+               " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size));
+}
+
+// Test hooks at the start of a step (engine/core/test_hooks.h): SPOTRAIN_FAULT, and the
+// sample ids of the step's batch for SPOTRAIN_SAMPLE_LOG.
+void Trainer::step_hooks(int64_t step, const io::Batch& b) {
+  inject_fault(session_->rank(), step);
+  if (!sample_log_) return;
+  std::fprintf(sample_log_, "%lld", static_cast<long long>(step));
+  for (int64_t id : b.sample_ids) std::fprintf(sample_log_, " %lld", static_cast<long long>(id));
+  std::fprintf(sample_log_, "\n");
+  std::fflush(sample_log_);
+}
+
+// What writing a checkpoint costs (snapshot + write + verify), once one has been written.
+double Trainer::checkpoint_seconds() const {
+  if (!ckpt_ || ckpt_->last_write_seconds() <= 0) return 0.0;
+  return ckpt_->last_snapshot_seconds() + ckpt_->last_write_seconds();
+}
+
+// After an epoch: its figures over all ranks, then evaluation when due (and always after the
+// last epoch), logged and recorded.
+void Trainer::end_epoch(int64_t epoch, bool last_epoch, Progress& progress, const Plan& p,
+                        int64_t step, TrainResult& res) {
+  double secs = 0;
+  const Tally ep = progress.end_epoch(&secs);
+  res.final_loss = ep.mean_loss();
+  res.train_top1 = ep.accuracy();
+  res.images_per_sec = double(ep.n) / std::max(1e-9, secs);
+  const bool eval_due =
+      cfg_.eval_each_epoch && cfg_.eval_every > 0 && (epoch + 1) % cfg_.eval_every == 0;
+  if (!eval_due && !last_epoch) return;
+  res.test = evaluate(*data_.test, std::max<int64_t>(cfg_.batch_size, 256));
+  log_info(str("epoch ", epoch + 1, " done in ", fmt_duration(secs), ": train loss ",
+               fmt_fixed(res.final_loss, 4), " train acc ", fmt_fixed(100 * res.train_top1, 2),
+               "% | test loss ", fmt_fixed(res.test.loss, 4), " top-1 ",
+               fmt_fixed(100 * res.test.top1, 2), "% top-5 ", fmt_fixed(100 * res.test.top5, 2),
+               "% (", res.test.samples, " images)"));
+  metrics_->write("epoch", {{"epoch", epoch + 1}, {"step", step}, {"loss", res.final_loss},
+                            {"train_top1", res.train_top1}, {"test_loss", res.test.loss},
+                            {"test_top1", res.test.top1}, {"test_top5", res.test.top5},
+                            {"lr", p.lr.at(step - 1)}, {"images_per_sec", res.images_per_sec},
+                            {"epoch_seconds", secs}});
+}
+
+TrainResult Trainer::run() {
+  Position at = resume();  // may change the per-rank batch (elastic resume)
+  io::Loader loader(data_.train, loader_options());
+  const Plan p = plan(loader.batches_per_epoch());
+  log_start(p);
+  if (at.batch_in_epoch >= p.per_epoch) at = Position{at.step, at.epoch + 1, 0};
   StopPolicy stop(cfg_.max_wall_time, created_, t_.sync.get());
+  Progress progress(session_->worker(), *metrics_, *t_.scaler, cfg_.log_every, p.epochs,
+                    p.total_steps, at.step);
   TrainResult res;
   const double t_start = now_seconds();
-  const int64_t first_step = at.step, first_epoch = at.epoch;
-  double last_step_end = t_start;
-  for (int64_t epoch = first_epoch; epoch < epochs && at.step < total_steps; ++epoch) {
+  const int64_t first_epoch = at.epoch;
+  for (int64_t epoch = first_epoch; epoch < p.epochs && at.step < p.total_steps; ++epoch) {
     loader.start_epoch(epoch, epoch == first_epoch ? at.batch_in_epoch : 0);
+    progress.start_epoch();
     io::Batch b;
-    Tally window, ep;
-    double win_t0 = now_seconds(), ep_t0 = win_t0;
-    while (at.step < total_steps && loader.next(b)) {
-      const float lr = sched.at(at.step);
-      worker.set_step(at.step + 1);  // 1-based, as in the progress lines
-      inject_fault(session_->rank(), at.step + 1);
-      if (sample_log_) {
-        std::fprintf(sample_log_, "%lld", static_cast<long long>(at.step + 1));
-        for (int64_t id : b.sample_ids) std::fprintf(sample_log_, " %lld", static_cast<long long>(id));
-        std::fprintf(sample_log_, "\n");
-        std::fflush(sample_log_);
-      }
+    while (at.step < p.total_steps && loader.next(b)) {
+      const float lr = p.lr.at(at.step);
+      session_->worker().set_step(at.step + 1);  // 1-based, as in the progress lines
+      step_hooks(at.step + 1, b);
       stop.before_step();
-      StepResult sr = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
+      StepResult r = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
       at = Position{at.step + 1, epoch, b.batch_index + 1};
-      window.add(sr.loss, int64_t(b.labels.size()));
-      ep.add(sr.loss, int64_t(b.labels.size()));
-      if (at.step % cfg_.log_every == 0 || at.step == total_steps || at.batch_in_epoch == per_epoch) {
-        window.sum_over(worker, "the logged loss");  // the global batch's figures
-        double t = now_seconds();
-        double ips = double(window.n) / std::max(1e-9, t - win_t0);
-        double eta = (t - t_start) / double(at.step - first_step) * double(total_steps - at.step);
-        const LossScaler& sc = *t_.scaler;
-        log_info(str("epoch ", epoch + 1, "/", epochs, " step ", at.step, "/", total_steps,
-                     " loss ", fmt_fixed(window.mean_loss(), 4), " acc ",
-                     fmt_fixed(100.0 * window.accuracy(), 2), "% lr ", fmt_fixed(lr, 5), " img/s ",
-                     fmt_fixed(ips, 1), " eta ", fmt_duration(eta),
-                     sc.enabled() ? str(" scale ", sc.scale(), " skipped ", sc.state().skipped_steps)
-                                  : std::string()));
-        nlohmann::json j{{"epoch", epoch + 1}, {"step", at.step}, {"loss", window.mean_loss()},
-                         {"train_top1", window.accuracy()}, {"lr", lr}, {"images_per_sec", ips}};
-        if (sc.enabled()) {
-          j["loss_scale"] = sc.scale();
-          j["skipped_steps"] = sc.state().skipped_steps;
-        }
-        metrics_->write("step", j);
-        window = Tally{};
-        win_t0 = now_seconds();
-      }
-      const double step_end = now_seconds();
-      const double step_seconds = step_end - last_step_end;
-      last_step_end = step_end;
-      // What writing a checkpoint costs, once one has been written (0 before).
-      const double ckpt_seconds = ckpt_ && ckpt_->last_write_seconds() > 0
-                                      ? ckpt_->last_snapshot_seconds() + ckpt_->last_write_seconds()
-                                      : 0.0;
-      const std::string reason = stop.after_step(step_seconds, ckpt_seconds);
-      if (!reason.empty() && at.step < total_steps) {
-        SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", reason, " at step ", at.step,
+      const bool epoch_end = at.batch_in_epoch == p.per_epoch;
+      progress.step(at.step, epoch, lr, r.loss, int64_t(b.labels.size()), epoch_end);
+      const std::string why = stop.after_step(progress.last_step_seconds(), checkpoint_seconds());
+      if (!why.empty() && at.step < p.total_steps) {  // checkpoint, then exit 75
+        SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", why, " at step ", at.step,
                        " with no --ckpt-dir: nothing was saved");
         res.checkpoint = write_checkpoint(at, /*sync=*/true);
-        log_info(str("stopped by ", reason, " after step ", at.step, "; resume with --resume auto"));
+        log_info(str("stopped by ", why, " after step ", at.step, "; resume with --resume auto"));
         res.stopped = true;
         res.steps = at.step;
         res.seconds = now_seconds() - t_start;
         return res;
       }
       // Periodic and epoch-end checkpoints: rank 0 alone decides and writes in the background.
-      if (ckpt_) {
-        ckpt_->poll();
-        if (at.step < total_steps && ckpt_->due(at.step, at.batch_in_epoch == per_epoch))
-          res.checkpoint = write_checkpoint(at, /*sync=*/false);
-      }
+      if (ckpt_) ckpt_->poll();
+      if (ckpt_ && at.step < p.total_steps && ckpt_->due(at.step, epoch_end))
+        res.checkpoint = write_checkpoint(at, /*sync=*/false);
     }
-    const double ep_secs = now_seconds() - ep_t0;
-    ep.sum_over(worker, "the epoch summary");  // the whole job's
-    res.final_loss = ep.mean_loss();
-    res.train_top1 = ep.accuracy();
-    res.images_per_sec = double(ep.n) / std::max(1e-9, ep_secs);
-    const bool final_epoch = !(epoch + 1 < epochs && at.step < total_steps);
-    const bool eval_due =
-        cfg_.eval_each_epoch && cfg_.eval_every > 0 && (epoch + 1) % cfg_.eval_every == 0;
-    if (eval_due || final_epoch) {
-      res.test = evaluate(*data_.test, std::max<int64_t>(cfg_.batch_size, 256));
-      log_info(str("epoch ", epoch + 1, " done in ", fmt_duration(ep_secs), ": train loss ",
-                   fmt_fixed(res.final_loss, 4), " train acc ", fmt_fixed(100 * res.train_top1, 2),
-                   "% | test loss ", fmt_fixed(res.test.loss, 4), " top-1 ",
-                   fmt_fixed(100 * res.test.top1, 2), "% top-5 ", fmt_fixed(100 * res.test.top5, 2),
-                   "% (", res.test.samples, " images)"));
-      metrics_->write("epoch", {{"epoch", epoch + 1}, {"step", at.step}, {"loss", res.final_loss},
-                                {"train_top1", res.train_top1}, {"test_loss", res.test.loss},
-                                {"test_top1", res.test.top1}, {"test_top5", res.test.top5},
-                                {"lr", sched.at(at.step - 1)},
-                                {"images_per_sec", res.images_per_sec},
-                                {"epoch_seconds", ep_secs}});
-    }
+    end_epoch(epoch, !(epoch + 1 < p.epochs && at.step < p.total_steps), progress, p, at.step, res);
   }
-  auto bad = loader.bad_samples();
-  if (!bad.empty()) {
-    std::string list;
-    for (size_t i = 0; i < bad.size() && i < 20; ++i) list += "\n  " + bad[i].what;
-    std::fprintf(stderr, "warning: rank %d skipped %zu unreadable training image(s):%s%s\n",
-                 session_->rank(), bad.size(), list.c_str(), bad.size() > 20 ? "\n  ..." : "");
-  }
-  res.bad_images = int64_t(bad.size());
+  report_bad_images(loader, res);
   res.steps = at.step;
   res.seconds = now_seconds() - t_start;
   res.skipped_steps = t_.scaler->state().skipped_steps;
   res.loss_scale = t_.scaler->scale();
   if (!cfg_.ckpt_dir.empty()) res.checkpoint = write_checkpoint(at, /*sync=*/true);
   return res;
+}
+
+void Trainer::report_bad_images(io::Loader& loader, TrainResult& res) {
+  auto bad = loader.bad_samples();
+  res.bad_images = int64_t(bad.size());
+  if (bad.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < bad.size() && i < 20; ++i) list += "\n  " + bad[i].what;
+  std::fprintf(stderr, "warning: rank %d skipped %zu unreadable training image(s):%s%s\n",
+               session_->rank(), bad.size(), list.c_str(), bad.size() > 20 ? "\n  ..." : "");
 }
 
 }  // namespace spotrain

@@ -11,10 +11,14 @@
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/evaluate.h"
+#include "engine/lr_schedule.h"
 #include "engine/metrics.h"
 #include "engine/session.h"
+#include "io/loader.h"
 
 namespace spotrain {
+
+class Progress;
 
 struct TrainResult {
   int64_t steps = 0;
@@ -54,7 +58,19 @@ class Trainer {
   // Writes ckpt-<step>.h5 (rank 0): in the background, or with `sync` before returning
   // (every rank then waits at a barrier). Returns the path.
   std::string write_checkpoint(const Position& at, bool sync);
-  void log_start(int64_t per_epoch, int64_t total_steps, int64_t epochs);
+  // The run's length and learning-rate schedule, from the loader's batches per epoch.
+  struct Plan {
+    int64_t per_epoch = 0, total_steps = 0, epochs = 0;
+    LrSchedule lr;
+  };
+  Plan plan(int64_t per_epoch) const;
+  io::LoaderOptions loader_options() const;
+  void log_start(const Plan& p);
+  void step_hooks(int64_t step, const io::Batch& b);
+  double checkpoint_seconds() const;
+  void end_epoch(int64_t epoch, bool last_epoch, Progress& progress, const Plan& p, int64_t step,
+                 TrainResult& res);
+  void report_bad_images(io::Loader& loader, TrainResult& res);
 
   RunConfig cfg_;
   double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
