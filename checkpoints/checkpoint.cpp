@@ -327,6 +327,20 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 std::string newest_good_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  // `latest` first: it names the newest checkpoint that was verified and published.
+  std::ifstream lf(fs::path(dir) / "latest");
+  std::string name;
+  if (lf && std::getline(lf, name) && !name.empty()) {
+    std::string path = (fs::path(dir) / name).string();
+    try {
+      verify_checkpoint(path, nullptr);
+      return path;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: %s/latest names an unusable checkpoint: %s; looking for the "
+                   "newest good one\n", dir.c_str(), e.what());
+    }
+  }
   for (auto& path : list_checkpoints(dir)) {
     try {
       verify_checkpoint(path, nullptr);

@@ -61,8 +61,10 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
 // Reads every tensor and checks its CRC-32, the format version and the attributes; throws
 // Error saying what is wrong. Fills `info` when given.
 void verify_checkpoint(const std::string& path, CheckpointInfo* info);
-// The newest checkpoint in `dir` that verifies; unusable newer ones are reported on stderr
-// and skipped ("" when none is good).
+// The ckpt-*.h5 files in `dir`, newest (highest step) first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+// The checkpoint to continue from in `dir`: the one `latest` names when it verifies, else the
+// newest that verifies; unusable ones are reported on stderr and skipped ("" when none is good).
 std::string newest_good_checkpoint(const std::string& dir);
 // After a save: verifies the new file, then atomically points `latest` at it, then removes
 // all but the newest `keep` checkpoints (never the new one).

@@ -3,6 +3,8 @@
 
 #include <csignal>
 #include <initializer_list>
+#include <mutex>
+#include <string>
 
 namespace spotrain {
 
@@ -21,5 +23,23 @@ void install_stop_handlers() {
 
 bool stop_requested() { return g_stop != 0; }
 void request_stop() { g_stop = 1; }
+
+namespace {
+std::mutex g_reason_mu;
+std::string g_reason;  // set by request_stop(reason), before the flag
+}  // namespace
+
+void request_stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lk(g_reason_mu);
+    if (g_reason.empty()) g_reason = reason;
+  }
+  g_stop = 1;
+}
+
+std::string stop_reason() {
+  std::lock_guard<std::mutex> lk(g_reason_mu);
+  return g_reason.empty() ? "a signal" : g_reason;
+}
 
 }  // namespace spotrain

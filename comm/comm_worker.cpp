@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "engine/core/error.h"
+#include "engine/core/exit_codes.h"
 
 namespace spotrain {
 
@@ -78,8 +79,8 @@ void CommWorker::fail(const std::string& what, const std::string& why) {
   std::fprintf(stderr, "error: rank %d: %s at step %lld %s; aborting the job\n", comm_.rank(),
                what.c_str(), static_cast<long long>(step_), why.c_str());
   std::fflush(stderr);
-  comm_.abort(1);
-  std::abort();  // not reached: abort() ends the job
+  comm_.abort(kExitRetryable);  // a peer or the network failed: retrying is the remedy
+  std::abort();                  // not reached: abort() ends the job
 }
 
 }  // namespace spotrain

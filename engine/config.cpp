@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
+#include "checkpoints/preempt_notice.h"
 #include "engine/core/error.h"
 #include "engine/precision.h"
 
@@ -52,6 +54,22 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);
   SPOTRAIN_CHECK(max_overflow_steps > 0, "--max-overflow-steps must be positive");
+  if (!preempt_notice.empty()) validate_preempt_notice(preempt_notice);
+  SPOTRAIN_CHECK(preempt_poll > 0, "--preempt-poll must be positive, got ", preempt_poll);
+  for_each_setting(*this, [](const SettingInfo& s, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+      if (!*s.choices) return;
+      const std::string all = std::string("|") + s.choices + "|";
+      SPOTRAIN_CHECK(all.find("|" + v + "|") != std::string::npos, "unknown ", s.flag, " '", v,
+                     "'; use one of ", s.choices);
+    }
+  });
+}
+
+std::string RunConfig::metrics_path() const {
+  if (metrics == "none" || metrics.empty()) return "";
+  if (metrics == "auto") return ckpt_dir.empty() ? "" : ckpt_dir + "/metrics.jsonl";
+  return metrics;
 }
 
 std::string RunConfig::to_json() const {

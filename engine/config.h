@@ -19,89 +19,100 @@ enum SettingFlags : unsigned {
   kPerNode = 1u << 1,      // may differ between ranks (not compared at start-up)
 };
 
-// X(type, name, default, flag, help, flags): the JSON key is the name. A bool is an on/off
-// flag ("--augment,!--no-augment" spells both forms).
+// X(type, name, default, flag, help, flags, choices): the JSON key is the name. A bool is an
+// on/off flag ("--augment,!--no-augment" spells both forms). choices: the allowed values,
+// "a|b|c", checked when the command line and config file are parsed ("" = any).
 #define SPOTRAIN_RUN_SETTINGS(X)                                                                  \
   /* model and data */                                                                            \
   X(std::string, model, "resnet20", "--model",                                                    \
-    "resnet18|34|50|101|152, or resnet20|32|44|56|110 (small input)", kShowDefault)               \
+    "resnet18|34|50|101|152, or resnet20|32|44|56|110 (small input)", kShowDefault, "")               \
   X(std::string, data, "fashion-mnist", "--data",                                                 \
     "fashion-mnist[:DIR], imagefolder:DIR (DIR/train, DIR/val), shards:DIR or synthetic",         \
-    kShowDefault)                                                                                 \
+    kShowDefault, "")                                                                                 \
   X(int, image_size, 224, "--image-size",                                                         \
-    "imagefolder/shards: training crop (eval: resize to size*256/224, center crop)", kShowDefault) \
+    "imagefolder/shards: training crop (eval: resize to size*256/224, center crop)", kShowDefault, "") \
   X(int64_t, train_limit, 0, "--train-limit",                                                     \
     "use only the first N training samples (0 = all; an image folder's are in class order)",      \
-    kSettingPlain)                                                                                \
+    kSettingPlain, "")                                                                                \
   X(int64_t, test_limit, 0, "--test-limit", "evaluate on the first N test samples (0 = all)",     \
-    kSettingPlain)                                                                                \
+    kSettingPlain, "")                                                                                \
   X(bool, augment, true, "--augment,!--no-augment",                                               \
     "training augmentation: pad-and-crop + flips (fashion-mnist), RandomResizedCrop + flips "     \
     "(imagefolder/shards; off: the eval crop)",                                                   \
-    kShowDefault)                                                                                 \
+    kShowDefault, "")                                                                                 \
   /* schedule and optimizer */                                                                    \
-  X(int64_t, epochs, 3, "--epochs", "epochs to train", kShowDefault)                              \
+  X(int64_t, epochs, 3, "--epochs", "epochs to train", kShowDefault, "")                              \
   X(int64_t, steps, 0, "--steps", "train exactly this many steps (overrides --epochs)",           \
-    kSettingPlain)                                                                                \
-  X(int64_t, batch_size, 128, "--batch-size", "batch size per rank", kShowDefault)                \
-  X(float, lr, 0.1f, "--lr", "peak learning rate", kShowDefault)                                  \
-  X(float, momentum, 0.9f, "--momentum", "SGD momentum", kShowDefault)                            \
-  X(bool, nesterov, false, "--nesterov", "Nesterov momentum", kSettingPlain)                      \
-  X(float, weight_decay, 5e-4f, "--weight-decay", "L2 weight decay", kShowDefault)                \
+    kSettingPlain, "")                                                                                \
+  X(int64_t, batch_size, 128, "--batch-size", "batch size per rank", kShowDefault, "")                \
+  X(float, lr, 0.1f, "--lr", "peak learning rate", kShowDefault, "")                                  \
+  X(float, momentum, 0.9f, "--momentum", "SGD momentum", kShowDefault, "")                            \
+  X(bool, nesterov, false, "--nesterov", "Nesterov momentum", kSettingPlain, "")                      \
+  X(float, weight_decay, 5e-4f, "--weight-decay", "L2 weight decay", kShowDefault, "")                \
   X(bool, decay_bn_and_bias, false, "--decay-bn-bias",                                            \
-    "apply weight decay to BN scale/shift and biases too (excluded by default)", kSettingPlain)   \
-  X(float, label_smoothing, 0.0f, "--label-smoothing", "label smoothing in [0, 1)", kShowDefault) \
+    "apply weight decay to BN scale/shift and biases too (excluded by default)", kSettingPlain, "")   \
+  X(float, label_smoothing, 0.0f, "--label-smoothing", "label smoothing in [0, 1)", kShowDefault, "") \
   X(float, warmup_epochs, 0.0f, "--warmup-epochs", "linear warm-up length in epochs",             \
-    kShowDefault)                                                                                 \
+    kShowDefault, "")                                                                                 \
   X(std::string, lr_schedule, "cosine", "--lr-schedule",                                          \
-    "cosine|step|constant (step: x0.1 at 50% and 75%)", kShowDefault)                             \
+    "cosine|step|constant (step: x0.1 at 50% and 75%)", kShowDefault, "cosine|step|constant")                             \
   X(bool, zero_init_residual, false, "--zero-init-residual",                                      \
-    "start each block's last BN gamma at 0", kSettingPlain)                                       \
+    "start each block's last BN gamma at 0", kSettingPlain, "")                                       \
   X(std::string, grad_checkpoint, "none", "--grad-checkpoint", "none|block|stage|every:K",        \
-    kShowDefault)                                                                                 \
-  X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault)           \
-  X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault) \
+    kShowDefault, "")                                                                                 \
+  X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault, "fp32|tf32|bf16|fp16")           \
+  X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault, "") \
   X(int64_t, max_overflow_steps, 50, "--max-overflow-steps",                                      \
-    "fp16: stop after this many overflowed steps in a row", kShowDefault)                         \
+    "fp16: stop after this many overflowed steps in a row", kShowDefault, "")                         \
   /* execution */                                                                                 \
-  X(uint64_t, seed, 0, "--seed", "random seed (weights, data order, augmentation)", kShowDefault) \
-  X(bool, deterministic, false, "--deterministic", "bitwise-reproducible runs", kSettingPlain)     \
-  X(std::string, device, "auto", "--device", "auto|cpu|cuda", kShowDefault | kPerNode)            \
-  X(int, threads, 0, "--threads", "compute threads (0 = all cores)", kPerNode)                    \
-  X(int, workers, 1, "--workers", "data loader threads", kShowDefault | kPerNode)                 \
+  X(uint64_t, seed, 0, "--seed", "random seed (weights, data order, augmentation)", kShowDefault, "") \
+  X(bool, deterministic, false, "--deterministic", "bitwise-reproducible runs", kSettingPlain, "")     \
+  X(std::string, device, "auto", "--device", "auto|cpu|cuda", kShowDefault | kPerNode, "auto|cpu|cuda")            \
+  X(int, threads, 0, "--threads", "compute threads (0 = all cores)", kPerNode, "")                    \
+  X(int, workers, 1, "--workers", "data loader threads", kShowDefault | kPerNode, "")                 \
   X(int, prefetch, 2, "--prefetch", "batches the data loader prepares ahead",                     \
-    kShowDefault | kPerNode)                                                                      \
+    kShowDefault | kPerNode, "")                                                                      \
   X(double, max_bad_fraction, 0.001, "--max-bad-fraction",                                        \
-    "stop with an error when more than this fraction of images is unreadable", kShowDefault)      \
+    "stop with an error when more than this fraction of images is unreadable", kShowDefault, "")      \
   /* distributed (comm/) */                                                                       \
-  X(double, bucket_mb, 25, "--bucket-mb", "gradient all-reduce bucket size in MB", kShowDefault)  \
+  X(double, bucket_mb, 25, "--bucket-mb", "gradient all-reduce bucket size in MB", kShowDefault, "")  \
   X(std::string, grad_compression, "none", "--grad-compression", "none|fp16|bf16 all-reduce",     \
-    kShowDefault)                                                                                 \
+    kShowDefault, "none|fp16|bf16")                                                                                 \
   X(double, comm_timeout, 300, "--comm-timeout",                                                  \
-    "seconds a collective may take before the job is aborted", kShowDefault | kPerNode)           \
+    "seconds a collective may take before the job is aborted", kShowDefault | kPerNode, "")           \
   /* output */                                                                                    \
-  X(int, log_every, 50, "--log-every", "progress line every N steps", kShowDefault)               \
-  X(std::string, metrics, "", "--metrics", "write JSONL metrics to FILE", kPerNode)               \
+  X(int, log_every, 50, "--log-every", "progress line every N steps", kShowDefault, "")               \
+  X(std::string, metrics, "auto", "--metrics",                                                  \
+    "JSONL metrics file, appended (auto: metrics.jsonl in --ckpt-dir; none: no file)",            \
+    kShowDefault | kPerNode, "")               \
   X(bool, eval_each_epoch, true, "--eval-each-epoch,!--no-eval-each-epoch",                       \
     "evaluate on the test/val set after epochs (--eval-every); off: only at the end",             \
-    kSettingPlain)                                                                                 \
+    kSettingPlain, "")                                                                                 \
   X(int64_t, eval_every, 1, "--eval-every",                                                       \
-    "evaluate on the test/val set every N epochs (0 = at the end)", kShowDefault)                 \
+    "evaluate on the test/val set every N epochs (0 = at the end)", kShowDefault, "")                 \
   /* checkpoints and stopping */                                                                  \
   X(std::string, ckpt_dir, "runs/spotrain", "--ckpt-dir",                                         \
-    "write checkpoints here (\"\" = none)", kShowDefault)                                         \
+    "write checkpoints here (\"\" = none)", kShowDefault, "")                                         \
   X(int64_t, ckpt_every, 0, "--ckpt-every", "also write a checkpoint every N steps (0 = no)",      \
-    kSettingPlain)                                                                                \
-  X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault)                                  \
+    kSettingPlain, "")                                                                                \
+  X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault, "")                                  \
   X(double, ckpt_every_min, 0, "--ckpt-every-min", "also write a checkpoint every M minutes",     \
-    kSettingPlain)                                                                                \
+    kSettingPlain, "")                                                                                \
   X(std::string, max_wall_time, "", "--max-wall-time",                                            \
-    "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain)        \
+    "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain, "")        \
   X(std::string, resume, "none", "--resume",                                                      \
-    "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint", kShowDefault)
+    "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint", kShowDefault, "")   \
+  X(std::string, preempt_notice, "", "--preempt-notice",                                         \
+    "stop with a checkpoint (exit 75) when the cloud gives notice of a reclaim: "                \
+    "aws|gcp|azure|http://HOST/PATH|file:PATH", kPerNode, "")                                     \
+  X(double, preempt_poll, 5, "--preempt-poll", "seconds between preemption-notice checks",       \
+    kShowDefault | kPerNode, "")                                                                  \
+  X(bool, new_run, false, "--new-run",                                                            \
+    "start a new run in a --ckpt-dir that holds another run: its files move to previous-<time>/", \
+    kSettingPlain, "")
 
 struct RunConfig {
-#define SPOTRAIN_DECLARE_SETTING(type, name, def, flag, help, flags) type name = def;
+#define SPOTRAIN_DECLARE_SETTING(type, name, def, flag, help, flags, choices) type name = def;
   SPOTRAIN_RUN_SETTINGS(SPOTRAIN_DECLARE_SETTING)
 #undef SPOTRAIN_DECLARE_SETTING
 
@@ -109,6 +120,8 @@ struct RunConfig {
   void validate() const;
   // Every setting as a JSON object (keys: the names above).
   std::string to_json() const;
+  // The metrics file this run writes ("" = none): --metrics, with auto resolved.
+  std::string metrics_path() const;
 };
 
 // One setting's description, as for_each_setting passes it.
@@ -117,13 +130,14 @@ struct SettingInfo {
   const char* flag;
   const char* help;
   unsigned flags;
+  const char* choices;  // "a|b|c", or "" (any value)
 };
 
 // Calls f(info, value) for each setting of `c` (RunConfig or const RunConfig), in table order.
 template <class Config, class F>
 void for_each_setting(Config& c, F&& f) {
-#define SPOTRAIN_VISIT_SETTING(type, name, def, flag, help, flags) \
-  f(SettingInfo{#name, flag, help, flags}, c.name);
+#define SPOTRAIN_VISIT_SETTING(type, name, def, flag, help, flags, choices) \
+  f(SettingInfo{#name, flag, help, flags, choices}, c.name);
   SPOTRAIN_RUN_SETTINGS(SPOTRAIN_VISIT_SETTING)
 #undef SPOTRAIN_VISIT_SETTING
 }

@@ -1,6 +1,9 @@
-// The JSONL metrics file (--metrics FILE), written by rank 0: a start record saying where and
-// how the run ran (backend, ranks, machine, every setting), one record per progress line and
-// one per evaluated epoch. Each line is flushed as written.
+// The JSONL metrics file (--metrics, by default metrics.jsonl in the run folder), written by
+// rank 0 and appended across restarts: per process a start record (backend, ranks, machine,
+// every setting), after a resume a resume record (from which step and checkpoint, and how the
+// previous process ended), one record per progress line and per evaluated epoch, and a stop or
+// end record. Every record carries "time" (UTC) and "elapsed" (seconds since this process's
+// run began). Each line is flushed as written.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -13,6 +16,8 @@ class MetricsSink {
  public:
   // path "" or enabled = false: a sink that writes nothing.
   MetricsSink(const std::string& path, bool enabled);
+  // The last record the file held before this process appended to it (null when none).
+  const nlohmann::json& previous_last() const { return previous_last_; }
   ~MetricsSink();
   MetricsSink(const MetricsSink&) = delete;
   MetricsSink& operator=(const MetricsSink&) = delete;
@@ -22,6 +27,8 @@ class MetricsSink {
 
  private:
   FILE* f_ = nullptr;
+  double started_ = 0;
+  nlohmann::json previous_last_;
 };
 
 }  // namespace spotrain

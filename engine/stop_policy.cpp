@@ -26,7 +26,7 @@ bool StopPolicy::wall_near() const {
 }
 
 void StopPolicy::before_step() {
-  reason_ = stop_requested() ? "a signal" : wall_near() ? "--max-wall-time" : "";
+  reason_ = stop_requested() ? stop_reason() : wall_near() ? "--max-wall-time" : "";
   if (sync_) sync_->set_control(kStopSlot, reason_.empty() ? 0.f : 1.f);
 }
 
@@ -49,7 +49,7 @@ std::string StopPolicy::after_step(double step_seconds, double checkpoint_second
     if (any && reason.empty()) reason = "a stop request on another rank";
     if (!any) reason.clear();
   } else if (reason.empty() && stop_requested()) {
-    reason = "a signal";
+    reason = stop_reason();
   }
   if (reason == "--max-wall-time") log_info(str("--max-wall-time ", wall_text_, " is near: stopping"));
   return reason;

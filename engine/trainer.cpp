@@ -78,6 +78,13 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
              "scaling). bf16 is the fast CPU choice.");
   if (!cfg_.ckpt_dir.empty() && session_->rank() == 0) {
+    // The run folder, once the data and the model are known good: locked, and refused
+    // when it holds another run.
+    folder_ = std::make_unique<RunFolder>(cfg_);
+    log_file_ = std::fopen(folder_->path("train.log").c_str(), "a");
+    SPOTRAIN_CHECK(log_file_, "cannot write ", folder_->path("train.log"));
+    log_file() = log_file_;
+    log_to_file(str("spotrain train, settings in ", folder_->path("config.toml")));
     CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every, cfg_.ckpt_every_min};
     ckpt_ = std::make_unique<CheckpointManager>(policy, checkpoint_bytes(*t_.model, true));
     // Snapshot buffers, touched now, so a checkpoint mid-training copies into warm pages
@@ -96,7 +103,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     sample_log_ = std::fopen(path.c_str(), "a");
     SPOTRAIN_CHECK(sample_log_, "cannot write SPOTRAIN_SAMPLE_LOG file ", path);
   }
-  metrics_ = std::make_unique<MetricsSink>(cfg_.metrics, session_->rank() == 0);
+  metrics_ = std::make_unique<MetricsSink>(cfg_.metrics_path(), session_->rank() == 0);
+  if (!cfg_.preempt_notice.empty()) {  // each node asks its own metadata service
+    notices_ = std::make_unique<PreemptionWatcher>(cfg_.preempt_notice, cfg_.preempt_poll);
+    log_info(str("watching for preemption notices: ", cfg_.preempt_notice, " every ",
+                 cfg_.preempt_poll, " s"));
+  }
   if (metrics_->enabled()) {
     // Where and how the run ran: backend, ranks, GPU and CUDA library versions, settings.
     nlohmann::json j{{"backend", be.name()}, {"ranks", session_->world()},
@@ -109,6 +121,10 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
 
 Trainer::~Trainer() {
   if (sample_log_) std::fclose(sample_log_);
+  if (log_file_) {
+    log_file() = nullptr;
+    std::fclose(log_file_);
+  }
 }
 
 // Every rank must train the same thing: each setting not marked per-node in config.h is
@@ -218,6 +234,20 @@ Trainer::Position Trainer::resume() {
   at.batch_in_epoch = h.batch_in_epoch;
   log_info(str("resumed from ", session_->rank() == 0 ? path : std::string("rank 0's checkpoint"),
                ": step ", at.step, ", epoch ", at.epoch + 1, ", batch ", at.batch_in_epoch));
+  // How the previous process ended, from the metrics it left: its stop or end record, else
+  // nothing (it was killed, or crashed, after its last record).
+  const nlohmann::json& prev = metrics_->previous_last();
+  std::string after = "unknown (no metrics of the previous process)";
+  if (prev.is_object() && prev.value("type", "") == "stop")
+    after = "stopped by " + prev.value("reason", std::string("?"));
+  else if (prev.is_object() && prev.value("type", "") == "end")
+    after = "finished";
+  else if (prev.is_object())
+    after = str("ended without a stop record after step ", prev.value("step", int64_t(0)),
+                " (killed or crashed)");
+  metrics_->write("resume", {{"step", at.step}, {"epoch", at.epoch + 1},
+                             {"batch_in_epoch", at.batch_in_epoch}, {"checkpoint", path},
+                             {"previous", after}, {"ranks", session_->world()}});
   return at;
 }
 
@@ -344,6 +374,7 @@ TrainResult Trainer::run() {
                        " with no --ckpt-dir: nothing was saved");
         res.checkpoint = write_checkpoint(at, /*sync=*/true);
         log_info(str("stopped by ", why, " after step ", at.step, "; resume with --resume auto"));
+        metrics_->write("stop", {{"step", at.step}, {"reason", why}, {"checkpoint", res.checkpoint}});
         res.stopped = true;
         res.steps = at.step;
         res.seconds = now_seconds() - t_start;
@@ -362,6 +393,8 @@ TrainResult Trainer::run() {
   res.skipped_steps = t_.scaler->state().skipped_steps;
   res.loss_scale = t_.scaler->scale();
   if (!cfg_.ckpt_dir.empty()) res.checkpoint = write_checkpoint(at, /*sync=*/true);
+  metrics_->write("end", {{"step", at.step}, {"checkpoint", res.checkpoint},
+                          {"test_top1", res.test.top1}, {"seconds", res.seconds}});
   return res;
 }
 

@@ -8,11 +8,13 @@
 #include <string>
 
 #include "checkpoints/checkpoint_manager.h"
+#include "checkpoints/preempt_notice.h"
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/evaluate.h"
 #include "engine/lr_schedule.h"
 #include "engine/metrics.h"
+#include "engine/run_folder.h"
 #include "engine/session.h"
 #include "io/loader.h"
 
@@ -77,10 +79,13 @@ class Trainer {
   std::unique_ptr<Session> session_;
   DataPair data_;
   Training t_;
+  std::unique_ptr<RunFolder> folder_;        // rank 0 with a --ckpt-dir
   std::unique_ptr<CheckpointManager> ckpt_;  // rank 0 with a --ckpt-dir
   Tensor snap_params_, snap_momentum_;       // warm host buffers for snapshots
   std::unique_ptr<MetricsSink> metrics_;
+  std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
   FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
+  FILE* log_file_ = nullptr;    // the run folder's train.log (rank 0)
 };
 
 }  // namespace spotrain

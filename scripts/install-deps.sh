@@ -5,7 +5,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config git
-      libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
+      libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libcurl4-openssl-dev
       libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev dataset-fashion-mnist)
 if [[ "${1:-}" == "--test" ]]; then

@@ -111,7 +111,7 @@ TEST(MpiFaults, DeadRankEndsTheJob) {
 TEST(MpiFaults, HungRankTimesOutWithClearError) {
   Launch r = run(mpirun(2, "SPOTRAIN_FAULT=hang:1:3") + " " +
                  train_args("--batch-size 16 --comm-timeout 5"));
-  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_EQ(r.code, 76) << "a lost peer is the retryable exit code:\n" << r.out;
   EXPECT_TRUE(contains(r.out, "rank 1: SPOTRAIN_FAULT hang at step 3")) << r.out;
   EXPECT_TRUE(contains(r.out, "did not finish within --comm-timeout")) << r.out;
   EXPECT_TRUE(contains(r.out, "error: rank 0: all-reduce of gradient bucket")) << r.out;
@@ -322,3 +322,75 @@ TEST(LauncherStop, SigtermDuringABackgroundWriteGivesTheAgreedStop) {
 }
 
 }  // namespace
+
+// MAX_RESTARTS: the launcher reruns a job that stopped itself (75) with --resume auto, and the
+// run folder's metrics record the resume; a job that keeps losing a peer (76) is retried at
+// most MAX_RESTARTS times and the launcher then gives up with 76.
+std::string restart_args(const fs::path& ckpt, const std::string& more = "") {
+  return " --model resnet20 --data synthetic --train-limit 256 --test-limit 32 --steps 6"
+         " --batch-size 16 --log-every 1 --ckpt-every 2 --ckpt-dir " + ckpt.string() + " " + more;
+}
+
+TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
+  fs::path d = fs::temp_directory_path() / "spotrain_launcher_restart";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 SPOTRAIN_FAULT=term:0:3") +
+                 restart_args(d / "run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "stopped by a signal after step 3")) << r.out;
+  EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 1 of 2")) << r.out;
+  EXPECT_FALSE(contains(r.out, "restart 2 of 2")) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000003.h5").string())) << r.out;
+  std::ifstream m(d / "run" / "metrics.jsonl");
+  int resumes = 0, steps = 0;
+  for (std::string line; std::getline(m, line);) {
+    resumes += contains(line, "\"type\":\"resume\"");
+    steps += contains(line, "\"type\":\"step\"");
+  }
+  EXPECT_EQ(resumes, 1);
+  EXPECT_EQ(steps, 6) << "every step recorded once across the restart";
+}
+
+TEST(LauncherRestart, ALostPeerIsRetriedAtMostMaxRestartsTimes) {
+  fs::path d = fs::temp_directory_path() / "spotrain_launcher_retry";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 SPOTRAIN_FAULT=hang:1:3") +
+                 restart_args(d / "run", "--comm-timeout 4"));
+  EXPECT_EQ(r.code, 76) << r.out;
+  EXPECT_TRUE(contains(r.out, "the job ended with 76; restart 1 of 2")) << r.out;
+  EXPECT_TRUE(contains(r.out, "the job ended with 76; restart 2 of 2")) << r.out;
+  EXPECT_FALSE(contains(r.out, "restart 3")) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000002.h5").string())) << r.out;
+}
+
+// A preemption notice (here a file both ranks watch) stops every rank after the same step, with
+// a verified checkpoint and 75 from the launcher.
+TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
+  fs::path d = fs::temp_directory_path() / "spotrain_notice_mpi";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path notice = d / "notice";
+  std::ofstream(d / "run.sh")
+      << "(" << mpirun(2) << " " << SPOTRAIN_BIN
+      << " train --model resnet20 --data synthetic --train-limit 4096 --test-limit 32 --steps 200"
+         " --batch-size 16 --threads 1 --log-every 1 --ckpt-dir " << (d / "run").string()
+      << " --preempt-notice file:" << notice.string() << " --preempt-poll 0.05) > "
+      << (d / "out").string() << " 2>&1 &\npid=$!\n"
+      << "while ! grep -q 'step 3/' " << (d / "out").string()
+      << " && kill -0 $pid 2>/dev/null; do sleep 0.05; done\n"
+      << "touch " << notice.string() << "\nwait $pid\nrc=$?\ncat " << (d / "out").string()
+      << "\nexit $rc\n";
+  Launch r = run("sh " + (d / "run.sh").string());
+  EXPECT_EQ(r.code, 75) << r.out;
+  EXPECT_EQ(count(r.out, "preemption notice (file " + notice.string() + "): stopping"), 2)
+      << "both ranks saw the notice:\n" << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by a preemption notice .* after step (\\d+)")))
+      << r.out;
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[1]));
+  Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (d / "run" / name).string());
+  EXPECT_EQ(v.code, 0) << v.out;
+}

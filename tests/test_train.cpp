@@ -26,6 +26,7 @@ TEST(Train, FashionMnistSubsetReachesAccuracyThreshold) {
   cfg.lr = 0.05f;
   cfg.log_every = 1000;
   cfg.device = "cpu";
+  cfg.ckpt_dir = "";  // no run folder: only the accuracy matters here
   Trainer t(cfg);
   TrainResult r = t.run();
   EXPECT_EQ(r.steps, 2 * (6144 / 64));
@@ -46,6 +47,7 @@ TEST(Train, SameSeedGivesBitwiseIdenticalRuns) {
   cfg.device = "cpu";
   cfg.deterministic = true;
   cfg.eval_each_epoch = false;
+  cfg.ckpt_dir = "";  // two Trainers at once: no shared run folder
   Trainer a(cfg), b(cfg);
   TrainResult ra = a.run(), rb = b.run();
   EXPECT_EQ(std::memcmp(&ra.final_loss, &rb.final_loss, sizeof(double)), 0);

@@ -1,8 +1,11 @@
-// Progress output: one line per message on stdout (rank 0 only once distributed), plus
-// small formatting helpers for fixed-point numbers and durations.
+// Progress output: one line per message on stdout (rank 0 only once distributed), copied
+// with the time into the run's log file when one is open; plus small formatting helpers for
+// fixed-point numbers and durations.
 #pragma once
 #include <cstdio>
 #include <string>
+
+#include "engine/core/clock.h"
 
 namespace spotrain {
 
@@ -13,10 +16,24 @@ inline bool& log_enabled() {
 }
 inline void set_log_enabled(bool on) { log_enabled() = on; }
 
+// The run's log file (appended; nullptr = none), owned by whoever opened it.
+inline FILE*& log_file() {
+  static FILE* f = nullptr;
+  return f;
+}
+// Appends "TIME line" to the log file, if one is open.
+inline void log_to_file(const std::string& s) {
+  if (FILE* f = log_file()) {
+    std::fprintf(f, "%s %s\n", utc_time_iso().c_str(), s.c_str());
+    std::fflush(f);
+  }
+}
+
 inline void log_info(const std::string& s) {
   if (!log_enabled()) return;
   std::fprintf(stdout, "%s\n", s.c_str());
   std::fflush(stdout);
+  log_to_file(s);
 }
 
 inline std::string fmt_fixed(double v, int digits) {

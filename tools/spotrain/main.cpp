@@ -3,8 +3,12 @@
 // a bad command line exits 2; a run stopped to be resumed exits 75.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,12 +39,51 @@ std::vector<std::string> config_first(int argc, char** argv) {
   return args;
 }
 
+// The subcommand named on the command line ("" when none).
+std::string subcommand_of(const std::vector<std::string>& reversed_args, const CLI::App& app) {
+  for (size_t i = reversed_args.size(); i-- > 0;)
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() == reversed_args[i]) return reversed_args[i];
+  return "";
+}
+
+// Keys before a config file's first [section] belong to the subcommand being run: CLI11 reads
+// them as the program's own, so such a file is read through a copy that opens with
+// [subcommand]. Returns the path to give CLI11 (the file itself when nothing moves) and sets
+// `tmp` to the copy to remove afterwards.
+std::string with_flat_keys_in(const std::string& path, const std::string& sub, std::string& tmp) {
+  std::ifstream f(path);
+  if (!f || sub.empty()) return path;  // CLI11 reports a missing file itself
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  std::istringstream lines(text);
+  bool flat = false;
+  for (std::string line; std::getline(lines, line);) {
+    size_t b = line.find_first_not_of(" \t");
+    if (b == std::string::npos || line[b] == '#' || line[b] == ';') continue;
+    flat = line[b] != '[';
+    break;
+  }
+  if (!flat) return path;
+  char name[] = "/tmp/spotrain-config-XXXXXX";
+  int fd = ::mkstemp(name);
+  if (fd < 0) return path;
+  ::close(fd);
+  tmp = name;
+  std::ofstream(tmp) << "[" << sub << "]\n" << text << "\n";
+  return tmp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   namespace cli = spotrain::cli;
-  CLI::App app{"spotrain: data-parallel ResNet training that survives spot interruptions"};
+  CLI::App app{"spotrain: data-parallel ResNet training that survives spot interruptions",
+               "spotrain"};
   app.require_subcommand(1);
+  // An unknown key in a config file is an error (subcommands inherit this when added).
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_config("--config", "", "read options from a TOML/INI file ([train] / [bench] sections)");
   app.set_version_flag("--version", [] {
     const auto& g = spotrain::gpu_info();
@@ -53,8 +96,36 @@ int main(int argc, char** argv) {
   for (auto& c : cli::add_data(app)) commands.push_back(c);
   commands.push_back(cli::add_bench(app));
 
+  std::vector<std::string> args = config_first(argc, argv);
+  const std::string sub = subcommand_of(args, app);
+  std::string config, tmp;
+  for (size_t i = args.size(); i-- > 0;) {  // reversed: --config's value comes just before it
+    if (args[i].rfind("--config=", 0) == 0) config = args[i].substr(9);
+    if (args[i] == "--config" && i > 0) config = args[i - 1];
+  }
+  if (!config.empty()) {
+    std::string use = with_flat_keys_in(config, sub, tmp);
+    for (size_t i = args.size(); i-- > 0;) {
+      if (args[i].rfind("--config=", 0) == 0) args[i] = "--config=" + use;
+      if (args[i] == "--config" && i > 0) args[i - 1] = use;
+    }
+  }
+  struct RemoveTmp {
+    std::string path;
+    ~RemoveTmp() {
+      if (!path.empty()) std::remove(path.c_str());
+    }
+  } remove_tmp{tmp};
   try {
-    app.parse(config_first(argc, argv));
+    app.parse(args);
+  } catch (const CLI::ConfigError& e) {
+    std::string what = e.what();
+    const std::string prefix = "INI was not able to parse ";
+    if (what.rfind(prefix, 0) == 0)
+      what = "unknown key '" + what.substr(prefix.size()) + "'";
+    std::fprintf(stderr, "error: config file %s: %s (see spotrain %s --help for the keys)\n",
+                 config.c_str(), what.c_str(), sub.c_str());
+    return 2;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

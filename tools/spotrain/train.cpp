@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "checkpoints/preemption.h"
 #include "engine/config.h"
@@ -16,7 +17,13 @@ namespace {
 
 int run_train(const RunConfig& cfg) {
   Trainer t(cfg);
-  TrainResult r = t.run();
+  TrainResult r;
+  try {
+    r = t.run();
+  } catch (const std::exception& e) {
+    log_to_file(str("error: ", e.what()));  // into the run folder's train.log too
+    throw;
+  }
   if (r.stopped) return kExitResumable;
   log_info(str("finished ", r.steps, " steps in ", fmt_duration(r.seconds), "; test top-1 ",
                fmt_fixed(100 * r.test.top1, 2), "% top-5 ", fmt_fixed(100 * r.test.top5, 2), "%",
@@ -26,6 +33,14 @@ int run_train(const RunConfig& cfg) {
   return 0;
 }
 
+std::vector<std::string> split_choices(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t e; (e = s.find('|', b)) != std::string::npos; b = e + 1) out.push_back(s.substr(b, e - b));
+  out.push_back(s.substr(b));
+  return out;
+}
+
 }  // namespace
 
 Command add_train(CLI::App& app) {
@@ -33,10 +48,14 @@ Command add_train(CLI::App& app) {
   CLI::App* train = app.add_subcommand("train", "train a model");
   for_each_setting(*cfg, [train](const SettingInfo& s, auto& value) {
     CLI::Option* o;
-    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>)
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, bool>) {
       o = train->add_flag(s.flag, value, s.help);
-    else
+    } else {
       o = train->add_option(s.flag, value, s.help);
+      if constexpr (std::is_same_v<T, std::string>)
+        if (*s.choices) o->check(CLI::IsMember(split_choices(s.choices)));
+    }
     if (s.flags & kShowDefault) o->capture_default_str();
   });
   return {train, [cfg] { return run_train(*cfg); }};

@@ -23,6 +23,13 @@
 #   MPIRUN_ARGS       extra mpirun arguments, split on spaces (e.g. "--mca btl ^openib")
 #   EXTRA_ENV         names of extra environment variables to forward, split on spaces
 #   DRY_RUN=1         print the command and stop
+#   MAX_RESTARTS      restart the job up to this many times (default 0) when it ends resumably:
+#                     75 (stopped with a checkpoint by spotrain itself, e.g. --max-wall-time or
+#                     a signal to a rank) or 76 (a peer was lost: a rank or node died, a link
+#                     broke); each restart adds --resume auto. Not after a stop signal to this
+#                     script, not after a success or any other error.
+#   RESTART_DELAY     seconds before the first restart (default 10), doubled each time up to
+#                     300
 #
 # SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
 # write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow
@@ -127,18 +134,49 @@ printf '\n'
 # SIGUSR1 it forwards to every rank at once and leaves them be. So mpirun runs as a child here
 # and TERM, INT and USR1 all reach it as SIGUSR1: every rank finishes its step, rank 0 writes
 # and verifies the stop checkpoint, all exit 75, and so do mpirun and this script.
-"${cmd[@]}" &
-mpirun_pid=$!
-signalled=0
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+[[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS must be a number, got '$MAX_RESTARTS'"
+delay=${RESTART_DELAY:-10}
+[[ "$delay" =~ ^[0-9]+$ ]] || die "RESTART_DELAY must be a number of seconds, got '$delay'"
+stop_asked=0
+mpirun_pid=
 forward_stop() {
+  stop_asked=1
   signalled=1
-  kill -USR1 "$mpirun_pid" 2>/dev/null || true
+  [[ -n "$mpirun_pid" ]] && kill -USR1 "$mpirun_pid" 2>/dev/null || true
 }
 trap forward_stop TERM INT USR1
+restarts=0
 while :; do
-  signalled=0
-  rc=0
-  wait "$mpirun_pid" || rc=$?
-  ((signalled)) || break  # a trapped signal cut the wait short: mpirun still runs
+  "${cmd[@]}" &
+  mpirun_pid=$!
+  while :; do
+    signalled=0
+    rc=0
+    wait "$mpirun_pid" || rc=$?
+    ((signalled)) || break  # a trapped signal cut the wait short: mpirun still runs
+  done
+  mpirun_pid=
+  # Restart only what a restart can mend, and never what this script was asked to stop.
+  ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts < MAX_RESTARTS)) || break
+  restarts=$((restarts + 1))
+  echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s with --resume auto" >&2
+  sleep "$delay" &
+  wait $! || true
+  ((stop_asked == 0)) || break
+  delay=$((delay * 2 > 300 ? 300 : delay * 2))
+  # The same command, resuming: any --resume given is replaced by --resume auto.
+  new=()
+  skip=0
+  for a in "${cmd[@]}"; do
+    if ((skip)); then skip=0; continue; fi
+    [[ "$a" == --resume ]] && { skip=1; continue; }
+    [[ "$a" == --resume=* ]] && continue
+    new+=("$a")
+  done
+  cmd=("${new[@]}" --resume auto)
+  printf 'mpirun.sh: restart %d:\n+' "$restarts"
+  printf ' %q' "${cmd[@]}"
+  printf '\n'
 done
 exit "$rc"

@@ -1,0 +1,183 @@
+// RunFolder (see run_folder.h).
+#include "engine/run_folder.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoints/checkpoint.h"
+#include "engine/core/clock.h"
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+
+namespace spotrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json fingerprint_json(const nlohmann::json& cfg) {
+  nlohmann::json f = nlohmann::json::object();
+  for (const char* k : {"model", "data", "seed", "image_size", "train_limit"})
+    if (cfg.contains(k)) f[k] = cfg[k];
+  return f;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Writes `text` to `path` atomically (a temporary file, then rename).
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+    SPOTRAIN_CHECK(f.good(), "cannot write ", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  SPOTRAIN_CHECK(!ec, "cannot write ", path, ": ", ec.message());
+}
+
+// The settings as a [train] config file; resume is "auto", so that giving the file back
+// with --config continues the run.
+std::string settings_file(RunConfig cfg) {
+  cfg.resume = "auto";
+  cfg.new_run = false;
+  std::string out = "# the settings of this run; restart it with: spotrain train --config FILE\n[train]\n";
+  for_each_setting(cfg, [&](const SettingInfo& s, const auto& v) {
+    std::string flag = s.flag;
+    flag = flag.substr(2, flag.find(',') - 2);  // "--augment,!--no-augment" -> "augment"
+    out += flag + " = " + nlohmann::json(v).dump() + "\n";
+  });
+  return out;
+}
+
+}  // namespace
+
+std::string run_fingerprint(const RunConfig& cfg) {
+  return fingerprint_json(nlohmann::json::parse(cfg.to_json())).dump();
+}
+
+RunFolder::RunFolder(const RunConfig& cfg) : dir_(cfg.ckpt_dir) {
+  SPOTRAIN_CHECK(!dir_.empty(), "internal: a run folder without a path");
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  SPOTRAIN_CHECK(!ec && fs::is_directory(dir_), "run folder ", dir_, " is not writable (",
+                 ec ? ec.message() : std::string("not a directory"),
+                 "); pass a writable --ckpt-dir");
+  lock();
+  claim(cfg);
+}
+
+RunFolder::~RunFolder() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing drops the flock
+}
+
+void RunFolder::lock() {
+  const std::string lock_path = path(".lock");
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  SPOTRAIN_CHECK(lock_fd_ >= 0, "run folder ", dir_, " is not writable (", std::strerror(errno),
+                 "); pass a writable --ckpt-dir");
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder = read_file(lock_path);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    SPOTRAIN_THROW("run folder ", dir_, " is in use by another spotrain process (",
+                   holder.empty() ? std::string("holder unknown") : holder,
+                   "); wait for it to end, stop it, or pass another --ckpt-dir");
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::string me = str("pid ", ::getpid(), " on ", host, ", since ", utc_time_iso(), "\n");
+  if (::ftruncate(lock_fd_, 0) == 0 && ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {
+    // the lock holds without the note; only the message to a second process is poorer
+  }
+}
+
+void RunFolder::move_aside() {
+  std::string stamp = utc_time_iso();
+  for (char& c : stamp)
+    if (c == ':') c = '-';
+  const fs::path to = fs::path(dir_) / ("previous-" + stamp);
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  SPOTRAIN_CHECK(!ec, "cannot create ", to.string(), ": ", ec.message());
+  int moved = 0;
+  for (auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool ours = n.rfind("ckpt-", 0) == 0 || n == "latest" || n == "run.json" ||
+                      n == "config.toml" || n == "metrics.jsonl" || n == "train.log" ||
+                      n == "classes.txt";
+    if (!ours) continue;
+    fs::rename(e.path(), to / n, ec);
+    SPOTRAIN_CHECK(!ec, "cannot move ", e.path().string(), " to ", to.string(), ": ", ec.message());
+    ++moved;
+  }
+  log_info(str("--new-run: moved the previous run's ", moved, " file(s) to ", to.string()));
+}
+
+void RunFolder::claim(const RunConfig& cfg) {
+  const std::string mine = run_fingerprint(cfg);
+  const std::vector<std::string> ckpts = list_checkpoints(dir_);
+  // The run the folder holds: its run.json, else (folders written before run.json) the
+  // settings saved in its newest readable checkpoint.
+  std::string theirs;
+  if (fs::exists(path("run.json"))) {
+    auto j = nlohmann::json::parse(read_file(path("run.json")), nullptr, false);
+    if (j.is_object() && j.contains("fingerprint")) theirs = j["fingerprint"].dump();
+  }
+  for (size_t i = 0; theirs.empty() && i < ckpts.size(); ++i) {
+    try {
+      auto j = nlohmann::json::parse(read_checkpoint_info(ckpts[i]).config_json, nullptr, false);
+      if (j.is_object()) theirs = fingerprint_json(j).dump();
+    } catch (const std::exception&) {
+    }
+  }
+  if (cfg.new_run && (!ckpts.empty() || !theirs.empty())) {
+    move_aside();
+    theirs.clear();
+  } else if (!ckpts.empty()) {
+    const std::string newest = fs::path(ckpts.front()).filename().string();
+    SPOTRAIN_CHECK(cfg.resume != "none", "run folder ", dir_, " holds another run's checkpoints (",
+                   ckpts.size(), ", newest ", newest, "): continue that run with --resume auto, "
+                   "start a new one in it with --new-run (its files move to ", dir_,
+                   "/previous-<time>/), or pass another --ckpt-dir");
+    if (!theirs.empty() && theirs != mine) {
+      auto a = nlohmann::json::parse(theirs), b = nlohmann::json::parse(mine);
+      std::string diff;
+      for (auto it = b.begin(); it != b.end(); ++it) {
+        if (a.contains(it.key()) && a[it.key()] == it.value()) continue;
+        std::string flag = "--" + it.key();
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        diff += str(diff.empty() ? "" : ", ", flag, " ",
+                      a.contains(it.key()) ? a[it.key()].dump() : std::string("(unset)"), " there, ",
+                    it.value().dump(), " here");
+      }
+      SPOTRAIN_THROW("run folder ", dir_, " holds a different run (", diff,
+                     "): resume it with its own settings (", dir_, "/config.toml), start a new "
+                     "run with --new-run, or pass another --ckpt-dir");
+    }
+  }
+  if (theirs.empty() || theirs != mine) {
+    nlohmann::json j{{"fingerprint", nlohmann::json::parse(mine)}, {"created", utc_time_iso()}};
+    write_file(path("run.json"), j.dump(2) + "\n");
+  }
+  write_file(path("config.toml"), settings_file(cfg));
+}
+
+}  // namespace spotrain

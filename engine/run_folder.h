@@ -1,0 +1,39 @@
+// The run folder (--ckpt-dir) is the job: the resolved settings (config.toml: give it back
+// with --config to restart), the run's fingerprint (run.json), the metrics (metrics.jsonl,
+// appended across restarts), the log (train.log), classes.txt and the checkpoints. Rank 0
+// holds an exclusive lock on it while it runs (flock: the kernel drops it when the holder
+// dies) and refuses a second process, naming the holder. It never mixes two runs: a folder
+// that holds another run's checkpoints is used only by the same run resuming (--resume), or
+// with --new-run, which moves the old run's files into previous-<time>/ first.
+#pragma once
+#include <string>
+
+#include "engine/config.h"
+
+namespace spotrain {
+
+class RunFolder {
+ public:
+  // Creates and locks `cfg.ckpt_dir`, checks that this run may use it, and writes the run's
+  // fingerprint and settings; throws Error saying what to do when it may not.
+  explicit RunFolder(const RunConfig& cfg);
+  ~RunFolder();  // releases the lock
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+ private:
+  void lock();
+  void claim(const RunConfig& cfg);
+  void move_aside();
+  std::string dir_;
+  int lock_fd_ = -1;
+};
+
+// What identifies a run: the settings a continuation must share (model, data, seed, ...),
+// as JSON.
+std::string run_fingerprint(const RunConfig& cfg);
+
+}  // namespace spotrain

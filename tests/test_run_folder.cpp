@@ -1,0 +1,214 @@
+// The run folder is the job: one lock per folder (a second process is refused, a lock left by
+// a killed process is not), another run's folder is refused unless resumed or moved aside
+// with --new-run, `latest` is read first and falls back past a corrupt file, the metrics
+// history stays whole and continuous across three restarts (and the folder's config.toml
+// restarts the run), and config files and choices are checked strictly.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+CommandResult spotrain(const std::string& args, const std::string& env = "") {
+  return run_command(env + (env.empty() ? "" : " ") + SPOTRAIN_BIN + " " + args);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / name;
+  fs::remove_all(d);
+  return d;
+}
+
+// A short run on synthetic data into `dir`.
+std::string train(const fs::path& dir, const std::string& more = "") {
+  return "train --model resnet20 --data synthetic --train-limit 64 --test-limit 32 --batch-size 16 "
+         "--threads 1 --log-every 1 --ckpt-dir " + dir.string() + " " + more;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(RunFolder, ASecondProcessIsRefusedAndAKilledHoldersLockDoesNot) {
+  fs::path d = fresh_dir("spotrain_run_lock");
+  fs::create_directories(d);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t holder = fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {  // holds the folder's lock as a running spotrain would, then sleeps
+    int fd = ::open((d / ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) _exit(1);
+    const char note[] = "pid 4242 on testhost, since earlier\n";
+    if (::write(fd, note, sizeof note - 1) < 0) _exit(1);
+    if (::write(ready[1], "x", 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  CommandResult r = spotrain(train(d, "--steps 2"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "is in use by another spotrain process (pid 4242 on testhost"))
+      << r.out;
+  EXPECT_FALSE(fs::exists(d / "ckpt-00000002.h5"));
+  // The holder dies without cleaning up (SIGKILL, as a lost process): the kernel drops its
+  // lock, and the folder is usable at once.
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  r = spotrain(train(d, "--steps 2"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d / "ckpt-00000002.h5")) << r.out;
+}
+
+TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {
+  fs::path d = fresh_dir("spotrain_run_owner");
+  CommandResult a = spotrain(train(d, "--steps 2 --seed 0"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  // A new run with the same command into the folder: refused, naming the way out.
+  CommandResult again = spotrain(train(d, "--steps 2 --seed 0"));
+  EXPECT_EQ(again.code, 1) << again.out;
+  EXPECT_TRUE(contains(again.out, "holds another run's checkpoints")) << again.out;
+  EXPECT_TRUE(contains(again.out, "--resume auto")) << again.out;
+  // Resuming it with another seed: a different run.
+  CommandResult other = spotrain(train(d, "--steps 4 --seed 1 --resume auto"));
+  EXPECT_EQ(other.code, 1) << other.out;
+  EXPECT_TRUE(contains(other.out, "holds a different run (--seed 0 there, 1 here)")) << other.out;
+  EXPECT_FALSE(fs::exists(d / "ckpt-00000004.h5"));
+  // --new-run moves the old run's files aside, intact.
+  CommandResult fresh = spotrain(train(d, "--steps 2 --seed 1 --new-run"));
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  int previous = 0;
+  for (auto& e : fs::directory_iterator(d)) {
+    if (e.path().filename().string().rfind("previous-", 0) != 0) continue;
+    ++previous;
+    EXPECT_TRUE(fs::exists(e.path() / "ckpt-00000002.h5")) << e.path();
+    EXPECT_TRUE(fs::exists(e.path() / "run.json")) << e.path();
+  }
+  EXPECT_EQ(previous, 1);
+  auto run = nlohmann::json::parse(std::ifstream(d / "run.json"));
+  EXPECT_EQ(run["fingerprint"]["seed"], 1) << run.dump();
+  // And the new run continues as itself.
+  CommandResult more = spotrain(train(d, "--steps 4 --seed 1 --resume auto"));
+  EXPECT_EQ(more.code, 0) << more.out;
+  EXPECT_TRUE(contains(more.out, "resumed from " + (d / "ckpt-00000002.h5").string())) << more.out;
+}
+
+TEST(RunFolder, LatestIsReadFirstAndACorruptOneFallsBack) {
+  fs::path d = fresh_dir("spotrain_run_latest");
+  ASSERT_EQ(spotrain(train(d, "--steps 4 --ckpt-every 2")).code, 0);
+  std::string latest;
+  std::getline(std::ifstream(d / "latest"), latest);
+  ASSERT_EQ(latest, "ckpt-00000004.h5");
+  // `latest` names the checkpoint to use, even when a newer-looking file is there.
+  fs::copy_file(d / "ckpt-00000002.h5", d / "ckpt-00000009.h5");
+  std::ofstream(d / "latest") << "ckpt-00000002.h5\n";
+  CommandResult r = spotrain("eval --ckpt " + d.string() + " --data synthetic --test-limit 32 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "ckpt-00000002.h5 (resnet20, step 2)")) << r.out;
+  fs::remove(d / "ckpt-00000009.h5");
+  // `latest` naming a corrupt file: reported, and the newest good checkpoint used.
+  std::ofstream(d / "latest") << "ckpt-00000004.h5\n";
+  fs::resize_file(d / "ckpt-00000004.h5", fs::file_size(d / "ckpt-00000004.h5") / 2);
+  r = spotrain(train(d, "--steps 6 --ckpt-every 2 --resume auto"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "latest names an unusable checkpoint")) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "ckpt-00000002.h5").string())) << r.out;
+}
+
+TEST(RunFolder, MetricsStayWholeAcrossThreeRestartsAndConfigTomlRestartsTheRun) {
+  fs::path d = fresh_dir("spotrain_run_metrics");
+  const std::string args = train(d, "--steps 12 --ckpt-every 3 --deterministic");
+  CommandResult r = spotrain(args, "SPOTRAIN_FAULT=term:0:4");
+  ASSERT_EQ(r.code, 75) << r.out;
+  for (int stop : {7, 10}) {
+    r = spotrain(args + " --resume auto", "SPOTRAIN_FAULT=term:0:" + std::to_string(stop));
+    ASSERT_EQ(r.code, 75) << r.out;
+  }
+  // The last restart from the folder's own settings file alone.
+  ASSERT_TRUE(fs::exists(d / "config.toml"));
+  r = spotrain("train --config " + (d / "config.toml").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "ckpt-00000010.h5").string())) << r.out;
+
+  std::map<std::string, int> types;
+  std::multiset<int64_t> steps;
+  std::vector<int64_t> resumed_at;
+  for (const auto& j : read_jsonl(d / "metrics.jsonl")) {
+    const std::string type = j["type"];
+    ++types[type];
+    EXPECT_TRUE(j.contains("time") && j["time"].is_string()) << j.dump();
+    EXPECT_TRUE(j.contains("elapsed") && j["elapsed"].get<double>() >= 0) << j.dump();
+    if (type == "step") steps.insert(j["step"].get<int64_t>());
+    if (type == "resume") {
+      resumed_at.push_back(j["step"].get<int64_t>());
+      EXPECT_EQ(j["previous"], "stopped by a signal") << j.dump();
+    }
+  }
+  EXPECT_EQ(types["start"], 4);
+  EXPECT_EQ(types["stop"], 3);
+  EXPECT_EQ(types["end"], 1);
+  EXPECT_EQ(resumed_at, (std::vector<int64_t>{4, 7, 10}));
+  // Every step recorded exactly once, none lost to a restart.
+  std::multiset<int64_t> all;
+  for (int64_t s = 1; s <= 12; ++s) all.insert(s);
+  EXPECT_EQ(steps, all);
+  // The log holds every process's lines.
+  std::ifstream log(d / "train.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n') > 20, true) << text;
+  EXPECT_TRUE(contains(text, "stopped by a signal after step 7")) << text;
+}
+
+TEST(ConfigFile, UnknownKeysFlatKeysAndChoices) {
+  fs::path c = fs::temp_directory_path() / "spotrain_strict.toml";
+  std::ofstream(c) << "[train]\nbatch-sise = 4\n";
+  CommandResult r = spotrain("train --config " + c.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "batch-sise")) << r.out;
+  EXPECT_TRUE(contains(r.out, c.string())) << r.out;
+  // Keys before any section are the subcommand's (the README's own example form).
+  std::ofstream(c) << "# flat keys\nmodel = \"resnet20\"\ndata = \"synthetic\"\ntrain-limit = 32\n"
+                      "steps = 2\nbatch-size = 8\nthreads = 1\nckpt-dir = \"\"\n";
+  r = spotrain("train --config " + c.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 2/2")) << r.out;
+  EXPECT_TRUE(contains(r.out, "batch 8")) << r.out;
+  // A value outside a setting's choices: refused while parsing, with the allowed ones.
+  r = spotrain("train --precision fp64 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "fp64") && contains(r.out, "bf16")) << r.out;
+  std::ofstream(c) << "[train]\nlr-schedule = \"linear\"\n";
+  r = spotrain("train --config " + c.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "linear") && contains(r.out, "cosine")) << r.out;
+  // Usage lines name the program.
+  r = spotrain("train --help");
+  EXPECT_TRUE(contains(r.out, "Usage: spotrain train")) << r.out;
+}
