@@ -1,6 +1,7 @@
 // Stop-flag signal handlers (see preemption.h).
 #include "checkpoints/preemption.h"
 
+#include <atomic>
 #include <csignal>
 #include <initializer_list>
 #include <mutex>
@@ -9,7 +10,8 @@
 namespace spotrain {
 
 namespace {
-volatile std::sig_atomic_t g_stop = 0;
+std::atomic<int> g_stop{0};  // lock-free: safe in a signal handler and across threads
+static_assert(std::atomic<int>::is_always_lock_free, "the stop flag is set in a signal handler");
 extern "C" void on_stop_signal(int) { g_stop = 1; }
 }  // namespace
 

@@ -54,14 +54,28 @@ void write_file(const std::string& path, const std::string& text) {
 
 // The settings as a [train] config file; resume is "auto", so that giving the file back
 // with --config continues the run.
+// A relative path made absolute, so that a restart from another directory finds it.
+std::string absolute(const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  std::error_code ec;
+  fs::path a = fs::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
 std::string settings_file(RunConfig cfg) {
   cfg.resume = "auto";
   cfg.new_run = false;
+  cfg.ckpt_dir = absolute(cfg.ckpt_dir);
+  if (cfg.metrics != "auto" && cfg.metrics != "none") cfg.metrics = absolute(cfg.metrics);
+  const size_t colon = cfg.data.find(':');  // fashion-mnist:DIR, imagefolder:DIR, shards:DIR
+  if (colon != std::string::npos)
+    cfg.data = cfg.data.substr(0, colon + 1) + absolute(cfg.data.substr(colon + 1));
   std::string out = "# the settings of this run; restart it with: spotrain train --config FILE\n[train]\n";
   for_each_setting(cfg, [&](const SettingInfo& s, const auto& v) {
     std::string flag = s.flag;
     flag = flag.substr(2, flag.find(',') - 2);  // "--augment,!--no-augment" -> "augment"
-    out += flag + " = " + nlohmann::json(v).dump() + "\n";
+    out += flag + " = " +
+           nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   });
   return out;
 }
@@ -93,6 +107,11 @@ void RunFolder::lock() {
   SPOTRAIN_CHECK(lock_fd_ >= 0, "run folder ", dir_, " is not writable (", std::strerror(errno),
                  "); pass a writable --ckpt-dir");
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) {  // a filesystem without locks (some Lustre/NFS mounts)
+      log_info(str("warning: run folder ", dir_, " cannot be locked (", std::strerror(errno),
+                   "): nothing stops a second process from using it"));
+      return;
+    }
     std::string holder = read_file(lock_path);
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     ::close(lock_fd_);
@@ -151,6 +170,12 @@ void RunFolder::claim(const RunConfig& cfg) {
   if (cfg.new_run && (!ckpts.empty() || !theirs.empty())) {
     move_aside();
     theirs.clear();
+  } else if (ckpts.empty() && !theirs.empty() && theirs != mine) {
+    // Another run's folder without a checkpoint yet (it died before its first): its metrics
+    // and log are not ours to append to.
+    SPOTRAIN_THROW("run folder ", dir_, " belongs to another run (its run.json: ", theirs,
+                   "): start a new run in it with --new-run (its files move to ", dir_,
+                   "/previous-<time>/), or pass another --ckpt-dir");
   } else if (!ckpts.empty()) {
     const std::string newest = fs::path(ckpts.front()).filename().string();
     SPOTRAIN_CHECK(cfg.resume != "none", "run folder ", dir_, " holds another run's checkpoints (",

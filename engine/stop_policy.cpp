@@ -46,7 +46,8 @@ std::string StopPolicy::after_step(double step_seconds, double checkpoint_second
   std::string reason = reason_;
   if (sync_) {
     const bool any = sync_->control(kStopSlot) > 0;  // every rank's flag, summed
-    if (any && reason.empty()) reason = "a stop request on another rank";
+    // Ours may have come during the step (a notice seen a moment after another rank's).
+    if (any && reason.empty()) reason = stop_requested() ? stop_reason() : "a stop request on another rank";
     if (!any) reason.clear();
   } else if (reason.empty() && stop_requested()) {
     reason = stop_reason();

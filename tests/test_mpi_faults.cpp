@@ -335,8 +335,9 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
   fs::path d = fs::temp_directory_path() / "spotrain_launcher_restart";
   fs::remove_all(d);
   fs::create_directories(d);
+  // --new-run on the first launch must not reach the restart (it would move the run aside).
   Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 SPOTRAIN_FAULT=term:0:3") +
-                 restart_args(d / "run"));
+                 restart_args(d / "run", "--new-run"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "stopped by a signal after step 3")) << r.out;
   EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 1 of 2")) << r.out;
@@ -384,13 +385,15 @@ TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
       << "\nexit $rc\n";
   Launch r = run("sh " + (d / "run.sh").string());
   EXPECT_EQ(r.code, 75) << r.out;
-  EXPECT_EQ(count(r.out, "preemption notice (file " + notice.string() + "): stopping"), 2)
-      << "both ranks saw the notice:\n" << r.out;
+  EXPECT_GE(count(r.out, "preemption notice (file " + notice.string() + "): stopping"), 1) << r.out;
+  // Rank 0 names the notice, or, when another rank saw it first, that rank's request; either
+  // way every rank stopped after that step (mpirun returns 75 only when all did).
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by a preemption notice .* after step (\\d+)")))
+  ASSERT_TRUE(std::regex_search(
+      r.out, m, std::regex("stopped by (a preemption notice .*|a stop request on another rank) after step (\\d+)")))
       << r.out;
   char name[32];
-  std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[1]));
+  std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[2]));
   Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (d / "run" / name).string());
   EXPECT_EQ(v.code, 0) << v.out;
 }

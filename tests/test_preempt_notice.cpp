@@ -105,6 +105,12 @@ TEST(PreemptNotice, AFileNoticeStopsTheRunAndAnUnreachableSourceIsOnlyReported) 
   EXPECT_TRUE(contains(u.out, "warning: --preempt-notice http://127.0.0.1:9/x cannot be read")) << u.out;
   size_t first = u.out.find("cannot be read");
   EXPECT_EQ(u.out.find("cannot be read", first + 1), std::string::npos) << "warned more than once";
+  // A notice already up when the run starts (a restart on a node about to go): 75 at once.
+  CommandResult up = run_command(train(d / "run4", "--steps 100 --preempt-notice file:" +
+                                                       (d / "notice").string()));
+  EXPECT_EQ(up.code, 75) << up.out;
+  EXPECT_TRUE(contains(up.out, "already up: not starting")) << up.out;
+  EXPECT_FALSE(contains(up.out, "step 1/")) << up.out;
   CommandResult bad = run_command(train(d / "run3", "--steps 1 --preempt-notice ibm"));
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_TRUE(contains(bad.out, "unknown --preempt-notice 'ibm'")) << bad.out;

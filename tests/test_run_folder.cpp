@@ -114,6 +114,13 @@ TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {
   EXPECT_EQ(previous, 1);
   auto run = nlohmann::json::parse(std::ifstream(d / "run.json"));
   EXPECT_EQ(run["fingerprint"]["seed"], 1) << run.dump();
+  // A folder whose run died before its first checkpoint is still that run's.
+  fs::path e = fresh_dir("spotrain_run_owner_empty");
+  fs::create_directories(e);
+  std::ofstream(e / "run.json") << "{\"fingerprint\": {\"model\": \"resnet50\"}}\n";
+  CommandResult empty = spotrain(train(e, "--steps 2"));
+  EXPECT_EQ(empty.code, 1) << empty.out;
+  EXPECT_TRUE(contains(empty.out, "belongs to another run")) << empty.out;
   // And the new run continues as itself.
   CommandResult more = spotrain(train(d, "--steps 4 --seed 1 --resume auto"));
   EXPECT_EQ(more.code, 0) << more.out;

@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   } remove_tmp{tmp};
   try {
     app.parse(args);
+    if (!tmp.empty()) std::remove(tmp.c_str());  // read: gone before anything can abort
   } catch (const CLI::ConfigError& e) {
     std::string what = e.what();
     const std::string prefix = "INI was not able to parse ";

@@ -1,10 +1,12 @@
 // `spotrain train`: one option per setting of config.h's table, then the Trainer. A run
 // stopped by a signal or --max-wall-time exits 75 (resume with --resume auto).
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "checkpoints/preempt_notice.h"
 #include "checkpoints/preemption.h"
 #include "engine/config.h"
 #include "engine/core/log.h"
@@ -16,6 +18,15 @@ namespace spotrain::cli {
 namespace {
 
 int run_train(const RunConfig& cfg) {
+  // A notice already up (a restart on a node about to go): stop before the costly set-up.
+  if (!cfg.preempt_notice.empty()) {
+    const std::string notice = check_preempt_notice(cfg.preempt_notice);
+    if (!notice.empty()) {
+      std::fprintf(stderr, "preemption notice (%s) already up: not starting (exit 75)\n",
+                   notice.c_str());
+      return kExitResumable;
+    }
+  }
   Trainer t(cfg);
   TrainResult r;
   try {

@@ -30,6 +30,11 @@
 #                     script, not after a success or any other error.
 #   RESTART_DELAY     seconds before the first restart (default 10), doubled each time up to
 #                     300
+#   OOB_KEEPALIVE     "TIME INTERVAL PROBES" of Open MPI's runtime connections (default
+#                     "5 2 3"): a node that stops answering (a cut link, a powered-off host)
+#                     ends the job about TIME + INTERVAL x PROBES seconds later, instead of
+#                     Open MPI 4.1's default 300 + 20 x 9 s, during which mpirun and the
+#                     lost node's daemon wait on each other. Such an end exits 76.
 #
 # SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
 # write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow
@@ -110,6 +115,11 @@ fi
 if [[ $(id -u) -eq 0 && -z "${OMPI_ALLOW_RUN_AS_ROOT:-}" ]]; then
   cmd+=(--allow-run-as-root)  # Open MPI refuses root otherwise
 fi
+read -r ka_time ka_intvl ka_probes <<<"${OOB_KEEPALIVE:-5 2 3}"
+[[ "$ka_time" =~ ^[0-9]+$ && "$ka_intvl" =~ ^[0-9]+$ && "$ka_probes" =~ ^[0-9]+$ ]] ||
+  die "OOB_KEEPALIVE must be three numbers (TIME INTERVAL PROBES), got '${OOB_KEEPALIVE:-}'"
+cmd+=(--mca oob_tcp_keepalive_time "$ka_time" --mca oob_tcp_keepalive_intvl "$ka_intvl"
+      --mca oob_tcp_keepalive_probes "$ka_probes")
 if [[ -n "${MPI_IFNAME:-}" ]]; then
   cmd+=(--mca btl_tcp_if_include "$MPI_IFNAME" --mca oob_tcp_if_include "$MPI_IFNAME")
 fi
@@ -150,6 +160,7 @@ restarts=0
 while :; do
   "${cmd[@]}" &
   mpirun_pid=$!
+  ((stop_asked)) && kill -USR1 "$mpirun_pid" 2>/dev/null  # a stop that came while starting
   while :; do
     signalled=0
     rc=0
@@ -157,6 +168,8 @@ while :; do
     ((signalled)) || break  # a trapped signal cut the wait short: mpirun still runs
   done
   mpirun_pid=
+  # Open MPI's "lost communication with a remote daemon" (205): a node is gone, as 76.
+  ((rc == 205)) && rc=76
   # Restart only what a restart can mend, and never what this script was asked to stop.
   ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts < MAX_RESTARTS)) || break
   restarts=$((restarts + 1))
@@ -165,13 +178,14 @@ while :; do
   wait $! || true
   ((stop_asked == 0)) || break
   delay=$((delay * 2 > 300 ? 300 : delay * 2))
-  # The same command, resuming: any --resume given is replaced by --resume auto.
+  # The same command, resuming: any --resume given is replaced by --resume auto, and a
+  # --new-run is dropped (it would move this run's checkpoints aside).
   new=()
   skip=0
   for a in "${cmd[@]}"; do
     if ((skip)); then skip=0; continue; fi
     [[ "$a" == --resume ]] && { skip=1; continue; }
-    [[ "$a" == --resume=* ]] && continue
+    [[ "$a" == --resume=* || "$a" == --new-run ]] && continue  # --new-run would discard the run
     new+=("$a")
   done
   cmd=("${new[@]}" --resume auto)
