@@ -76,6 +76,13 @@ void CommWorker::wait(uint64_t ticket) {
 }
 
 void CommWorker::fail(const std::string& what, const std::string& why) {
+  // A node that stopped answering is the runtime's to report: its end of the job reaches every
+  // node, where ours would hang on the lost one. So it gets its detection time first, in
+  // silence: a line written now travels over the runtime's connection to mpirun, and a TCP
+  // connection with data in flight no longer notices that its peer is gone. A hung rank on a
+  // live node the runtime leaves to us.
+  double grace = comm_.runtime_detection_seconds();
+  if (grace > 0) std::this_thread::sleep_for(std::chrono::duration<double>(grace));
   std::fprintf(stderr, "error: rank %d: %s at step %lld %s; aborting the job\n", comm_.rank(),
                what.c_str(), static_cast<long long>(step_), why.c_str());
   std::fflush(stderr);

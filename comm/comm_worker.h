@@ -1,7 +1,8 @@
 // CommWorker: one thread that makes every collective call, in submission order, so
 // gradient buckets are all-reduced while backward goes on, and so every wait has a
 // deadline. A collective that fails or outlives --comm-timeout prints one error line naming
-// this rank, the step and the collective, then aborts the whole job (never a silent hang).
+// this rank, the step and the collective, then aborts the whole job (never a silent hang),
+// after leaving the launcher's runtime its time to notice a lost node and end the job itself.
 #pragma once
 #include <condition_variable>
 #include <cstdint>

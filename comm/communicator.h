@@ -28,6 +28,12 @@ class Communicator {
   virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
   // Ends every rank of the job with `code` (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
+  // Seconds the launcher's runtime takes to notice a node that stopped answering and end the
+  // job by itself (0: it does not, or not soon). After a lost peer a rank leaves it that long
+  // before aborting: Open MPI's own end of the job stops every process on every node, while an
+  // abort sent towards an unreachable node leaves mpirun and that node's daemon waiting on each
+  // other for many minutes.
+  virtual double runtime_detection_seconds() const { return 0; }
 
   // Device communicators (NCCL) all-reduce and broadcast device buffers (host buffers still
   // work: they go over the host communicator). False for Local and MPI.

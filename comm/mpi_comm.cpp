@@ -3,7 +3,12 @@
 #define OMPI_SKIP_MPICXX 1  // the C API only; no deprecated C++ bindings
 #include <mpi.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 
@@ -28,6 +33,39 @@ namespace spotrain {
 std::unique_ptr<Communicator> make_local_communicator();
 
 namespace {
+
+// True when /proc/PID/comm (path given) names Open MPI's daemon. Async-signal-safe.
+bool names_orted(const char* comm_path) {
+  char name[16] = {0};
+  int fd = open(comm_path, O_RDONLY);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, name, sizeof name - 1);
+  close(fd);
+  return n >= 5 && std::strncmp(name, "orted", 5) == 0 && (name[5] == '\n' || name[5] == 0);
+}
+
+// Open MPI's daemon on this node (the `orted` that started this rank) forwards an abort to
+// mpirun; when mpirun's node is unreachable it cannot, and lingers with nothing left to do
+// until TCP gives up (about 15 minutes). A detached child of ours ends it if it is still there
+// 10 s after the abort: by then a reachable mpirun has ended the job and the daemon with it.
+// (Only a parent named orted: not mpirun's own node, not srun, not a plain process.)
+void end_daemon_if_stranded() {
+  const pid_t daemon = getppid();
+  char comm_path[64];
+  std::snprintf(comm_path, sizeof comm_path, "/proc/%d/comm", int(daemon));
+  if (!names_orted(comm_path)) return;
+  if (fork() != 0) return;  // the rank goes on to abort (or fork failed: nothing to do)
+  // The child: async-signal-safe calls only. Its own session, so the daemon's kill of this
+  // rank's process group misses it; no inherited descriptors, so the daemon does not wait for
+  // this child's end of the rank's output pipes.
+  setsid();
+  for (int fd = 0; fd < 1024; ++fd) close(fd);
+  struct timespec ts = {10, 0};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  if (names_orted(comm_path)) kill(daemon, SIGTERM);
+  _exit(0);
+}
 
 // Sums 16-bit floats element by element in fp32 (an MPI user operation).
 template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
@@ -110,9 +148,23 @@ class MpiComm final : public Communicator {
     MPI_CHECK(MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
     return all;
   }
+  // Open MPI ends a job whose node stopped answering once its runtime connections' TCP
+  // keepalive gives up: TIME + INTERVAL x PROBES seconds (mpirun passes its --mca settings to
+  // the ranks as OMPI_MCA_ variables; 300 + 20 x 9 by default, too long to wait for).
+  double runtime_detection_seconds() const override {
+    if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return 0;
+    auto mca = [](const char* name, double fallback) {
+      const char* v = std::getenv(name);
+      return v && *v ? std::atof(v) : fallback;
+    };
+    double s = mca("OMPI_MCA_oob_tcp_keepalive_time", 300) +
+               mca("OMPI_MCA_oob_tcp_keepalive_intvl", 20) * mca("OMPI_MCA_oob_tcp_keepalive_probes", 9);
+    return s > 0 && s <= 30 ? s + 2 : 0;  // 2 s for the runtime to act on it
+  }
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
     std::fflush(stderr);
+    end_daemon_if_stranded();
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }

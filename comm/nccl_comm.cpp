@@ -126,6 +126,7 @@ class NcclComm final : public Communicator {
   }
   void barrier() override { host_->barrier(); }
   std::vector<uint64_t> allgather(uint64_t v) override { return host_->allgather(v); }
+  double runtime_detection_seconds() const override { return host_->runtime_detection_seconds(); }
   [[noreturn]] void abort(int code) override {
     {
       // Not while wait() polls the communicator (it holds the lock only for that call, which

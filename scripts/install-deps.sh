@@ -9,7 +9,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev dataset-fashion-mnist)
 if [[ "${1:-}" == "--test" ]]; then
-  pkgs+=(python3 python3-numpy python3-torch python3-torchvision python3-h5py)
+  # iproute2: the multi-host tests' network namespaces
+  pkgs+=(python3 python3-numpy python3-torch python3-torchvision python3-h5py iproute2)
 fi
 
 missing=()

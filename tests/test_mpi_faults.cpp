@@ -14,6 +14,9 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ckpt_state.h"
 
@@ -335,29 +338,52 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
   fs::path d = fs::temp_directory_path() / "spotrain_launcher_restart";
   fs::remove_all(d);
   fs::create_directories(d);
-  // --new-run on the first launch must not reach the restart (it would move the run aside).
-  Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 SPOTRAIN_FAULT=term:0:3") +
+  // Stopped three times (a signal to rank 0 at steps 2, 4 and 5), restarted three times.
+  // --new-run on the first launch must not reach the restarts (it would move the run aside).
+  Launch r = run(launcher(d, "MAX_RESTARTS=3 RESTART_DELAY=0 SPOTRAIN_FAULT=term:0:2,term:0:4,term:0:5") +
                  restart_args(d / "run", "--new-run"));
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "stopped by a signal after step 3")) << r.out;
-  EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 1 of 2")) << r.out;
-  EXPECT_FALSE(contains(r.out, "restart 2 of 2")) << r.out;
-  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000003.h5").string())) << r.out;
+  for (int s : {2, 4, 5})
+    EXPECT_TRUE(contains(r.out, "stopped by a signal after step " + std::to_string(s))) << r.out;
+  EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 3 of 3")) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000005.h5").string())) << r.out;
+  // The run folder's metrics: one history across the four processes, in order. Each stop is
+  // followed by a resume from that stop's step and checkpoint, every step is recorded exactly
+  // once and in order, and the wall-clock times never go back.
   std::ifstream m(d / "run" / "metrics.jsonl");
-  int resumes = 0, steps = 0;
+  std::vector<int64_t> steps;
+  int resumes = 0;
+  std::string last_time;
+  nlohmann::json last_stop;
   for (std::string line; std::getline(m, line);) {
-    resumes += contains(line, "\"type\":\"resume\"");
-    steps += contains(line, "\"type\":\"step\"");
+    auto j = nlohmann::json::parse(line);  // throws on a torn or merged line
+    ASSERT_TRUE(j.contains("time") && j.contains("elapsed")) << line;
+    EXPECT_GE(j["time"].get<std::string>(), last_time) << line;
+    last_time = j["time"].get<std::string>();
+    const std::string type = j["type"];
+    if (type == "step") steps.push_back(j["step"].get<int64_t>());
+    if (type == "stop") last_stop = j;
+    if (type == "resume") {
+      ++resumes;
+      ASSERT_FALSE(last_stop.is_null()) << "a resume without a stop before it: " << line;
+      EXPECT_EQ(j["step"], last_stop["step"]) << line;
+      EXPECT_EQ(j["checkpoint"], last_stop["checkpoint"]) << line;
+      EXPECT_EQ(j["previous"], "stopped by a signal") << line;
+      last_stop = nlohmann::json();
+    }
   }
-  EXPECT_EQ(resumes, 1);
-  EXPECT_EQ(steps, 6) << "every step recorded once across the restart";
+  EXPECT_EQ(resumes, 3);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6})) << "every step once, in order";
 }
 
 TEST(LauncherRestart, ALostPeerIsRetriedAtMostMaxRestartsTimes) {
   fs::path d = fs::temp_directory_path() / "spotrain_launcher_retry";
   fs::remove_all(d);
   fs::create_directories(d);
-  Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 SPOTRAIN_FAULT=hang:1:3") +
+  // OOB_KEEPALIVE 1 1 1: a rank that timed out leaves the runtime 1 + 1 x 1 + 2 s to end the job
+  // before it aborts (a hung rank on a live node: the runtime does not, so each try ends
+  // --comm-timeout + 4 s after the hang).
+  Launch r = run(launcher(d, "MAX_RESTARTS=2 RESTART_DELAY=0 OOB_KEEPALIVE='1 1 1' SPOTRAIN_FAULT=hang:1:3") +
                  restart_args(d / "run", "--comm-timeout 4"));
   EXPECT_EQ(r.code, 76) << r.out;
   EXPECT_TRUE(contains(r.out, "the job ended with 76; restart 1 of 2")) << r.out;

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 namespace spotrain {
@@ -14,15 +15,15 @@ namespace {
 TestHooks read_hooks() {
   TestHooks h;
   if (const char* v = std::getenv("SPOTRAIN_FAULT")) {
-    char kind[8] = {0};
-    int r = -1;
-    long long s = -1;
-    if (std::sscanf(v, "%7[a-z]:%d:%lld", kind, &r, &s) == 3) {
-      h.fault_kind = kind;
-      h.fault_rank = r;
-      h.fault_step = s;
-    } else {
-      std::fprintf(stderr, "warning: ignoring SPOTRAIN_FAULT='%s' (expected KIND:RANK:STEP)\n", v);
+    std::stringstream list(v);
+    for (std::string one; std::getline(list, one, ',');) {
+      char kind[8] = {0};
+      int r = -1;
+      long long s = -1;
+      if (std::sscanf(one.c_str(), "%7[a-z]:%d:%lld", kind, &r, &s) == 3)
+        h.faults.push_back({kind, r, s});
+      else
+        std::fprintf(stderr, "warning: ignoring SPOTRAIN_FAULT '%s' (expected KIND:RANK:STEP)\n", one.c_str());
     }
   }
   if (const char* v = std::getenv("SPOTRAIN_SAMPLE_LOG")) h.sample_log = v;
@@ -48,15 +49,16 @@ const TestHooks& test_hooks() {
 }
 
 void inject_fault(int rank, int64_t step) {
-  const TestHooks& h = test_hooks();
-  if (h.fault_kind.empty() || h.fault_rank != rank || h.fault_step != step) return;
-  std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, h.fault_kind.c_str(),
-               static_cast<long long>(step));
-  std::fflush(stderr);
-  if (h.fault_kind == "die") raise(SIGKILL);
-  if (h.fault_kind == "term") raise(SIGTERM);  // as a spot preemption notice
-  if (h.fault_kind == "hang")
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  for (const TestHooks::Fault& f : test_hooks().faults) {
+    if (f.rank != rank || f.step != step) continue;
+    std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, f.kind.c_str(),
+                 static_cast<long long>(step));
+    std::fflush(stderr);
+    if (f.kind == "die") raise(SIGKILL);
+    if (f.kind == "term") raise(SIGTERM);  // as a spot preemption notice
+    if (f.kind == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 }  // namespace spotrain

@@ -2,7 +2,7 @@
 // hooks the fault-tolerance tests use to make a failure happen at a chosen moment; one is a
 // diagnostic. Each is read once, at first use; none is meant for production runs.
 //
-//   SPOTRAIN_FAULT=KIND:RANK:STEP      die (SIGKILL, as a lost node), hang (sleep forever) or
+//   SPOTRAIN_FAULT=KIND:RANK:STEP[,...] die (SIGKILL, as a lost node), hang (sleep forever) or
 //                                      term (SIGTERM, as a spot notice) that rank at that step
 //   SPOTRAIN_SAMPLE_LOG=FILE           append "step id id ..." per training step (FILE.RANK
 //                                      with several ranks): which samples each step saw
@@ -14,13 +14,17 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spotrain {
 
 struct TestHooks {
-  std::string fault_kind;  // "" (none), "die", "hang" or "term"
-  int fault_rank = -1;
-  int64_t fault_step = -1;
+  struct Fault {
+    std::string kind;  // "die", "hang" or "term"
+    int rank = -1;
+    int64_t step = -1;
+  };
+  std::vector<Fault> faults;
   std::string sample_log;        // "" = none
   int64_t free_bytes = -1;       // -1 = ask the filesystem
   double ckpt_write_delay = 0;   // seconds (0 = none)

@@ -32,9 +32,11 @@
 #                     300
 #   OOB_KEEPALIVE     "TIME INTERVAL PROBES" of Open MPI's runtime connections (default
 #                     "5 2 3"): a node that stops answering (a cut link, a powered-off host)
-#                     ends the job about TIME + INTERVAL x PROBES seconds later, instead of
-#                     Open MPI 4.1's default 300 + 20 x 9 s, during which mpirun and the
-#                     lost node's daemon wait on each other. Such an end exits 76.
+#                     ends the job about TIME + INTERVAL x PROBES seconds later, on every node,
+#                     instead of Open MPI 4.1's default 300 + 20 x 9 s, during which mpirun
+#                     and the lost node's daemon wait on each other. Such an end exits 76.
+#                     A rank whose --comm-timeout fires first leaves the runtime that long
+#                     (+ 2 s) before it aborts (docs/MULTI_NODE.md, "When a node is lost").
 #
 # SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
 # write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow

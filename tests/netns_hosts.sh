@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Several "hosts" on one machine for the multi-host tests: network namespaces on a private
+# bridge, reachable from the launcher (this namespace) on a private /24, and an rsh agent that
+# Open MPI uses to start its daemons "on" a host (ip netns exec instead of ssh).
+#   netns_hosts.sh up PREFIX N       make bridge PREFIX-br and namespaces PREFIX-1..N, hosts
+#                                    NET.1..NET.N (NET.254 is the launcher); prints the agent's
+#                                    path, then NET; exit 77 when namespaces cannot be made here
+#   netns_hosts.sh cut PREFIX I      cut host I's link (no packet in or out, no reset sent)
+#   netns_hosts.sh poweroff PREFIX I cut host I's link and SIGKILL everything running on it
+#   netns_hosts.sh restore PREFIX I  the host's link back up
+#   netns_hosts.sh pids PREFIX I     what runs on host I: "PID NAME" lines
+#   netns_hosts.sh down PREFIX       kill what runs on the hosts, remove them and the bridge
+# Traffic stays inside: the bridge has no uplink and forwarding is not touched.
+set -euo pipefail
+cmd=${1:?up|cut|poweroff|restore|pids|down} prefix=${2:?prefix}
+[[ "$prefix" =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "PREFIX: 1-8 lower-case letters and digits" >&2; exit 2; }
+net="10.213.$(( $(printf '%s' "$prefix" | cksum | cut -d' ' -f1) % 200 + 20 ))"
+dir=/tmp/$prefix-netns
+ns_pids() { ip netns pids "$prefix-$1" 2>/dev/null || true; }
+case "$cmd" in
+  up)
+    n=${3:?number of hosts}
+    command -v ip >/dev/null || { echo "no 'ip' command (Debian: iproute2)" >&2; exit 77; }
+    [[ $(id -u) -eq 0 ]] || { echo "network namespaces need root" >&2; exit 77; }
+    "$0" down "$prefix" >/dev/null 2>&1 || true
+    mkdir -p "$dir"
+    if ! ip link add "$prefix-br" type bridge 2>/dev/null; then
+      echo "cannot create a bridge (needs CAP_NET_ADMIN)" >&2
+      exit 77
+    fi
+    ip addr add "$net.254/24" dev "$prefix-br"
+    ip link set "$prefix-br" up
+    for i in $(seq 1 "$n"); do
+      ns=$prefix-$i
+      ip netns add "$ns" 2>/dev/null || { echo "cannot create network namespaces" >&2; "$0" down "$prefix"; exit 77; }
+      ip link add "$prefix-v$i" type veth peer name eth0 netns "$ns"
+      ip link set "$prefix-v$i" master "$prefix-br" up
+      ip -n "$ns" addr add "$net.$i/24" dev eth0
+      ip -n "$ns" link set eth0 up
+      ip -n "$ns" link set lo up
+      echo "$net.$i $ns $prefix-v$i" >> "$dir/map"
+    done
+    # The rsh agent: `agent [options] HOST command...` runs the command in HOST's namespace.
+    # It stays here, on the launcher, as ssh does; and as ssh to a host that went away
+    # without a reset, it does not return while the host's link is down.
+    cat > "$dir/agent" <<AGENT
+#!/bin/sh
+while [ "\${1#-}" != "\$1" ]; do shift; done
+host=\$1; shift
+set -- "\$*" \$(awk -v h="\$host" '\$1 == h { print \$2, \$3 }' $dir/map)
+[ -n "\${2:-}" ] || { echo "agent: unknown host \$host" >&2; exit 1; }
+ip netns exec "\$2" /bin/sh -c "\$1"
+rc=\$?
+while ip link show "\$3" 2>/dev/null | grep -q 'state DOWN'; do sleep 1; done
+exit \$rc
+AGENT
+    chmod +x "$dir/agent"
+    echo "$dir/agent"
+    echo "$net"
+    ;;
+  cut) ip link set "$prefix-v${3:?host}" down ;;
+  poweroff)
+    ip link set "$prefix-v${3:?host}" down
+    for pid in $(ns_pids "$3"); do kill -9 "$pid" 2>/dev/null || true; done
+    ;;
+  restore) ip link set "$prefix-v${3:?host}" up ;;
+  pids) for pid in $(ns_pids "${3:?host}"); do echo "$pid $(cat /proc/$pid/comm 2>/dev/null)"; done ;;
+  down)
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix-[0-9]*$" || true); do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+      ip netns del "$ns" 2>/dev/null || true
+    done
+    # The host ends of the links before the bridge: a namespace's own cleanup is asynchronous.
+    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$prefix-v[0-9]*$" || true); do
+      ip link del "$l" 2>/dev/null || true
+    done
+    ip link del "$prefix-br" 2>/dev/null || true
+    rm -rf "$dir"
+    ;;
+  *) echo "unknown command '$cmd'" >&2; exit 2 ;;
+esac

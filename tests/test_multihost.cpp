@@ -1,0 +1,197 @@
+// Spot jobs across hosts: two "hosts" made as network namespaces (tests/netns_hosts.sh), Open
+// MPI across them over TCP, and the launcher examples/resnet50/launch/mpirun.sh with its
+// restart loop, as a multi-node job runs. Real processes throughout:
+//  - a preemption notice served on one host only stops every rank after the same step (75),
+//    the launcher restarts the job, and it ends bit for bit where an uninterrupted run does;
+//  - a link cut for good, and a host powered off, end the whole job with 76 within the bound
+//    (--comm-timeout + 30 s), with no process left on any host; after the host returns the
+//    restart resumes and finishes.
+// Skipped, with the reason, where network namespaces cannot be made (not root, no
+// CAP_NET_ADMIN, no iproute2). The measured times are printed for docs/MULTI_NODE.md.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "ckpt_state.h"
+#include "run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kHosts = std::string(SPOTRAIN_SOURCE_DIR) + "/tests/netns_hosts.sh";
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// A figure the scenario script printed as "NAME=VALUE" (-1 when missing).
+double figure(const std::string& out, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(name + "=([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+class MultiHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    prefix_ = "st" + std::to_string(std::hash<std::string>()(test) % 100000);
+    dir_ = fs::temp_directory_path() / ("spotrain_multihost_" + test);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    CommandResult up = run_command(kHosts + " up " + prefix_ + " 2");
+    if (up.code == 77) GTEST_SKIP() << "network namespaces cannot be made here: " << up.out;
+    ASSERT_EQ(up.code, 0) << up.out;
+    std::istringstream lines(up.out);
+    std::getline(lines, agent_);
+    std::getline(lines, net_);
+    std::ofstream(dir_ / "hosts") << net_ << ".1 slots=1\n" << net_ << ".2 slots=1\n";
+    up_ = true;
+  }
+  void TearDown() override {
+    if (up_) run_command(kHosts + " down " + prefix_);
+  }
+
+  // The launcher on the two hosts, one rank each (rank 0 on host 1, rank 1 on host 2), with
+  // the environment `env` (MAX_RESTARTS, ...) and spotrain train arguments `args`. rtc ^hwloc:
+  // Open MPI's daemons otherwise share a hwloc topology segment that namespaces break.
+  std::string launcher(const std::string& env, const std::string& args) const {
+    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + env +
+           " RANKS_PER_NODE=1 THREADS_PER_RANK=1 MPIRUN=" + MPIEXEC_EXECUTABLE + " SPOTRAIN=" +
+           SPOTRAIN_BIN + " MPI_IFNAME=" + net_ + ".0/24 MPIRUN_ARGS='--mca plm_rsh_agent " +
+           agent_ + " --mca rtc ^hwloc --mca btl tcp,self' " + SPOTRAIN_SOURCE_DIR +
+           "/examples/resnet50/launch/mpirun.sh " + (dir_ / "hosts").string() + " 2 " + args;
+  }
+  std::string hosts(const std::string& what, int host) const {
+    return kHosts + " " + what + " " + prefix_ + " " + std::to_string(host);
+  }
+  // Runs a scenario: `body` is shell that may use $log (the launcher's output so far),
+  // `wait_for PATTERN` (until the log shows it; fails after 120 s or if the launcher ended),
+  // `now` and `since T` (seconds from T, a `now`). The launcher runs in the background as $pid; the script waits for it, prints its
+  // log and exits with its status.
+  CommandResult scenario(const std::string& launch, const std::string& body) const {
+    fs::path log = dir_ / "launch.log", script = dir_ / "scenario.sh";
+    std::ofstream(script)
+        << "log=" << log.string() << "\n"
+        << "now() { date +%s.%N; }\n"
+        << "since() { awk -v a=\"$(now)\" -v b=\"$1\" 'BEGIN { printf \"%.2f\", a - b }'; }\n"
+        << "wait_for() {\n"
+        << "  for i in $(seq 1 1200); do grep -qF -e \"$1\" $log && return 0;"
+           " kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
+        << "  echo \"scenario: '$1' never came\"; return 1\n}\n"
+        << "trap 'cat $log' EXIT\n"
+        << "(" << launch << ") > $log 2>&1 &\npid=$!\n"
+        << body << "\nwait $pid\n";
+    return run_command("timeout -k 10 400 bash " + script.string() + " 2>&1");
+  }
+
+  // Asserts what a lost host must give: 76 within the bound, nothing left running on either
+  // host, then (the host back) a restart that resumes and finishes.
+  void expect_lost_host_handled(const CommandResult& r, double comm_timeout) {
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 76; restart 1 of 1")) << r.out;
+    double ended = figure(r.out, "ended_after"), cleared = figure(r.out, "cleared_after");
+    ASSERT_GE(ended, 0) << r.out;
+    EXPECT_LE(ended, comm_timeout + 30) << "the launcher returned too late:\n" << r.out;
+    ASSERT_GE(cleared, 0) << "processes were left on a host:\n" << r.out;
+    EXPECT_LE(cleared, comm_timeout + 30) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("resumed from .*ckpt-000000[0-9][0-9]\\.h5")))
+        << r.out;
+    EXPECT_TRUE(fs::exists(dir_ / "run" / "ckpt-00000030.h5")) << r.out;
+    std::cout << "measured: host lost -> launcher returned " << ended
+              << " s, every process gone " << cleared << " s (--comm-timeout " << comm_timeout
+              << ")\n";
+  }
+
+  // Shell: after the launcher reports 76, wait (at most 10 s) until nothing runs on either
+  // host, print when, then bring `host` back.
+  std::string after_loss(int host) const {
+    return "wait_for 'the job ended with 76' || exit 1\n"
+           "echo ended_after=$(since $t0)\n"
+           "for i in $(seq 1 100); do\n"
+           "  left=\"$(" + hosts("pids", 1) + ")$(" + hosts("pids", 2) + ")\"\n"
+           "  [ -z \"$left\" ] && { echo cleared_after=$(since $t0); break; }\n"
+           "  sleep 0.1\ndone\n"
+           "[ -z \"$left\" ] || echo \"left running: $left\"\n" +
+           hosts("restore", host) + "\n";
+  }
+
+  std::string prefix_, agent_, net_;
+  fs::path dir_;
+  bool up_ = false;
+};
+
+// A tiny deterministic run: resnet20 on synthetic data, one compute thread per rank.
+std::string train_args(const fs::path& ckpt, const std::string& more) {
+  return "--model resnet20 --data synthetic --train-limit 4096 --test-limit 32 --batch-size 16"
+         " --deterministic --log-every 1 --keep 100 --ckpt-dir " + ckpt.string() + " " + more;
+}
+
+TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
+  if (run_command("python3 -c 'import http.server'").code != 0)
+    GTEST_SKIP() << "needs python3 for the notice's HTTP server";
+  // The notice, as a cloud's metadata service gives it: an HTTP server on host 2's own
+  // 127.0.0.1 (404 until the notice file exists); host 1 has none (a warning, no notice).
+  const fs::path www = dir_ / "www";
+  fs::create_directories(www);
+  const std::string server = "ip netns exec " + prefix_ + "-2 python3 -m http.server 8808 --bind 127.0.0.1 --directory " +
+                             www.string() + " > /dev/null 2>&1 &\nsrv=$!\n";
+  const std::string args = train_args(dir_ / "run", "--steps 12 --preempt-notice http://127.0.0.1:8808/notice --preempt-poll 0.2");
+  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=2", args),
+                             server +
+                             "wait_for 'step 3/' || exit 1\n"
+                             "t0=$(now); echo 'terminate' > " + (www / "notice").string() + "\n"
+                             "wait_for 'the job ended with 75' || exit 1\n"
+                             "echo notice_to_exit=$(since $t0)\n"
+                             "rm " + (www / "notice").string() + "; kill $srv");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "preemption notice (notice at http://127.0.0.1:8808/notice: terminate)"))
+      << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by (a preemption notice.*|a stop request on another rank) after step (\\d+)")))
+      << r.out;
+  const int stopped = std::stoi(m[2]);
+  EXPECT_TRUE(contains(r.out, "resumed from " + (dir_ / "run").string() + "/ckpt-0000000" + std::to_string(stopped)))
+      << r.out;
+  std::cout << "measured: notice on one host -> every rank exited, launcher returned "
+            << figure(r.out, "notice_to_exit") << " s (stopped after step " << stopped << ")\n";
+
+  // The same job uninterrupted ends on the same weights and momentum, bit for bit.
+  CommandResult ref = run_command("timeout -k 10 300 " + launcher("", train_args(dir_ / "ref", "--steps 12")) + " 2>&1");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  CkptState a = load_ckpt_state((dir_ / "ref" / "ckpt-00000012.h5").string());
+  CkptState b = load_ckpt_state((dir_ / "run" / "ckpt-00000012.h5").string());
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
+}
+
+// A link cut for good at step 6: --comm-timeout (5 s) fires before Open MPI's own detection
+// (mpirun.sh's OOB_KEEPALIVE, 5 + 2 x 3 s), the hardest order: the ranks leave the runtime its
+// detection time before aborting, and the runtime ends the job on both hosts.
+TEST_F(MultiHost, ALinkCutEndsTheJobWithinTheBoundAndTheRestartResumes) {
+  const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
+  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
+                             "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("cut", 2) + "\n" +
+                                 after_loss(2));
+  expect_lost_host_handled(r, 5);
+}
+
+// A host powered off at step 6 (its link cut and everything on it killed, so no connection
+// is reset): the launcher's side ends the job the same way.
+TEST_F(MultiHost, AHostPoweredOffEndsTheJobWithinTheBoundAndTheRestartResumes) {
+  const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
+  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
+                             "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("poweroff", 2) + "\n" +
+                                 after_loss(2));
+  expect_lost_host_handled(r, 5);
+}
+
+}  // namespace
