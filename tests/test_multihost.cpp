@@ -92,9 +92,15 @@ class MultiHost : public ::testing::Test {
     return run_command("timeout -k 10 400 bash " + script.string() + " 2>&1");
   }
 
-  // Asserts what a lost host must give: 76 within the bound, nothing left running on either
-  // host, then (the host back) a restart that resumes and finishes.
-  void expect_lost_host_handled(const CommandResult& r, double comm_timeout) {
+  // Loses host 2 at step 6 (`how`: cut or poweroff) of a 30-step run with --comm-timeout 5, and
+  // asserts what that must give: 76 within the bound, nothing left running on either host,
+  // then (the host back) a restart that resumes and finishes.
+  void lose_host_2(const std::string& how) {
+    const double comm_timeout = 5;
+    const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
+    CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
+                               "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts(how, 2) + "\n" +
+                                   after_loss(2));
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 76; restart 1 of 1")) << r.out;
     double ended = figure(r.out, "ended_after"), cleared = figure(r.out, "cleared_after");
@@ -123,16 +129,16 @@ class MultiHost : public ::testing::Test {
            hosts("restore", host) + "\n";
   }
 
+  // A tiny deterministic run: resnet20 on synthetic data, one compute thread per rank.
+  static std::string train_args(const fs::path& ckpt, const std::string& more) {
+    return "--model resnet20 --data synthetic --train-limit 4096 --test-limit 32 --batch-size 16"
+           " --deterministic --log-every 1 --keep 100 --ckpt-dir " + ckpt.string() + " " + more;
+  }
+
   std::string prefix_, agent_, net_;
   fs::path dir_;
   bool up_ = false;
 };
-
-// A tiny deterministic run: resnet20 on synthetic data, one compute thread per rank.
-std::string train_args(const fs::path& ckpt, const std::string& more) {
-  return "--model resnet20 --data synthetic --train-limit 4096 --test-limit 32 --batch-size 16"
-         " --deterministic --log-every 1 --keep 100 --ckpt-dir " + ckpt.string() + " " + more;
-}
 
 TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   if (run_command("python3 -c 'import http.server'").code != 0)
@@ -176,22 +182,12 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
 // A link cut for good at step 6: --comm-timeout (5 s) fires before Open MPI's own detection
 // (mpirun.sh's OOB_KEEPALIVE, 5 + 2 x 3 s), the hardest order: the ranks leave the runtime its
 // detection time before aborting, and the runtime ends the job on both hosts.
-TEST_F(MultiHost, ALinkCutEndsTheJobWithinTheBoundAndTheRestartResumes) {
-  const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
-  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
-                             "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("cut", 2) + "\n" +
-                                 after_loss(2));
-  expect_lost_host_handled(r, 5);
-}
+TEST_F(MultiHost, ALinkCutEndsTheJobWithinTheBoundAndTheRestartResumes) { lose_host_2("cut"); }
 
 // A host powered off at step 6 (its link cut and everything on it killed, so no connection
 // is reset): the launcher's side ends the job the same way.
 TEST_F(MultiHost, AHostPoweredOffEndsTheJobWithinTheBoundAndTheRestartResumes) {
-  const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
-  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
-                             "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("poweroff", 2) + "\n" +
-                                 after_loss(2));
-  expect_lost_host_handled(r, 5);
+  lose_host_2("poweroff");
 }
 
 }  // namespace
