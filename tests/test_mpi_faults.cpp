@@ -423,3 +423,35 @@ TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
   Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (d / "run" / name).string());
   EXPECT_EQ(v.code, 0) << v.out;
 }
+
+// The Kubernetes worker's main process (examples/resnet50/launch/worker.sh): a SIGTERM to it
+// (the pod's) reaches its spotrain ranks as the stop signal, so the job stops with a verified
+// checkpoint and 75, and then the worker ends its daemon (here `sleep`, standing in for sshd)
+// and exits 0. In a PID namespace of its own, so that its pkill sees only this job's ranks.
+TEST(KubernetesWorker, ASigtermToThePodStopsItsRanksWithACheckpoint) {
+  if (run("unshare --pid --fork --mount-proc true").code != 0)
+    GTEST_SKIP() << "needs unshare --pid (root) to isolate the worker's ranks";
+  fs::path d = fs::temp_directory_path() / "spotrain_k8s_worker";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string log = (d / "out").string();
+  std::ofstream(d / "pod.sh")
+      << "SSHD='sleep 600' " << SPOTRAIN_SOURCE_DIR << "/examples/resnet50/launch/worker.sh &\n"
+      << "worker=$!\n(" << mpirun(2) << " " << SPOTRAIN_BIN
+      << " train --model resnet20 --data synthetic --train-limit 4096 --test-limit 32 --steps 200"
+         " --batch-size 16 --threads 1 --log-every 1 --ckpt-dir " << (d / "run").string()
+      << ") > " << log << " 2>&1 &\njob=$!\n"
+      << "while ! grep -q 'step 3/' " << log << " && kill -0 $job 2>/dev/null; do sleep 0.05; done\n"
+      << "kill -TERM $worker\nwait $job\nrc=$?\nwait $worker\necho \"worker exit $?\"\n"
+      << "cat " << log << "\nexit $rc\n";
+  Launch r = run("unshare --pid --fork --mount-proc sh " + (d / "pod.sh").string());
+  EXPECT_EQ(r.code, 75) << r.out;
+  EXPECT_TRUE(contains(r.out, "spotrain-worker: stop signal")) << r.out;
+  EXPECT_TRUE(contains(r.out, "worker exit 0")) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by a signal after step (\\d+)"))) << r.out;
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[1]));
+  Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (d / "run" / name).string());
+  EXPECT_EQ(v.code, 0) << v.out;
+}
