@@ -183,6 +183,22 @@ TEST(Cli, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   expect_error(run("train --config /nonexistent/spotrain.toml"), 2, "spotrain.toml");
 }
 
+// Comments go from a '#' outside quotes to the end of the line; a '#' inside a quoted value is
+// part of it (CLI11 alone would cut "/runs/a#2" to "/runs/a).
+TEST(Cli, ConfigFileCommentsAndAHashInsideQuotes) {
+  fs::path dir = fs::temp_directory_path() / "spotrain_cli_hash";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path run_dir = dir / "run#2";
+  std::ofstream(dir / "c.toml") << "# a comment line\n; another\nmodel = \"resnet20\"  # inline\n"
+                                   "data = 'synthetic' # single quotes\ntrain-limit = 64\nsteps = 1\n"
+                                   "batch-size = 16\nckpt-dir = \"" << run_dir.string() << "\" # where\n";
+  CmdResult r = run("train --config " + (dir / "c.toml").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir / "ckpt-00000001.h5")) << r.out;
+  fs::remove_all(dir);
+}
+
 // ---- one CUDA build for every machine -----------------------------------------------------------
 
 #ifdef SPOTRAIN_WITH_CUDA

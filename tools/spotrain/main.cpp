@@ -47,31 +47,51 @@ std::string subcommand_of(const std::vector<std::string>& reversed_args, const C
   return "";
 }
 
-// Keys before a config file's first [section] belong to the subcommand being run: CLI11 reads
-// them as the program's own, so such a file is read through a copy that opens with
-// [subcommand]. Returns the path to give CLI11 (the file itself when nothing moves) and sets
-// `tmp` to the copy to remove afterwards.
-std::string with_flat_keys_in(const std::string& path, const std::string& sub, std::string& tmp) {
-  std::ifstream f(path);
-  if (!f || sub.empty()) return path;  // CLI11 reports a missing file itself
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  std::istringstream lines(text);
-  bool flat = false;
-  for (std::string line; std::getline(lines, line);) {
-    size_t b = line.find_first_not_of(" \t");
-    if (b == std::string::npos || line[b] == '#' || line[b] == ';') continue;
-    flat = line[b] != '[';
-    break;
+// `line` without its comment: from a '#' outside quotes, or a whole line that starts with ';'.
+std::string without_comment(const std::string& line) {
+  size_t b = line.find_first_not_of(" \t");
+  if (b == std::string::npos || line[b] == ';') return "";
+  char quote = 0;
+  for (size_t i = b; i < line.size(); ++i) {
+    char c = line[i];
+    if (quote) {
+      if (c == '\\' && quote == '"') ++i;  // an escaped character inside "..."
+      else if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#') {
+      return line.substr(0, i);
+    }
   }
-  if (!flat) return path;
+  return line;
+}
+
+// CLI11 reads the config file through a copy made here, for two things it gets wrong:
+// keys before the first [section] belong to the subcommand being run (CLI11 reads them as the
+// program's own), so the copy opens with [subcommand]; and CLI11 cuts a value at any '#', even
+// one inside quotes ("/data/run#2"), so the copy has the comments taken out here, quotes
+// respected, and CLI11's own comment character is set to one no file holds. Returns the path
+// to give CLI11 and sets `tmp` to the copy to remove afterwards.
+std::string config_for_cli11(const std::string& path, const std::string& sub, std::string& tmp) {
+  std::ifstream f(path);
+  if (!f) return path;  // CLI11 reports a missing file itself
+  std::string text;
+  bool flat = false, seen_key = false;
+  for (std::string line; std::getline(f, line);) {
+    line = without_comment(line);
+    size_t b = line.find_first_not_of(" \t\r");
+    if (b != std::string::npos && !seen_key) {
+      seen_key = true;
+      flat = line[b] != '[';
+    }
+    text += line + "\n";
+  }
   char name[] = "/tmp/spotrain-config-XXXXXX";
   int fd = ::mkstemp(name);
   if (fd < 0) return path;
   ::close(fd);
   tmp = name;
-  std::ofstream(tmp) << "[" << sub << "]\n" << text << "\n";
+  std::ofstream(tmp) << (flat && !sub.empty() ? "[" + sub + "]\n" : "") << text;
   return tmp;
 }
 
@@ -85,6 +105,7 @@ int main(int argc, char** argv) {
   // An unknown key in a config file is an error (subcommands inherit this when added).
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_config("--config", "", "read options from a TOML/INI file ([train] / [bench] sections)");
+  app.get_config_formatter_base()->comment('\x01');  // comments: config_for_cli11 takes them out
   app.set_version_flag("--version", [] {
     const auto& g = spotrain::gpu_info();
     return spotrain::str("spotrain ", SPOTRAIN_VERSION, " (built with ", g.built_with, ")\n",
@@ -104,7 +125,7 @@ int main(int argc, char** argv) {
     if (args[i] == "--config" && i > 0) config = args[i - 1];
   }
   if (!config.empty()) {
-    std::string use = with_flat_keys_in(config, sub, tmp);
+    std::string use = config_for_cli11(config, sub, tmp);
     for (size_t i = args.size(); i-- > 0;) {
       if (args[i].rfind("--config=", 0) == 0) args[i] = "--config=" + use;
       if (args[i] == "--config" && i > 0) args[i - 1] = use;
