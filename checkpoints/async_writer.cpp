@@ -44,7 +44,8 @@ void AsyncCheckpointWriter::join_finished() {
 void AsyncCheckpointWriter::wait() { join_finished(); }
 
 void AsyncCheckpointWriter::check() {
-  if (thread_.joinable() && done_.load()) join_finished();
+  if (thread_.joinable() && !done_.load()) return;  // still writing
+  join_finished();
 }
 
 }  // namespace spotrain

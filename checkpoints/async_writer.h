@@ -24,6 +24,10 @@ class AsyncCheckpointWriter {
   void submit(std::string path, CheckpointSnapshot snap);
   // Waits for the write in flight, if any; rethrows its error.
   void wait();
+  // Waits for the write in flight, if any; its error is left for check().
+  void settle() {
+    if (thread_.joinable()) thread_.join();
+  }
   // Rethrows the error of a write that has finished, without waiting for one in flight.
   void check();
   // Seconds the latest finished write took (write + verify + publish); 0 before the first.

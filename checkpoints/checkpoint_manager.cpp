@@ -13,7 +13,7 @@
 namespace spotrain {
 
 CheckpointManager::CheckpointManager(const CheckpointPolicy& policy, int64_t bytes_each)
-    : policy_(policy), writer_(policy.keep), last_time_(now_seconds()) {
+    : policy_(policy), bytes_each_(bytes_each), writer_(policy.keep), last_time_(now_seconds()) {
   SPOTRAIN_CHECK(!policy_.dir.empty(), "internal: a checkpoint manager without a folder");
   check_folder(bytes_each);
 }
@@ -74,8 +74,7 @@ std::string CheckpointManager::write(int64_t step, const SnapshotFn& snapshot, b
   const std::string path = path_for(step);
   if (writer_.busy()) {
     double t0 = now_seconds();
-    poll();
-    writer_.wait();
+    writer_.settle();
     if (!sync)
       log_info(str("warning: the previous checkpoint write was still running; training waited ",
                    fmt_fixed(now_seconds() - t0, 2), " s (checkpoints are due faster than the disk "
@@ -88,8 +87,12 @@ std::string CheckpointManager::write(int64_t step, const SnapshotFn& snapshot, b
   snapshot_seconds_ = now_seconds() - t0;
   last_time_ = now_seconds();
   if (sync) {
-    poll();
-    writer_.wait();
+    try {
+      writer_.wait();
+    } catch (const std::exception& e) {
+      writing_.clear();
+      SPOTRAIN_THROW(failure(path, e));
+    }
     log_info(str("checkpoint written: ", path, " in ",
                  fmt_fixed(snapshot_seconds_ + writer_.last_write_seconds(), 2), " s"));
     writing_.clear();
@@ -107,11 +110,38 @@ void CheckpointManager::poll() {
   try {
     writer_.check();
   } catch (const std::exception& e) {
-    SPOTRAIN_THROW("checkpoint ", path, " could not be written: ", e.what(),
-                   " (older checkpoints are intact)");
+    if (!policy_.continue_on_error)
+      SPOTRAIN_THROW(failure(path, e), "; make room and resume with --resume auto (or train on "
+                     "through such failures with --on-ckpt-error continue)");
+    log_info(str("warning: ", failure(path, e), "; training goes on (--on-ckpt-error continue) "
+                 "and the next checkpoint tries again"));
+    return;
   }
   log_info(str("checkpoint written: ", path, " in ", fmt_fixed(writer_.last_write_seconds(), 2),
                " s (background)"));
+}
+
+std::string CheckpointManager::failure(const std::string& path, const std::exception& e) const {
+  namespace fs = std::filesystem;
+  const std::string& dir = policy_.dir;
+  std::string why = e.what();
+  std::error_code ec;
+  int64_t free_bytes = int64_t(fs::space(dir, ec).available);
+  if (test_hooks().free_bytes >= 0) free_bytes = test_hooks().free_bytes;
+  const std::string probe = dir + "/.write-test";
+  bool writable = bool(std::ofstream(probe));
+  fs::remove(probe, ec);
+  auto mib = [](int64_t b) { return fmt_fixed(double(b) / double(1 << 20), 1) + " MiB"; };
+  if (!writable && free_bytes > bytes_each_)
+    why = "the folder " + dir + " is no longer writable (read-only or gone)";
+  else if (free_bytes < bytes_each_ + (1 << 20))
+    why = "the disk is full (" + mib(free_bytes) + " free in " + dir + ", a checkpoint needs " +
+          mib(bytes_each_) + ")";
+  std::string safe = "no earlier checkpoint of this run";
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  if (latest >> name) safe = "the newest checkpoint, " + dir + "/" + name + ", and older ones are intact";
+  return "checkpoint " + path + " could not be written: " + why + "; " + safe;
 }
 
 void CheckpointManager::write_class_names(const std::vector<std::string>& names) const {

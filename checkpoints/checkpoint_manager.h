@@ -20,6 +20,10 @@ struct CheckpointPolicy {
   int keep = 3;               // checkpoints kept (older ones are removed)
   int64_t every_steps = 0;    // also every N steps (0 = no)
   double every_minutes = 0;   // also every M minutes of training (0 = no)
+  // A background write that fails (a full disk, a folder gone read-only): false ends the run
+  // with an error, true warns and trains on, trying again at the next checkpoint. A write the
+  // caller waits for (a stop's, the last) always ends the run when it fails.
+  bool continue_on_error = false;
 };
 
 class CheckpointManager {
@@ -38,7 +42,8 @@ class CheckpointManager {
   // the background, or with `sync` before returning (verified and published). Returns its path.
   using SnapshotFn = std::function<CheckpointSnapshot()>;
   std::string write(int64_t step, const SnapshotFn& snapshot, bool sync);
-  // Reports a background write that finished since the last call; throws Error when it failed.
+  // Reports a background write that finished since the last call; when it failed, throws
+  // Error (or warns, with continue_on_error), naming the cause and the newest good checkpoint.
   void poll();
   // Seconds the latest snapshot held training, and the latest write took (0 before the first).
   double last_snapshot_seconds() const { return snapshot_seconds_; }
@@ -48,7 +53,10 @@ class CheckpointManager {
 
  private:
   void check_folder(int64_t bytes_each);
+  // A failed write of `path`: why (the folder full or read-only, else `e`), what is still safe.
+  std::string failure(const std::string& path, const std::exception& e) const;
   CheckpointPolicy policy_;
+  int64_t bytes_each_;
   AsyncCheckpointWriter writer_;
   std::string writing_;  // path of the write in flight
   double last_time_;     // when the latest checkpoint was written (or the manager made)

@@ -98,6 +98,10 @@ enum SettingFlags : unsigned {
   X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault, "")                                  \
   X(double, ckpt_every_min, 0, "--ckpt-every-min", "also write a checkpoint every M minutes",     \
     kSettingPlain, "")                                                                                \
+  X(std::string, on_ckpt_error, "stop", "--on-ckpt-error",                                        \
+    "a background checkpoint that cannot be written (full disk, read-only folder): stop "        \
+    "(exit 1, earlier checkpoints intact) or continue (warn, train on, try again at the next)",   \
+    kShowDefault, "stop|continue")                                                                \
   X(std::string, max_wall_time, "", "--max-wall-time",                                            \
     "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain, "")        \
   X(std::string, resume, "none", "--resume",                                                      \

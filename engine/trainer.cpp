@@ -85,7 +85,8 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     SPOTRAIN_CHECK(log_file_, "cannot write ", folder_->path("train.log"));
     log_file() = log_file_;
     log_to_file(str("spotrain train, settings in ", folder_->path("config.toml")));
-    CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every, cfg_.ckpt_every_min};
+    CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every, cfg_.ckpt_every_min,
+                            cfg_.on_ckpt_error == "continue"};
     ckpt_ = std::make_unique<CheckpointManager>(policy, checkpoint_bytes(*t_.model, true));
     // Snapshot buffers, touched now, so a checkpoint mid-training copies into warm pages
     // (faulting in a fresh ResNet-50-sized buffer costs ~0.5 s on a small machine); pinned
