@@ -93,6 +93,7 @@ std::string CheckpointManager::write(int64_t step, const SnapshotFn& snapshot, b
       writing_.clear();
       SPOTRAIN_THROW(failure(path, e));
     }
+    ++writes_done_;
     log_info(str("checkpoint written: ", path, " in ",
                  fmt_fixed(snapshot_seconds_ + writer_.last_write_seconds(), 2), " s"));
     writing_.clear();
@@ -117,6 +118,7 @@ void CheckpointManager::poll() {
                  "and the next checkpoint tries again"));
     return;
   }
+  ++writes_done_;
   log_info(str("checkpoint written: ", path, " in ", fmt_fixed(writer_.last_write_seconds(), 2),
                " s (background)"));
 }

@@ -45,6 +45,12 @@ class CheckpointManager {
   // Reports a background write that finished since the last call; when it failed, throws
   // Error (or warns, with continue_on_error), naming the cause and the newest good checkpoint.
   void poll();
+  // True while a background write is in flight.
+  bool writing() const { return writer_.busy(); }
+  // Checkpoints written (and verified) so far.
+  int64_t writes_done() const { return writes_done_; }
+  // Changes the every-M-minutes interval (--ckpt-every auto).
+  void set_every_minutes(double m) { policy_.every_minutes = m; }
   // Seconds the latest snapshot held training, and the latest write took (0 before the first).
   double last_snapshot_seconds() const { return snapshot_seconds_; }
   double last_write_seconds() const { return writer_.last_write_seconds(); }
@@ -61,6 +67,7 @@ class CheckpointManager {
   std::string writing_;  // path of the write in flight
   double last_time_;     // when the latest checkpoint was written (or the manager made)
   double snapshot_seconds_ = 0;
+  int64_t writes_done_ = 0;
 };
 
 }  // namespace spotrain

@@ -46,7 +46,11 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got ", bucket_mb);
   SPOTRAIN_CHECK(grad_compression == "none" || grad_compression == "fp16" || grad_compression == "bf16",
                  "unknown --grad-compression '", grad_compression, "'; use none, fp16 or bf16");
-  SPOTRAIN_CHECK(ckpt_every >= 0, "--ckpt-every must not be negative");
+  SPOTRAIN_CHECK(ckpt_every == "auto" || ckpt_every_steps() >= 0,
+                 "--ckpt-every must be a number of steps (0 = none) or auto, got '", ckpt_every, "'");
+  SPOTRAIN_CHECK(ckpt_every != "auto" || !mtbf.empty(),
+                 "--ckpt-every auto needs --mtbf, the mean time between failures of one host (e.g. 6h)");
+  if (!mtbf.empty()) parse_duration(mtbf);
   SPOTRAIN_CHECK(keep >= 1, "--keep must be at least 1");
   SPOTRAIN_CHECK(ckpt_every_min >= 0, "--ckpt-every-min must not be negative");
   if (!max_wall_time.empty()) parse_duration(max_wall_time);
@@ -64,6 +68,13 @@ void RunConfig::validate() const {
                      "'; use one of ", s.choices);
     }
   });
+}
+
+int64_t RunConfig::ckpt_every_steps() const {
+  if (ckpt_every == "auto") return 0;
+  char* end = nullptr;
+  long long n = std::strtoll(ckpt_every.c_str(), &end, 10);
+  return !ckpt_every.empty() && end && *end == 0 && n >= 0 ? int64_t(n) : -1;
 }
 
 std::string RunConfig::metrics_path() const {

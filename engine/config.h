@@ -93,8 +93,11 @@ enum SettingFlags : unsigned {
   /* checkpoints and stopping */                                                                  \
   X(std::string, ckpt_dir, "runs/spotrain", "--ckpt-dir",                                         \
     "write checkpoints here (\"\" = none)", kShowDefault, "")                                         \
-  X(int64_t, ckpt_every, 0, "--ckpt-every", "also write a checkpoint every N steps (0 = no)",      \
-    kSettingPlain, "")                                                                                \
+  X(std::string, ckpt_every, "0", "--ckpt-every",                                                  \
+    "also write a checkpoint every N steps (0 = no), or auto: as often as the checkpoint's "      \
+    "measured cost and --mtbf make best (Young/Daly)", kSettingPlain, "")                            \
+  X(std::string, mtbf, "", "--mtbf",                                                              \
+    "--ckpt-every auto: mean time between failures of one host, e.g. 6h, 90m", kSettingPlain, "") \
   X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault, "")                                  \
   X(double, ckpt_every_min, 0, "--ckpt-every-min", "also write a checkpoint every M minutes",     \
     kSettingPlain, "")                                                                                \
@@ -126,6 +129,8 @@ struct RunConfig {
   std::string to_json() const;
   // The metrics file this run writes ("" = none): --metrics, with auto resolved.
   std::string metrics_path() const;
+  // --ckpt-every as a number of steps: 0 for none or auto, -1 when it is neither a number nor auto.
+  int64_t ckpt_every_steps() const;
 };
 
 // One setting's description, as for_each_setting passes it.

@@ -67,6 +67,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   cfg_.validate();
   session_ = std::make_unique<Session>(session_options(cfg_));
   if (session_->world() > 1) check_ranks_agree();
+  int hosts = 1;  // nodes: ranks that are the first on theirs
+  if (session_->world() > 1 && cfg_.ckpt_every == "auto") {
+    std::vector<uint64_t> local;
+    session_->worker().run("count of nodes", [&] { local = session_->comm().allgather(session_->comm().local_rank()); });
+    hosts = int(std::count(local.begin(), local.end(), uint64_t(0)));
+  }
   data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed, cfg_.image_size);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");
@@ -85,7 +91,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     SPOTRAIN_CHECK(log_file_, "cannot write ", folder_->path("train.log"));
     log_file() = log_file_;
     log_to_file(str("spotrain train, settings in ", folder_->path("config.toml")));
-    CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every, cfg_.ckpt_every_min,
+    CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every_steps(), cfg_.ckpt_every_min,
                             cfg_.on_ckpt_error == "continue"};
     ckpt_ = std::make_unique<CheckpointManager>(policy, checkpoint_bytes(*t_.model, true));
     // Snapshot buffers, touched now, so a checkpoint mid-training copies into warm pages
@@ -94,9 +100,16 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     Allocator& staging = be.host_staging_allocator();
     snap_params_ = Tensor({t_.model->num_params()}, DType::f32, staging);
     snap_momentum_ = Tensor({t_.model->num_params()}, DType::f32, staging);
+    const double t0 = now_seconds();
     std::memset(snap_params_.raw(), 0, snap_params_.nbytes());
     std::memset(snap_momentum_.raw(), 0, snap_momentum_.nbytes());
+    const double touch_seconds = now_seconds() - t0;
     ckpt_->write_class_names(data_.train->class_names());
+    if (cfg_.ckpt_every == "auto") {
+      // Until a checkpoint has been measured: a stall of about the buffers' first touch.
+      auto_interval_ = AutoCheckpointInterval{parse_duration(cfg_.mtbf), hosts};
+      set_auto_interval(touch_seconds, 0);
+    }
   }
   if (!test_hooks().sample_log.empty()) {  // which samples each step saw
     const std::string& f = test_hooks().sample_log;
@@ -314,6 +327,38 @@ void Trainer::step_hooks(int64_t step, const io::Batch& b) {
 }
 
 // What writing a checkpoint costs (snapshot + write + verify), once one has been written.
+// --ckpt-every auto: what a background checkpoint costs training is the stall for the state
+// copy plus what the write takes from the steps it runs beside (on a CPU, cores; on a GPU,
+// little): the steps during a write are compared with the usual step time. The interval
+// follows the cost, smoothed over checkpoints.
+void Trainer::measure_checkpoint_cost(double step_s) {
+  if (ckpt_->writing()) {
+    if (usual_step_s_ > 0) extra_during_write_ += std::max(0.0, step_s - usual_step_s_);
+    return;
+  }
+  if (ckpt_->writes_done() == writes_seen_) {  // an ordinary step
+    usual_step_s_ = usual_step_s_ > 0 ? 0.9 * usual_step_s_ + 0.1 * step_s : step_s;
+    return;
+  }
+  writes_seen_ = ckpt_->writes_done();  // a write has finished: one more measurement
+  const double cost = ckpt_->last_snapshot_seconds() + extra_during_write_;
+  extra_during_write_ = 0;
+  cost_s_ = cost_s_ > 0 ? 0.5 * cost_s_ + 0.5 * cost : cost;
+  write_s_ = write_s_ > 0 ? 0.5 * write_s_ + 0.5 * ckpt_->last_write_seconds() : ckpt_->last_write_seconds();
+  set_auto_interval(cost_s_, write_s_);
+}
+
+// The interval for this cost; logged when it is first set and when it moves by more than a
+// quarter.
+void Trainer::set_auto_interval(double stall_s, double write_s) {
+  const double s = auto_interval_->seconds(stall_s, write_s);
+  ckpt_->set_every_minutes(s / 60);
+  if (auto_logged_s_ > 0 && std::fabs(s - auto_logged_s_) <= 0.25 * auto_logged_s_) return;
+  auto_logged_s_ = s;
+  log_info(auto_interval_->explain(stall_s, write_s) +
+           (write_s > 0 ? "" : " (first estimate: re-measured at the first checkpoint)"));
+}
+
 double Trainer::checkpoint_seconds() const {
   if (!ckpt_ || ckpt_->last_write_seconds() <= 0) return 0.0;
   return ckpt_->last_snapshot_seconds() + ckpt_->last_write_seconds();
@@ -383,6 +428,7 @@ TrainResult Trainer::run() {
       }
       // Periodic and epoch-end checkpoints: rank 0 alone decides and writes in the background.
       if (ckpt_) ckpt_->poll();
+      if (auto_interval_) measure_checkpoint_cost(progress.last_step_seconds());
       if (ckpt_ && at.step < p.total_steps && ckpt_->due(at.step, epoch_end))
         res.checkpoint = write_checkpoint(at, /*sync=*/false);
     }

@@ -5,10 +5,12 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "checkpoints/checkpoint_manager.h"
 #include "checkpoints/preempt_notice.h"
+#include "engine/ckpt_interval.h"
 #include "engine/config.h"
 #include "engine/data.h"
 #include "engine/evaluate.h"
@@ -70,6 +72,8 @@ class Trainer {
   void log_start(const Plan& p);
   void step_hooks(int64_t step, const io::Batch& b);
   double checkpoint_seconds() const;
+  void measure_checkpoint_cost(double step_s);
+  void set_auto_interval(double stall_s, double write_s);
   void end_epoch(int64_t epoch, bool last_epoch, Progress& progress, const Plan& p, int64_t step,
                  TrainResult& res);
   void report_bad_images(io::Loader& loader, TrainResult& res);
@@ -82,6 +86,11 @@ class Trainer {
   std::unique_ptr<RunFolder> folder_;        // rank 0 with a --ckpt-dir
   std::unique_ptr<CheckpointManager> ckpt_;  // rank 0 with a --ckpt-dir
   Tensor snap_params_, snap_momentum_;       // warm host buffers for snapshots
+  std::optional<AutoCheckpointInterval> auto_interval_;  // --ckpt-every auto (rank 0)
+  int64_t writes_seen_ = 0;                  // checkpoint writes its interval was set from
+  double usual_step_s_ = 0, extra_during_write_ = 0;  // step time without a write; extra with one
+  double cost_s_ = 0, write_s_ = 0;          // a checkpoint's cost to training, its write time
+  double auto_logged_s_ = 0;                 // the interval last logged
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
   FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
