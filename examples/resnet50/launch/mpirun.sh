@@ -29,7 +29,7 @@
 #                     broke); each restart adds --resume auto. Not after a stop signal to this
 #                     script, not after a success or any other error.
 #   RESTART_DELAY     seconds before the first restart (default 10), doubled each time up to
-#                     300
+#                     RESTART_DELAY_MAX (default 300)
 #   OOB_KEEPALIVE     "TIME INTERVAL PROBES" of Open MPI's runtime connections (default
 #                     "5 2 3"): a node that stops answering (a cut link, a powered-off host)
 #                     ends the job about TIME + INTERVAL x PROBES seconds later, on every node,
@@ -150,6 +150,8 @@ MAX_RESTARTS=${MAX_RESTARTS:-0}
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS must be a number, got '$MAX_RESTARTS'"
 delay=${RESTART_DELAY:-10}
 [[ "$delay" =~ ^[0-9]+$ ]] || die "RESTART_DELAY must be a number of seconds, got '$delay'"
+delay_max=${RESTART_DELAY_MAX:-300}
+[[ "$delay_max" =~ ^[0-9]+$ ]] || die "RESTART_DELAY_MAX must be a number of seconds, got '$delay_max'"
 stop_asked=0
 mpirun_pid=
 forward_stop() {
@@ -179,7 +181,7 @@ while :; do
   sleep "$delay" &
   wait $! || true
   ((stop_asked == 0)) || break
-  delay=$((delay * 2 > 300 ? 300 : delay * 2))
+  delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
   # The same command, resuming: any --resume given is replaced by --resume auto, and a
   # --new-run is dropped (it would move this run's checkpoints aside).
   new=()
