@@ -48,6 +48,8 @@ def parse_args():
     p.add_argument("--grace", type=float, default=5,
                    help="seconds from the notice to the hard kill (0: no notice, a hard kill at once)")
     p.add_argument("--replace", type=float, default=2, help="seconds until a powered-off host is back")
+    p.add_argument("--keepalive", default="2 1 2",
+                   help="mpirun.sh's OOB_KEEPALIVE: how soon a powered-off host is noticed (scaled down)")
     p.add_argument("--seed", type=int, default=1, help="seed of the preemption process")
     p.add_argument("--max-preemptions", type=int, default=1000, help="stop preempting after this many")
     p.add_argument("--model", default="resnet20")
@@ -81,8 +83,9 @@ class Hosts:
         self.n = n
 
     def pids(self, i, name=None):
-        rows = [l.split(None, 1) for l in sh(HOSTS_SH, "pids", self.prefix, str(i)).splitlines() if l.strip()]
-        return [int(p) for p, comm in rows if name is None or comm.strip() == name]
+        rows = [l.split(None, 1) for l in sh(HOSTS_SH, "pids", self.prefix, str(i)).splitlines()]
+        # (a process that ended while listed has no name)
+        return [int(r[0]) for r in rows if len(r) == 2 and (name is None or r[1].strip() == name)]
 
     def __call__(self, what, i):
         sh(HOSTS_SH, what, self.prefix, str(i))
@@ -97,6 +100,7 @@ def launch(a, hosts, hostfile, run_dir, log_path, restarts):
                MPI_IFNAME=hosts.net + ".0/24", MAX_RESTARTS=str(restarts),
                # the restart waits for a replaced host (a real cluster's scheduler does)
                RESTART_DELAY=str(int(a.replace) + 1), RESTART_DELAY_MAX=str(int(a.replace) + 1),
+               OOB_KEEPALIVE=a.keepalive,
                MPIRUN_ARGS="--mca plm_rsh_agent %s --mca rtc ^hwloc --mca btl tcp,self" % hosts.agent)
     args = [LAUNCHER, hostfile, str(hosts.n), "--model", a.model, "--data", a.data,
             "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--deterministic",
@@ -109,9 +113,11 @@ def launch(a, hosts, hostfile, run_dir, log_path, restarts):
 
 
 def count_steps_logged(log_path):
+    """(steps logged by the current attempt, attempts restarted so far)"""
     with open(log_path, errors="replace") as f:
         text = f.read()
-    return text.count(" loss "), text.count("mpirun.sh: restart ")
+    attempts = text.split("mpirun.sh: restart ")
+    return attempts[-1].count(" loss "), len(attempts) - 1
 
 
 def preempt(a, hosts, job, log_path, events):
@@ -176,10 +182,12 @@ def analyse(run_dir, wall):
         t = iso(r["time"])
         if r["type"] == "start":  # a new process: the previous one's last record ended it
             prev_end = last_time
+            if prev_end is not None:  # a restart (from a checkpoint, or from scratch before any)
+                restarts += 1
+                waiting_first = True
             seg_prev, seg_first, seg_start = r["elapsed"], True, t
         elif r["type"] == "resume":
-            restarts += 1
-            waiting_first = True
+            pass
         elif r["type"] == "step":
             d = r["elapsed"] - seg_prev
             seg_prev = r["elapsed"]
@@ -198,17 +206,21 @@ def analyse(run_dir, wall):
     lost = computed - good
     held = 0.0
     checkpoints = 0
+    auto_interval = None
     with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
         for line in f:
             m = re.search(r"training held ([0-9.]+) s", line)
             if m:
                 held += float(m.group(1))
                 checkpoints += 1
+            m = re.search(r"checkpoint interval \(--ckpt-every auto\): ([0-9.]+) s", line)
+            if m:
+                auto_interval = float(m.group(1))
     return {"goodput": good / wall, "wall_s": wall, "step_time_s": good, "lost_s": lost,
             "restarts": restarts, "steps": len(surviving),
             "restart_to_first_step_s": sum(downtime) / len(downtime) if downtime else None,
             "startup_s": sum(startup[1:]) / len(startup[1:]) if len(startup) > 1 else None,
-            "checkpoints": checkpoints, "checkpoint_held_s": held,
+            "checkpoints": checkpoints, "checkpoint_held_s": held, "auto_interval_s": auto_interval,
             "checkpoint_overhead": held / wall}
 
 

@@ -15,7 +15,7 @@ double young_daly_interval(double cost_s, double job_mtbf_s) {
 
 double AutoCheckpointInterval::seconds(double stall_s, double write_s) const {
   const double t = young_daly_interval(stall_s, host_mtbf_s / std::max(hosts, 1));
-  return std::max(t, 2.0 * write_s);
+  return std::max(t, write_s);
 }
 
 std::string AutoCheckpointInterval::explain(double stall_s, double write_s) const {
@@ -25,7 +25,7 @@ std::string AutoCheckpointInterval::explain(double stall_s, double write_s) cons
                       " s; Young/Daly sqrt(2 x ", fmt_fixed(stall_s, 4), " s cost x ",
                       fmt_fixed(job, 0), " s job MTBF (", fmt_fixed(host_mtbf_s, 0), " s / ",
                       hosts, " host", hosts == 1 ? "" : "s", ")) = ", fmt_fixed(t, 2), " s");
-  if (2.0 * write_s > t) s += str(", raised to 2 x the ", fmt_fixed(write_s, 3), " s background write");
+  if (write_s > t) s += str(", raised to the ", fmt_fixed(write_s, 3), " s background write");
   return s;
 }
 

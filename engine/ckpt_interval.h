@@ -15,8 +15,8 @@ struct AutoCheckpointInterval {
   int hosts = 1;           // nodes of the job
 
   // The interval, in seconds, for a checkpoint that costs training `stall_s` and is written
-  // in the background in `write_s`: Young/Daly on the cost, and at least twice the write
-  // (one write in flight at a time, and a checkpoint only counts once written).
+  // in the background in `write_s`: Young/Daly on the cost, and at least the write (one
+  // write in flight at a time; what the writer's work takes from training is in the cost).
   double seconds(double stall_s, double write_s) const;
   // One line saying how seconds() came out, with its inputs.
   std::string explain(double stall_s, double write_s) const;

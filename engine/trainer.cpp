@@ -64,6 +64,9 @@ static_assert(std::is_trivially_copyable<ResumeHeader>::value, "broadcast as byt
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
+  // From the start: a stop signal during set-up or resume stops the run after its first step,
+  // with a checkpoint and 75, instead of killing it (143, which no launcher retries).
+  install_stop_handlers();
   cfg_.validate();
   session_ = std::make_unique<Session>(session_options(cfg_));
   if (session_->world() > 1) check_ranks_agree();
