@@ -69,6 +69,17 @@ void expect_all_intact(const std::string& out, bool partial_ok = false) {
   if (!partial_ok) EXPECT_FALSE(contains(out, "LEFT ")) << "a partial file was left:\n" << out;
 }
 
+// A run that met a failing folder: it ended (RC1) with exit 1 and exactly one error line,
+// matching `error`; the resume after the folder was mended (RC2) finished.
+void expect_one_error_then_resumed(const CommandResult& r, const std::string& error) {
+  ASSERT_NE(r.code, 99) << r.out;
+  EXPECT_TRUE(contains(r.out, "RC1 1")) << r.out;
+  EXPECT_EQ(count(r.out, "error: "), 1) << "one error line:\n" << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(error))) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from")) << r.out;
+  EXPECT_TRUE(contains(r.out, "RC2 0")) << r.out;
+}
+
 // 8 MiB holds three resnet20 checkpoints (2.2 MB each) and not a fourth: with --keep 100 the
 // fourth background write (step 8) fills the disk.
 TEST_F(CkptFailures, AFullDiskStopsTheRunWithOneErrorAndItResumesOnceThereIsRoom) {
@@ -78,14 +89,10 @@ TEST_F(CkptFailures, AFullDiskStopsTheRunWithOneErrorAndItResumesOnceThereIsRoom
                              "mount -o remount,size=64m $mnt\n"
                              "train --steps 20 --ckpt-every 2 --keep 100 --resume auto 2>&1; echo \"RC2 $?\"\n"
                              "report");
-  ASSERT_NE(r.code, 99) << r.out;
-  EXPECT_TRUE(contains(r.out, "RC1 1")) << r.out;
-  EXPECT_EQ(count(r.out, "error: "), 1) << "one error line:\n" << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("error: checkpoint .*ckpt-00000008.h5 could not be written: the disk is full .*the newest checkpoint, .*ckpt-00000006.h5, and older ones are intact")))
-      << r.out;
+  expect_one_error_then_resumed(
+      r, "error: checkpoint .*ckpt-00000008.h5 could not be written: the disk is full .*the newest "
+         "checkpoint, .*ckpt-00000006.h5, and older ones are intact");
   expect_all_intact(r.out.substr(0, r.out.find("RC2")));
-  EXPECT_TRUE(contains(r.out, "resumed from")) << r.out;
-  EXPECT_TRUE(contains(r.out, "RC2 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "VERIFY ckpt-00000020.h5 0")) << r.out;
 }
 
@@ -102,18 +109,12 @@ TEST_F(CkptFailures, AFolderGoneReadOnlyStopsTheRunAndItResumesOnceWritable) {
                              "wait $pid; echo \"RC1 $?\"\numount $mnt/run\ncat $log; report\n"
                              "train --steps 12 --ckpt-every 2 --resume auto 2>&1; echo \"RC2 $?\"\n"
                              "report");
-  ASSERT_NE(r.code, 99) << r.out;
-  EXPECT_TRUE(contains(r.out, "RC1 1")) << r.out;
-  EXPECT_EQ(count(r.out, "error: "), 1) << "one error line:\n" << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("error: checkpoint .* could not be written: the folder .* is no longer writable")))
-      << r.out;
+  expect_one_error_then_resumed(r, "error: checkpoint .* could not be written: the folder .* is no longer writable");
   // A write cut off by the folder turning read-only may leave its .tmp (nothing can be
   // removed from a read-only folder); it never takes a checkpoint's name, and the next start
   // removes it.
   expect_all_intact(r.out.substr(0, r.out.find("RC2")), /*partial_ok=*/true);
   expect_all_intact(r.out.substr(r.out.find("RC2")));
-  EXPECT_TRUE(contains(r.out, "resumed from")) << r.out;
-  EXPECT_TRUE(contains(r.out, "RC2 0")) << r.out;
 }
 
 // --on-ckpt-error continue: the disk filled from step 5 on (files take all but 0.5 MiB) makes a
