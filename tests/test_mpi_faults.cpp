@@ -149,6 +149,14 @@ TEST(MpiFaults, MismatchedCompressionIsRefused) {
 // the resumed job then ends bitwise identical to a job that was never interrupted.
 namespace fs = std::filesystem;
 
+// An empty folder of this name under the temporary directory, for one test's files.
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
 std::string resume_args(const fs::path& dir, const std::string& more = "") {
   return std::string(SPOTRAIN_BIN) +
          " train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --epochs 2"
@@ -162,9 +170,7 @@ std::vector<std::string> rank_files(const fs::path& prefix, int world) {
 }
 
 TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
-  fs::path d = fs::temp_directory_path() / "spotrain_mpi_resume";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_mpi_resume");
   // 256 samples, global batch 32: 8 steps per epoch, 16 in all.
   std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
   std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
@@ -199,9 +205,7 @@ TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
 // batch 32) and on 4 ranks (8 each): the global batches continue in exactly the order of
 // the uninterrupted job, and training finishes.
 TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
-  fs::path d = fs::temp_directory_path() / "spotrain_mpi_elastic";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_mpi_elastic");
   Launch a = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
                  resume_args(d / "a", "--batch-size 16"));
   ASSERT_EQ(a.code, 0) << a.out;
@@ -298,9 +302,7 @@ void expect_resumes_bitwise(const fs::path& d, const fs::path& stopped, const La
 }
 
 TEST(LauncherStop, SigtermToTheLauncherMidStepGivesTheAgreedStop) {
-  fs::path d = fs::temp_directory_path() / "spotrain_launcher_stop";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_launcher_stop");
   LauncherStop s = stop_launcher(d, launcher(d) + launcher_args(d / "b"), "step 2/6");
   // Sent as step 3 began: the ranks agree on it with step 3's all-reduce (step 4's, if the
   // signal reached a rank after that one on a slow machine).
@@ -312,9 +314,7 @@ TEST(LauncherStop, SigtermToTheLauncherMidStepGivesTheAgreedStop) {
 // The same while a background checkpoint write is under way (paused half-way by the test hook
 // SPOTRAIN_CKPT_WRITE_DELAY): the stop waits for it, then writes its own.
 TEST(LauncherStop, SigtermDuringABackgroundWriteGivesTheAgreedStop) {
-  fs::path d = fs::temp_directory_path() / "spotrain_launcher_stop_write";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_launcher_stop_write");
   LauncherStop s = stop_launcher(
       d,
       launcher(d, "SPOTRAIN_CKPT_WRITE_DELAY=4:2 EXTRA_ENV=SPOTRAIN_CKPT_WRITE_DELAY") +
@@ -335,9 +335,7 @@ std::string restart_args(const fs::path& ckpt, const std::string& more = "") {
 }
 
 TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
-  fs::path d = fs::temp_directory_path() / "spotrain_launcher_restart";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_launcher_restart");
   // Stopped three times (a signal to rank 0 at steps 2, 4 and 5), restarted three times.
   // --new-run on the first launch must not reach the restarts (it would move the run aside).
   Launch r = run(launcher(d, "MAX_RESTARTS=3 RESTART_DELAY=0 SPOTRAIN_FAULT=term:0:2,term:0:4,term:0:5") +
@@ -377,9 +375,7 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
 }
 
 TEST(LauncherRestart, ALostPeerIsRetriedAtMostMaxRestartsTimes) {
-  fs::path d = fs::temp_directory_path() / "spotrain_launcher_retry";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_launcher_retry");
   // OOB_KEEPALIVE 1 1 1: a rank that timed out leaves the runtime 1 + 1 x 1 + 2 s to end the job
   // before it aborts (a hung rank on a live node: the runtime does not, so each try ends
   // --comm-timeout + 4 s after the hang).
@@ -395,9 +391,7 @@ TEST(LauncherRestart, ALostPeerIsRetriedAtMostMaxRestartsTimes) {
 // A preemption notice (here a file both ranks watch) stops every rank after the same step, with
 // a verified checkpoint and 75 from the launcher.
 TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
-  fs::path d = fs::temp_directory_path() / "spotrain_notice_mpi";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_notice_mpi");
   const fs::path notice = d / "notice";
   std::ofstream(d / "run.sh")
       << "(" << mpirun(2) << " " << SPOTRAIN_BIN
@@ -431,9 +425,7 @@ TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
 TEST(KubernetesWorker, ASigtermToThePodStopsItsRanksWithACheckpoint) {
   if (run("unshare --pid --fork --mount-proc true").code != 0)
     GTEST_SKIP() << "needs unshare --pid (root) to isolate the worker's ranks";
-  fs::path d = fs::temp_directory_path() / "spotrain_k8s_worker";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  fs::path d = fresh_dir("spotrain_k8s_worker");
   const std::string log = (d / "out").string();
   std::ofstream(d / "pod.sh")
       << "SSHD='sleep 600' " << SPOTRAIN_SOURCE_DIR << "/examples/resnet50/launch/worker.sh &\n"
