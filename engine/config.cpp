@@ -36,6 +36,9 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
   SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
   SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
+  SPOTRAIN_CHECK(prometheus.empty() || (prometheus.size() > 5 && prometheus.substr(prometheus.size() - 5) == ".prom"),
+                 "--prometheus ", prometheus, ": the file name must end in .prom (node-exporter's "
+                 "text-file collector reads only *.prom files)");
   SPOTRAIN_CHECK(prefetch >= 0, "--prefetch must not be negative");
   SPOTRAIN_CHECK(image_size >= 8, "--image-size must be at least 8, got ", image_size);
   SPOTRAIN_CHECK(max_bad_fraction >= 0 && max_bad_fraction <= 1,

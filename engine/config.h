@@ -85,6 +85,10 @@ enum SettingFlags : unsigned {
   X(std::string, metrics, "auto", "--metrics",                                                  \
     "JSONL metrics file, appended (auto: metrics.jsonl in --ckpt-dir; none: no file)",            \
     kShowDefault | kPerNode, "")               \
+  X(std::string, prometheus, "", "--prometheus",                                                  \
+    "also write the latest figures to FILE.prom for node-exporter's text-file collector, "       \
+    "replaced atomically at each progress line (by the first rank of each node)",                 \
+    kPerNode, "")                                                                                 \
   X(bool, eval_each_epoch, true, "--eval-each-epoch,!--no-eval-each-epoch",                       \
     "evaluate on the test/val set after epochs (--eval-every); off: only at the end",             \
     kSettingPlain, "")                                                                                 \

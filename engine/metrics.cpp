@@ -17,7 +17,9 @@ MetricsSink::MetricsSink(const std::string& path, bool enabled) : started_(now_s
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!line.empty() && !j.is_discarded()) previous_last_ = j;
+      if (line.empty() || j.is_discarded()) continue;
+      previous_last_ = j;
+      if (j.is_object() && j.value("type", "") == "start") ++previous_starts_;
     }
   }
   f_ = std::fopen(path.c_str(), "a+");

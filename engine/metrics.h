@@ -18,6 +18,8 @@ class MetricsSink {
   MetricsSink(const std::string& path, bool enabled);
   // The last record the file held before this process appended to it (null when none).
   const nlohmann::json& previous_last() const { return previous_last_; }
+  // How many "start" records the file held before this process: the run's earlier processes.
+  int64_t previous_starts() const { return previous_starts_; }
   ~MetricsSink();
   MetricsSink(const MetricsSink&) = delete;
   MetricsSink& operator=(const MetricsSink&) = delete;
@@ -29,6 +31,7 @@ class MetricsSink {
   FILE* f_ = nullptr;
   double started_ = 0;
   nlohmann::json previous_last_;
+  int64_t previous_starts_ = 0;
 };
 
 }  // namespace spotrain

@@ -16,18 +16,23 @@ void Tally::add(const LossResult& l, int64_t batch) {
 }
 
 void Tally::sum_over(CommWorker& w, const std::string& what) {
-  double v[3] = {loss, double(correct), double(n)};
-  sum_across_ranks(w, v, 3, what);
+  double v[4] = {loss, double(correct), double(n), data_wait};
+  sum_across_ranks(w, v, 4, what);
   loss = v[0];
   correct = int64_t(v[1]);
   n = int64_t(v[2]);
+  data_wait = v[3];
 }
 
 Progress::Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& scaler,
-                   int log_every, int64_t epochs, int64_t total_steps, int64_t first_step)
+                   Allocator& device_memory, Telemetry& telemetry, int log_every, int workers,
+                   int64_t epochs, int64_t total_steps, int64_t first_step)
     : worker_(worker),
       metrics_(metrics),
       scaler_(scaler),
+      memory_(device_memory),
+      telemetry_(telemetry),
+      input_watch_(workers),
       log_every_(log_every),
       epochs_(epochs),
       total_steps_(total_steps),
@@ -38,36 +43,76 @@ Progress::Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& s
 void Progress::start_epoch() {
   window_ = epoch_ = Tally{};
   win_t0_ = epoch_t0_ = now_seconds();
+  win_steps_ = 0;
 }
 
-void Progress::step(int64_t step, int64_t epoch, float lr, const LossResult& loss, int64_t batch,
-                    bool epoch_end) {
-  window_.add(loss, batch);
-  epoch_.add(loss, batch);
-  if (step % log_every_ == 0 || step == total_steps_ || epoch_end) {
+namespace {
+
+std::string clock_hms() {  // "07:54:06" (UTC, as the records' times)
+  return utc_time_iso().substr(11, 8);
+}
+
+}  // namespace
+
+const nlohmann::json* Progress::step(const StepFacts& s) {
+  window_.add(s.loss, s.batch);
+  epoch_.add(s.loss, s.batch);
+  // The first step of a process waits for the loader to start: not counted as data wait.
+  if (s.step > first_step_ + 1) window_.data_wait += s.data_wait;
+  ++win_steps_;
+  if (s.phases)
+    phases_ = {{"data", s.data_wait}, {"forward", s.phases->forward}, {"backward", s.phases->backward},
+               {"comm_exposed", s.phases->comm_exposed}, {"optimizer", s.phases->optimizer}};
+  const nlohmann::json* out = nullptr;
+  if (s.step % log_every_ == 0 || s.step == total_steps_ || s.epoch_end) {
     window_.sum_over(worker_, "the logged loss");  // the global batch's figures
-    const double t = now_seconds();
-    const double ips = double(window_.n) / std::max(1e-9, t - win_t0_);
-    const double eta = (t - t_start_) / double(step - first_step_) * double(total_steps_ - step);
-    log_info(str("epoch ", epoch + 1, "/", epochs_, " step ", step, "/", total_steps_, " loss ",
-                 fmt_fixed(window_.mean_loss(), 4), " acc ", fmt_fixed(100.0 * window_.accuracy(), 2),
-                 "% lr ", fmt_fixed(lr, 5), " img/s ", fmt_fixed(ips, 1), " eta ", fmt_duration(eta),
+    const double t = now_seconds(), secs = std::max(1e-9, t - win_t0_);
+    const double ranks = double(worker_.comm().size());
+    const double ips = double(window_.n) / secs;
+    const double step_s = secs / double(win_steps_);
+    // The share of the window's time the ranks waited for data (mean over ranks).
+    const double wait_share = std::min(1.0, window_.data_wait / ranks / secs);
+    const double eta = (t - t_start_) / double(s.step - first_step_) * double(total_steps_ - s.step);
+    const size_t mem = memory_.stats().peak_bytes;
+    memory_.reset_peak();
+    nlohmann::json tel = telemetry_.sample();
+    log_info(str(clock_hms(), " epoch ", s.epoch + 1, "/", epochs_, " step ", s.step, "/", total_steps_,
+                 " loss ", fmt_fixed(window_.mean_loss(), 4), " acc ",
+                 fmt_fixed(100.0 * window_.accuracy(), 2), "% lr ", fmt_fixed(s.lr, 5), " | ",
+                 fmt_fixed(step_s, 3), " s/step, data ", fmt_fixed(100 * wait_share, 1), "%, ",
+                 fmt_fixed(ips, 1), " img/s, mem ", fmt_fixed(double(mem) / (1 << 30), 2),
+                 " GiB | eta ", fmt_duration(eta),
                  scaler_.enabled()
-                     ? str(" scale ", scaler_.scale(), " skipped ", scaler_.state().skipped_steps)
+                     ? str(" | scale ", scaler_.scale(), " skipped ", scaler_.state().skipped_steps)
                      : std::string()));
-    nlohmann::json j{{"epoch", epoch + 1}, {"step", step}, {"loss", window_.mean_loss()},
-                     {"train_top1", window_.accuracy()}, {"lr", lr}, {"images_per_sec", ips}};
+    record_ = {{"epoch", s.epoch + 1}, {"step", s.step}, {"loss", window_.mean_loss()},
+               {"train_top1", window_.accuracy()}, {"lr", s.lr}, {"images_per_sec", ips},
+               {"step_seconds", step_s}, {"data_wait_share", wait_share},
+               {"memory_bytes", mem}, {"gpu", tel["gpu"]}, {"host", tel["host"]}};
+    if (tel.contains("gpu_status")) record_["gpu_status"] = tel["gpu_status"];
+    if (!phases_.is_null()) record_["phases"] = phases_;
     if (scaler_.enabled()) {
-      j["loss_scale"] = scaler_.scale();
-      j["skipped_steps"] = scaler_.state().skipped_steps;
+      record_["loss_scale"] = scaler_.scale();
+      record_["skipped_steps"] = scaler_.state().skipped_steps;
     }
-    metrics_.write("step", j);
+    metrics_.write("step", record_);
+    const std::string warning = input_watch_.add(s.step - win_steps_ + 1, s.step,
+                                                 window_.data_wait / ranks, secs, telemetry_.sm_util());
+    if (!warning.empty()) {
+      log_info(warning);
+      metrics_.write("warning", {{"kind", "input_bound"}, {"step", s.step},
+                                 {"from_step", input_watch_.from_step()},
+                                 {"data_wait_share", input_watch_.share()}, {"message", warning}});
+    }
     window_ = Tally{};
     win_t0_ = now_seconds();
+    win_steps_ = 0;
+    out = &record_;
   }
   const double end = now_seconds();
   step_seconds_ = end - last_step_end_;  // the latest step, not the warm-up average
   last_step_end_ = end;
+  return out;
 }
 
 Tally Progress::end_epoch(double* seconds) {

@@ -1,14 +1,23 @@
 // Progress of a training run: the loss and accuracy tallied per progress window and per
-// epoch (summed over ranks when reported), the progress line every --log-every steps and at
-// epoch ends with images/s and the ETA, its metrics record, and the step time the stop policy
-// needs.
+// epoch (summed over ranks when reported); the progress line every --log-every steps and at
+// epoch ends (wall-clock time, step time, the share of it spent waiting for data, images/s,
+// memory in use, the ETA, fp16's loss scale); its metrics record with the machine's telemetry
+// and one step's phase times; the input-bound check; and the step time the stop policy needs.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
 #include "comm/comm_worker.h"
+#include "engine/core/allocator.h"
+#include "engine/input_watch.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
+#include "engine/step.h"
+#include "engine/telemetry.h"
 #include "kernels/ops.h"
 
 namespace spotrain {
@@ -17,6 +26,7 @@ namespace spotrain {
 struct Tally {
   double loss = 0;  // sum of per-sample losses
   int64_t correct = 0, n = 0;
+  double data_wait = 0;  // seconds spent waiting for batches (summed over ranks when reported)
   void add(const LossResult& l, int64_t batch);
   // The whole job's figures (sums over ranks).
   void sum_over(CommWorker& w, const std::string& what);
@@ -24,15 +34,32 @@ struct Tally {
   double accuracy() const { return n ? double(correct) / double(n) : 0; }
 };
 
+// What the trainer saw of one step.
+struct StepFacts {
+  int64_t step = 0, epoch = 0;  // step 1-based, epoch 0-based
+  float lr = 0;
+  LossResult loss;
+  int64_t batch = 0;
+  bool epoch_end = false;         // the epoch's last batch
+  double data_wait = 0;           // seconds this rank waited for the batch
+  const StepTimes* phases = nullptr;  // the step's phases, when it was timed (due_for_phases)
+};
+
 class Progress {
  public:
-  Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& scaler, int log_every,
+  // device_memory: the compute device's allocator (its peak per window is reported);
+  // telemetry: sampled with each progress line (every rank samples its own machine).
+  Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& scaler,
+           Allocator& device_memory, Telemetry& telemetry, int log_every, int workers,
            int64_t epochs, int64_t total_steps, int64_t first_step);
   void start_epoch();
-  // After `step` (1-based) of `epoch` (0-based) with learning rate lr; `epoch_end`: the
-  // epoch's last batch. Prints the progress line when due.
-  void step(int64_t step, int64_t epoch, float lr, const LossResult& loss, int64_t batch,
-            bool epoch_end);
+  // Whether step (1-based) should be timed phase by phase (one step per progress window: the
+  // phase timing synchronizes a GPU between phases).
+  bool due_for_phases(int64_t step) const { return step % log_every_ == 0; }
+  // After a step. When its progress line is due: prints it, writes its metrics record and
+  // returns the record (every rank gets it, with the job's figures and its own telemetry);
+  // otherwise null.
+  const nlohmann::json* step(const StepFacts& s);
   double last_step_seconds() const { return step_seconds_; }
   // The epoch's figures over all ranks, and its seconds.
   Tally end_epoch(double* seconds);
@@ -41,10 +68,16 @@ class Progress {
   CommWorker& worker_;
   MetricsSink& metrics_;
   const LossScaler& scaler_;
+  Allocator& memory_;
+  Telemetry& telemetry_;
+  InputWatch input_watch_;
   int log_every_;
   int64_t epochs_, total_steps_, first_step_;
   Tally window_, epoch_;
+  int64_t win_steps_ = 0;  // steps in the current window
   double t_start_, win_t0_ = 0, epoch_t0_ = 0, last_step_end_, step_seconds_ = 0;
+  nlohmann::json phases_;  // the latest timed step's phases
+  nlohmann::json record_;
 };
 
 }  // namespace spotrain

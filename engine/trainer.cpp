@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sys/stat.h>
+
 #include <cstring>
+#include <ctime>
 #include <type_traits>
 #include <vector>
 
@@ -121,6 +124,14 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     SPOTRAIN_CHECK(sample_log_, "cannot write SPOTRAIN_SAMPLE_LOG file ", path);
   }
   metrics_ = std::make_unique<MetricsSink>(cfg_.metrics_path(), session_->rank() == 0);
+  telemetry_ = std::make_unique<Telemetry>(be.device() == Device::cuda ? current_gpu_pci_bus_id() : "");
+  if (!cfg_.prometheus.empty() && session_->comm().local_rank() == 0) {
+    std::string run = cfg_.ckpt_dir.empty() ? std::string("spotrain") : cfg_.ckpt_dir;
+    while (run.size() > 1 && run.back() == '/') run.pop_back();
+    run = run.substr(run.find_last_of('/') + 1);
+    prom_ = std::make_unique<PrometheusFile>(
+        cfg_.prometheus, str("run=\"", prom_escape(run), "\",rank=\"", session_->rank(), "\""));
+  }
   if (!cfg_.preempt_notice.empty()) {  // each node asks its own metadata service
     notices_ = std::make_unique<PreemptionWatcher>(cfg_.preempt_notice, cfg_.preempt_poll);
     log_info(str("watching for preemption notices: ", cfg_.preempt_notice, " every ",
@@ -184,6 +195,11 @@ std::string Trainer::write_checkpoint(const Position& at, bool sync) {
       return snapshot_checkpoint(*t_.model, t_.sgd.get(), info, &snap_params_, &snap_momentum_);
     };
     path = ckpt_->write(at.step, snapshot, sync);
+    if (!path.empty()) {
+      ckpt_started_ = path;
+      if (sync) ckpt_done_ = path;
+      metrics_->write("checkpoint", {{"step", at.step}, {"path", path}, {"background", !sync}});
+    }
   }
   if (sync && session_->world() > 1)  // nobody exits before rank 0's file is safe
     session_->worker().run("barrier after the checkpoint", [&] { session_->comm().barrier(); });
@@ -262,6 +278,7 @@ Trainer::Position Trainer::resume() {
   else if (prev.is_object())
     after = str("ended without a stop record after step ", prev.value("step", int64_t(0)),
                 " (killed or crashed)");
+  ckpt_done_ = path;
   metrics_->write("resume", {{"step", at.step}, {"epoch", at.epoch + 1},
                              {"batch_in_epoch", at.batch_in_epoch}, {"checkpoint", path},
                              {"previous", after}, {"ranks", session_->world()}});
@@ -399,8 +416,8 @@ TrainResult Trainer::run() {
   log_start(p);
   if (at.batch_in_epoch >= p.per_epoch) at = Position{at.step, at.epoch + 1, 0};
   StopPolicy stop(cfg_.max_wall_time, created_, t_.sync.get());
-  Progress progress(session_->worker(), *metrics_, *t_.scaler, cfg_.log_every, p.epochs,
-                    p.total_steps, at.step);
+  Progress progress(session_->worker(), *metrics_, *t_.scaler, session_->backend().allocator(),
+                    *telemetry_, cfg_.log_every, cfg_.workers, p.epochs, p.total_steps, at.step);
   TrainResult res;
   const double t_start = now_seconds();
   const int64_t first_epoch = at.epoch;
@@ -408,15 +425,30 @@ TrainResult Trainer::run() {
     loader.start_epoch(epoch, epoch == first_epoch ? at.batch_in_epoch : 0);
     progress.start_epoch();
     io::Batch b;
-    while (at.step < p.total_steps && loader.next(b)) {
+    for (;;) {
+      if (at.step >= p.total_steps) break;
+      const double wait_t0 = now_seconds();  // the time this step waits for its batch
+      if (!loader.next(b)) break;
+      StepFacts facts;
+      facts.data_wait = now_seconds() - wait_t0;
       const float lr = p.lr.at(at.step);
       session_->worker().set_step(at.step + 1);  // 1-based, as in the progress lines
       step_hooks(at.step + 1, b);
       stop.before_step();
-      StepResult r = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing);
+      StepTimes phases;
+      const bool timed = progress.due_for_phases(at.step + 1);
+      StepResult r = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing,
+                                    timed ? &phases : nullptr);
       at = Position{at.step + 1, epoch, b.batch_index + 1};
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
-      progress.step(at.step, epoch, lr, r.loss, int64_t(b.labels.size()), epoch_end);
+      facts.step = at.step;
+      facts.epoch = epoch;
+      facts.lr = lr;
+      facts.loss = r.loss;
+      facts.batch = int64_t(b.labels.size());
+      facts.epoch_end = epoch_end;
+      facts.phases = timed ? &phases : nullptr;
+      if (const nlohmann::json* rec = progress.step(facts)) publish(*rec, true);
       const std::string why = stop.after_step(progress.last_step_seconds(), checkpoint_seconds());
       if (!why.empty() && at.step < p.total_steps) {  // checkpoint, then exit 75
         SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", why, " at step ", at.step,
@@ -424,6 +456,7 @@ TrainResult Trainer::run() {
         res.checkpoint = write_checkpoint(at, /*sync=*/true);
         log_info(str("stopped by ", why, " after step ", at.step, "; resume with --resume auto"));
         metrics_->write("stop", {{"step", at.step}, {"reason", why}, {"checkpoint", res.checkpoint}});
+        publish(last_record_, false);
         res.stopped = true;
         res.steps = at.step;
         res.seconds = now_seconds() - t_start;
@@ -445,7 +478,34 @@ TrainResult Trainer::run() {
   if (!cfg_.ckpt_dir.empty()) res.checkpoint = write_checkpoint(at, /*sync=*/true);
   metrics_->write("end", {{"step", at.step}, {"checkpoint", res.checkpoint},
                           {"test_top1", res.test.top1}, {"seconds", res.seconds}});
+  publish(last_record_, false);
   return res;
+}
+
+void Trainer::publish(const nlohmann::json& record, bool running) {
+  if (running) last_record_ = record;
+  if (!prom_ || !record.is_object()) return;
+  std::vector<PromSample> s = prom_samples_of_record(record);
+  s.push_back({"spotrain_running", "1 while the run trains, 0 once it has stopped or ended", "gauge",
+               "", running ? 1.0 : 0.0});
+  s.push_back({"spotrain_last_update_timestamp_seconds",
+               "when this file was written (a stale file: the run is gone)", "gauge", "",
+               double(std::time(nullptr))});
+  if (session_->rank() == 0) {
+    s.push_back({"spotrain_restarts", "processes this run was restarted in (resumes)", "gauge", "",
+                 double(std::max<int64_t>(0, metrics_->previous_starts()))});
+    struct stat st {};
+    if (!ckpt_started_.empty() && ::stat(ckpt_started_.c_str(), &st) == 0) ckpt_done_ = ckpt_started_;
+    if (!ckpt_done_.empty() && ::stat(ckpt_done_.c_str(), &st) == 0)
+      s.push_back({"spotrain_last_checkpoint_age_seconds", "seconds since the newest checkpoint was written",
+                   "gauge", "", double(std::time(nullptr) - st.st_mtime)});
+  }
+  try {
+    prom_->write(s);
+  } catch (const std::exception& e) {  // a monitoring file never stops training
+    std::fprintf(stderr, "warning: %s; --prometheus is off for the rest of this run\n", e.what());
+    prom_.reset();
+  }
 }
 
 void Trainer::report_bad_images(io::Loader& loader, TrainResult& res) {

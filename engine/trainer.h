@@ -16,8 +16,10 @@
 #include "engine/evaluate.h"
 #include "engine/lr_schedule.h"
 #include "engine/metrics.h"
+#include "engine/prometheus.h"
 #include "engine/run_folder.h"
 #include "engine/session.h"
+#include "engine/telemetry.h"
 #include "io/loader.h"
 
 namespace spotrain {
@@ -77,6 +79,8 @@ class Trainer {
   void end_epoch(int64_t epoch, bool last_epoch, Progress& progress, const Plan& p, int64_t step,
                  TrainResult& res);
   void report_bad_images(io::Loader& loader, TrainResult& res);
+  // --prometheus: the node's file from a progress record; running = false at the stop or end.
+  void publish(const nlohmann::json& record, bool running);
 
   RunConfig cfg_;
   double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
@@ -92,6 +96,10 @@ class Trainer {
   double cost_s_ = 0, write_s_ = 0;          // a checkpoint's cost to training, its write time
   double auto_logged_s_ = 0;                 // the interval last logged
   std::unique_ptr<MetricsSink> metrics_;
+  std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host
+  std::unique_ptr<PrometheusFile> prom_;      // --prometheus, the first rank of each node
+  nlohmann::json last_record_;                // the latest progress record (for prom_)
+  std::string ckpt_started_, ckpt_done_;      // newest checkpoint begun, and known written
   std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
   FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
   FILE* log_file_ = nullptr;    // the run folder's train.log (rank 0)

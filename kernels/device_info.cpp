@@ -94,6 +94,8 @@ GpuInfo query() {
   g.name = prop.name;
   g.compute_capability = str(prop.major, ".", prop.minor);
   g.memory_bytes = int64_t(prop.totalGlobalMem);
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, int(sizeof bus), dev) == cudaSuccess) g.pci_bus_id = bus;
   return g;
 }
 #else
@@ -117,6 +119,7 @@ std::vector<std::pair<std::string, std::string>> gpu_info_fields(const GpuInfo& 
           {"gpu_count", str(g.device_count)},
           {"compute_capability", g.compute_capability},
           {"gpu_memory_gib", g.memory_bytes ? fmt_fixed(double(g.memory_bytes) / (1 << 30), 1) : "none"},
+          {"pci_bus_id", g.pci_bus_id},
           {"driver", g.driver},
           {"driver_cuda", g.driver_cuda},
           {"cuda_runtime", g.cuda_runtime},
@@ -152,6 +155,17 @@ int select_cuda_device(int local_rank) {
   (void)local_rank;
   return -1;
 #endif
+}
+
+std::string current_gpu_pci_bus_id() {
+#ifdef SPOTRAIN_WITH_CUDA
+  int dev = 0;
+  char bus[32] = {};
+  if (gpu_info().status == "ok" && cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetPCIBusId(bus, int(sizeof bus), dev) == cudaSuccess)
+    return bus;
+#endif
+  return "";
 }
 
 }  // namespace spotrain

@@ -17,6 +17,7 @@ struct GpuInfo {
   std::string name = "none";        // e.g. "NVIDIA H200"
   std::string compute_capability = "none";  // e.g. "9.0"
   int64_t memory_bytes = 0;         // the device's global memory
+  std::string pci_bus_id = "none";  // e.g. "0000:19:00.0" (how NVML finds the same device)
   std::string driver = "none";      // NVIDIA driver release from NVML, e.g. "580.159.03"
   std::string driver_cuda = "none"; // newest CUDA the driver supports, e.g. "13.0"
   std::string cuda_runtime = "none";  // the libcudart in use, e.g. "13.0"
@@ -32,6 +33,10 @@ std::vector<std::pair<std::string, std::string>> gpu_info_fields(const GpuInfo& 
 // One line: "GPU NVIDIA H200 (sm 9.0, 139.8 GiB), driver 580.159.03 (CUDA 13.0), CUDA
 // runtime 13.0, cuDNN 9.19.0, cuBLAS 13.1.0, NCCL 2.28.9" or "GPU: none (no CUDA device...)".
 std::string gpu_info_line(const GpuInfo& g);
+
+// The PCI bus id of this thread's current CUDA device ("0000:19:00.0"), which NVML uses to
+// find the same GPU; "" without a GPU or a CUDA build.
+std::string current_gpu_pci_bus_id();
 
 // Makes device (local_rank mod device count) current for this thread (one GPU per rank);
 // returns its index, or -1 when there is no GPU or no CUDA build.

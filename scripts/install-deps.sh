@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package spotrain needs to build, train and test.
 # Idempotent: re-running only installs what is missing. Pass --test to add the
-# Python packages used by side-by-side checks (PyTorch, torchvision, h5py).
+# Python packages used by side-by-side checks (PyTorch, torchvision, h5py) and what the
+# multi-host and report tests run (iproute2, chromium).
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config git
       libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libcurl4-openssl-dev
       libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcli11-dev nlohmann-json3-dev dataset-fashion-mnist)
+      libcli11-dev nlohmann-json3-dev libjs-chart.js dataset-fashion-mnist)
 if [[ "${1:-}" == "--test" ]]; then
-  # iproute2: the multi-host tests' network namespaces
-  pkgs+=(python3 python3-numpy python3-torch python3-torchvision python3-h5py iproute2)
+  # iproute2: the multi-host tests' network namespaces; chromium: the report test's browser
+  pkgs+=(python3 python3-numpy python3-torch python3-torchvision python3-h5py iproute2 chromium)
 fi
 
 missing=()

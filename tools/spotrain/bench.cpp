@@ -21,6 +21,7 @@
 #include "engine/core/philox.h"
 #include "engine/data.h"
 #include "engine/session.h"
+#include "engine/telemetry.h"
 #include "io/loader.h"
 #include "kernels/device_info.h"
 #include "kernels/profiled_backend.h"
@@ -109,6 +110,8 @@ static int run_bench(const BenchOptions& o) {
     channels = 3;
   }
   const GpuInfo& gpu = gpu_info();
+  // The GPU and host while the timed steps run (sampled over them, as train does per window).
+  Telemetry telemetry(be->device() == Device::cuda ? current_gpu_pci_bus_id() : "");
   if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
   TrainingSpec spec;
   spec.net.arch = o.model;
@@ -141,6 +144,7 @@ static int run_bench(const BenchOptions& o) {
   std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s;
   size_t act_peak = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
+    if (s == o.warmup) telemetry.sample();  // the rates below cover the timed steps
     StepTimes t;
     size_t before = be->allocator().stats().current_bytes;
     size_t peak_before = be->allocator().stats().peak_bytes;
@@ -181,6 +185,7 @@ static int run_bench(const BenchOptions& o) {
     opt_s.push_back(t.optimizer);
     comm_s.push_back(t.comm_exposed);
   }
+  const nlohmann::json tel = telemetry.sample();
   std::vector<double> ips;
   for (double t : step_s) ips.push_back(double(o.batch_size * world) / t);
   double med = percentile(ips, 0.5), p10 = percentile(ips, 0.1), p90 = percentile(ips, 0.9);
@@ -251,6 +256,7 @@ static int run_bench(const BenchOptions& o) {
                        {"optimizer", percentile(opt_s, 0.5)}}},
                      {"machine", {{"cpu", machine_cpu}, {"backend", be->name()}}}};
     for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
+    j["telemetry"] = tel;  // GPU ("none" without one) and host, over the timed steps
     if (prof) {
       for (const auto& r : prof->by_op())
         j["profile"]["ops"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},

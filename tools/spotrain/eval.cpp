@@ -1,6 +1,7 @@
 // `spotrain eval`: top-1 / top-5 and the loss of a checkpoint over a whole test set, on one
 // process; optionally the first batch's inputs and logits as .npy files for interop checks.
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -23,7 +24,7 @@ namespace spotrain::cli {
 namespace {
 
 struct EvalOptions {
-  std::string ckpt, data, device = "auto", dump;
+  std::string ckpt, data, device = "auto", dump, json;
   int64_t batch_size = 256, test_limit = 0;
   int threads = 0, workers = 1, image_size = 0;
   double max_bad_fraction = 0.001;
@@ -109,6 +110,26 @@ int run_eval(const EvalOptions& o) {
                                    spotrain::fmt_fixed(100 * r.top1, 2), "% top-5 ",
                                    spotrain::fmt_fixed(100 * r.top5, 2), "% loss ",
                                    spotrain::fmt_fixed(r.loss, 4)));
+  if (!o.json.empty()) {  // for scripts, and for `spotrain report` when it is in the run folder
+    nlohmann::json j{{"checkpoint", std::filesystem::absolute(path).string()},
+                     {"model", info.model},
+                     {"step", info.global_step},
+                     {"epoch", info.epoch},
+                     {"data", data},
+                     {"images", r.samples},
+                     {"top1", r.top1},
+                     {"top5", r.top5},
+                     {"loss", r.loss},
+                     {"backend", be->name()},
+                     {"time", spotrain::utc_time_iso()}};
+    const std::string tmp = o.json + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << j.dump(2) << "\n";
+      SPOTRAIN_CHECK(f.good(), "cannot write --json file ", tmp);
+    }
+    SPOTRAIN_CHECK(std::rename(tmp.c_str(), o.json.c_str()) == 0, "cannot write --json file ", o.json);
+  }
   return 0;
 }
 
@@ -131,6 +152,9 @@ Command add_eval(CLI::App& app) {
   eval->add_option("--test-limit", eo.test_limit, "evaluate on the first N images (0 = all)");
   eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
   eval->add_option("--threads", eo.threads, "compute threads (0 = all cores)");
+  eval->add_option("--json", eo.json,
+                   "also write the result as one JSON object to FILE (top1/top5 as fractions); "
+                   "name it eval*.json inside the run folder and `spotrain report` shows it");
   eval->add_option("--dump-logits", eo.dump,
                    "write the first batch's inputs and logits to PREFIX.inputs.npy / "
                    "PREFIX.logits.npy (for scripts/torch_interop.py check)");

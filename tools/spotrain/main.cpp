@@ -1,4 +1,4 @@
-// The `spotrain` command line: wires the subcommands (train, eval, bench, ckpt, data; one file
+// The `spotrain` command line: wires the subcommands (train, eval, bench, ckpt, data, report; one file
 // each, see commands.h) into CLI11. Errors become one `error:` line on stderr and exit code 1;
 // a bad command line exits 2; a run stopped to be resumed exits 75.
 #include <CLI/CLI.hpp>
@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   for (auto& c : cli::add_ckpt(app)) commands.push_back(c);
   for (auto& c : cli::add_data(app)) commands.push_back(c);
   commands.push_back(cli::add_bench(app));
+  commands.push_back(cli::add_report(app));
 
   std::vector<std::string> args = config_first(argc, argv);
   const std::string sub = subcommand_of(args, app);

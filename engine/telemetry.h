@@ -1,0 +1,36 @@
+// What the machine is doing while a run trains: the GPU through NVML (opened at run time, so a
+// machine without a GPU or without the driver records "none" and never fails) and the host
+// from /proc (CPU use, resident memory, bytes read from storage, i.e. page-cache misses).
+// Sampled with each progress line into the metrics, and by `bench`.
+#pragma once
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace spotrain {
+
+class Telemetry {
+ public:
+  // pci_bus_id: the GPU this rank trains on ("" = none: GPU fields read "none").
+  explicit Telemetry(const std::string& pci_bus_id);
+  // {"gpu": {...} | "none", "host": {...}}; rates and shares cover the time since the
+  // previous sample (or since construction).
+  nlohmann::json sample();
+  // The GPU's SM utilisation (percent) at the latest sample, when known.
+  std::optional<double> sm_util() const { return sm_util_; }
+  // Why the GPU fields read "none" ("" when they do not).
+  const std::string& gpu_status() const { return gpu_status_; }
+
+ private:
+  nlohmann::json gpu();
+  nlohmann::json host();
+  void* device_ = nullptr;  // nvmlDevice_t
+  std::string gpu_status_;
+  std::optional<double> sm_util_;
+  // The previous sample's counters, for rates.
+  double t_ = 0, proc_cpu_s_ = 0;
+  long long sys_busy_ = -1, sys_total_ = -1, storage_read_ = -1;
+};
+
+}  // namespace spotrain

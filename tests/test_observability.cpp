@@ -1,0 +1,383 @@
+// Seeing a run: telemetry in the metrics (GPU fields "none" without a GPU, host fields always),
+// the input-bound warning (a starved loader gets it, synthetic data does not), the Prometheus
+// text file (parsed by a small exposition-format parser, replaced atomically while a reader
+// reads it), `eval --json`, the CSV export, and `spotrain report` rendered in headless
+// Chromium (charts drawn with their series and markers, no network request).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/input_watch.h"
+#include "engine/prometheus.h"
+#include "engine/telemetry.h"
+#include "io/jpeg.h"
+#include "io/png.h"
+#include "run_command.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kBin = SPOTRAIN_BIN;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() / ("spotrain_obs_" + name)).string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<json> records(const std::string& metrics, const std::string& type = "") {
+  std::vector<json> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line);
+    if (type.empty() || j["type"] == type) out.push_back(j);
+  }
+  return out;
+}
+
+std::string train_cmd(const std::string& dir, const std::string& extra) {
+  return kBin + " train --data synthetic --model resnet20 --image-size 32 --batch-size 8 --threads 2 "
+                "--ckpt-dir " + dir + " " + extra;
+}
+
+// Prometheus text exposition format (0.0.4): "# HELP name text", "# TYPE name type", and
+// samples "name{label="value",...} number". Returns name{labels} -> value; fails the test on a
+// line that does not parse or a sample whose family has no TYPE line.
+std::map<std::string, double> parse_prometheus(const std::string& text) {
+  static const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
+  static const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter|untyped|summary|histogram)$)");
+  static const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*"(,[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*")*)?\})? ([-+]?([0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?|NaN|Inf))$)");
+  std::map<std::string, double> out;
+  std::map<std::string, std::string> types;
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "the file must end with a newline";
+  std::istringstream in(text);
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_match(line, m, type)) {
+      EXPECT_EQ(types.count(m[1]), 0u) << "a second TYPE line for " << m[1];
+      types[m[1]] = m[2];
+    } else if (std::regex_match(line, m, help)) {
+    } else if (std::regex_match(line, m, sample)) {
+      EXPECT_EQ(types.count(m[1]), 1u) << "sample without a TYPE line: " << line;
+      out[std::string(m[1]) + std::string(m[2])] = std::stod(m[7]);
+    } else {
+      ADD_FAILURE() << "not in the text exposition format: '" << line << "'";
+    }
+  }
+  return out;
+}
+
+double value_of(const std::map<std::string, double>& samples, const std::string& name) {
+  for (auto& [k, v] : samples)
+    if (k == name || k.rfind(name + "{", 0) == 0) return v;
+  return NAN;
+}
+
+}  // namespace
+
+TEST(Telemetry, WithoutAGpuTheGpuFieldsReadNoneAndTheHostIsMeasured) {
+  spotrain::Telemetry none("");
+  json s = none.sample();
+  EXPECT_EQ(s["gpu"], "none");
+  EXPECT_FALSE(none.sm_util().has_value());
+  ASSERT_TRUE(s["host"].is_object());
+  EXPECT_GT(s["host"]["rss_bytes"].get<double>(), 1e6);
+  EXPECT_GE(s["host"]["cores"].get<int>(), 1);
+  // A GPU that NVML does not know (or no NVML at all): still "none", never an error.
+  spotrain::Telemetry bogus("0000:ff:1f.7");
+  EXPECT_EQ(bogus.sample()["gpu"], "none");
+  EXPECT_FALSE(bogus.gpu_status().empty());
+}
+
+TEST(Telemetry, ACpuRunRecordsItWithEveryProgressLineAndTrainsAsUsual) {
+  const std::string dir = fresh_dir("telemetry");
+  auto r = run_command(train_cmd(dir, "--steps 12 --log-every 4 --train-limit 256 --test-limit 64 --device cpu"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto steps = records(dir + "/metrics.jsonl", "step");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const json& s : steps) {
+    EXPECT_EQ(s["gpu"], "none");
+    EXPECT_GT(s["host"]["rss_bytes"].get<double>(), 1e6);
+    const double share = s["data_wait_share"].get<double>();
+    EXPECT_GE(share, 0.0);
+    EXPECT_LE(share, 1.0);
+    EXPECT_GT(s["step_seconds"].get<double>(), 0.0);
+    EXPECT_GT(s["memory_bytes"].get<double>(), 0.0);
+    for (const char* phase : {"data", "forward", "backward", "comm_exposed", "optimizer"})
+      EXPECT_TRUE(s["phases"].contains(phase)) << phase;
+    EXPECT_GT(s["phases"]["forward"].get<double>(), 0.0);
+  }
+  // The progress line carries the time, the step time, the data-wait share and memory.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\d\d:\d\d:\d\d epoch 1/1 step 4/12 .* s/step, data [0-9.]+%, [0-9.]+ img/s, mem [0-9.]+ GiB)")))
+      << r.out;
+  // bench records the same telemetry.
+  auto b = run_command(kBin + " bench --model resnet20 --image-size 32 --batch-size 8 --steps 2 --warmup 1 "
+                              "--threads 2 --device cpu --json " + dir + "/bench.json");
+  ASSERT_EQ(b.code, 0) << b.out;
+  json bj = json::parse(read_file(dir + "/bench.json"));
+  EXPECT_EQ(bj["telemetry"]["gpu"], "none");
+  EXPECT_GT(bj["telemetry"]["host"]["rss_bytes"].get<double>(), 1e6);
+}
+
+TEST(InputWatch, WarnsOnceWhenDataWaitExceedsTenPercentOverTwentySteps) {
+  spotrain::InputWatch w(3);
+  EXPECT_EQ(w.add(1, 10, 0.5, 1.0, std::nullopt), "");  // 50%, but only 10 steps so far
+  const std::string warning = w.add(11, 20, 0.5, 1.0, std::nullopt);
+  EXPECT_NE(warning.find("input-bound"), std::string::npos);
+  EXPECT_NE(warning.find("--workers, now 3"), std::string::npos);
+  EXPECT_NEAR(w.share(), 0.5, 1e-12);
+  EXPECT_EQ(w.from_step(), 1);
+  EXPECT_EQ(w.add(21, 40, 1.9, 2.0, std::nullopt), "") << "said once";
+
+  spotrain::InputWatch busy(1);
+  EXPECT_EQ(busy.add(1, 20, 0.09, 1.0, std::nullopt), "");  // 9%: fine
+  EXPECT_EQ(busy.add(21, 40, 0.06, 1.0, 95.0), "");         // 6% with a busy GPU: fine
+  EXPECT_NE(busy.add(41, 60, 0.06, 1.0, 40.0), "");         // 6% with an idle GPU: input-bound
+}
+
+TEST(InputBound, AStarvedLoaderIsCalledOutAndSyntheticDataIsNot) {
+  // Large noisy JPEGs (expensive to decode) cut to 32x32, one loader thread.
+  const std::string dir = fresh_dir("starved"), data = dir + "/images";
+  std::mt19937 rng(7);
+  const int side = 1024;
+  std::vector<uint8_t> px(size_t(side) * side * 3);
+  for (auto& p : px) p = uint8_t(rng());
+  for (const char* split : {"train", "val"})
+    for (int c = 0; c < 2; ++c) {
+      const std::string d = data + "/" + split + "/class" + std::to_string(c);
+      fs::create_directories(d);
+      for (int i = 0; i < (std::string(split) == "train" ? 12 : 2); ++i) {
+        px[size_t(i)] ^= 0xff;  // every file different
+        auto jpg = spotrain::io::encode_jpeg(px.data(), side, side, 3, 95);
+        std::ofstream(d + "/img" + std::to_string(i) + ".jpg", std::ios::binary)
+            .write(reinterpret_cast<const char*>(jpg.data()), std::streamsize(jpg.size()));
+      }
+    }
+  auto r = run_command(kBin + " train --data imagefolder:" + data + " --model resnet20 --image-size 32 "
+                       "--batch-size 4 --threads 2 --workers 1 --prefetch 1 --steps 26 --log-every 5 "
+                       "--ckpt-dir " + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: input-bound: steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("input-bound", r.out.find("input-bound") + 1), std::string::npos) << "said once:\n" << r.out;
+  auto w = records(dir + "/run/metrics.jsonl", "warning");
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0]["kind"], "input_bound");
+  EXPECT_GT(w[0]["data_wait_share"].get<double>(), 0.10);
+
+  const std::string syn = fresh_dir("synthetic");
+  auto s = run_command(train_cmd(syn, "--steps 40 --log-every 5 --train-limit 512 --test-limit 64"));
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(s.out.find("input-bound"), std::string::npos) << s.out;
+  EXPECT_TRUE(records(syn + "/metrics.jsonl", "warning").empty());
+}
+
+TEST(Prometheus, TheFileIsReplacedWholeAndParses) {
+  const std::string dir = fresh_dir("prom_unit"), path = dir + "/job.prom";
+  spotrain::PrometheusFile f(path, "run=\"a \\\"quoted\\\" run\",rank=\"0\"");
+  json rec = {{"step", 7}, {"loss", 1.5}, {"images_per_sec", 100.0}, {"data_wait_share", 0.25},
+              {"gpu", {{"sm_util", 80}, {"memory_used_bytes", 1e9}}}, {"host", {{"rss_bytes", 2e6}}}};
+  auto samples = spotrain::prom_samples_of_record(rec);
+  f.write(samples);
+  struct stat a {};
+  ASSERT_EQ(stat(path.c_str(), &a), 0);
+  auto parsed = parse_prometheus(read_file(path));
+  EXPECT_EQ(value_of(parsed, "spotrain_step"), 7);
+  EXPECT_EQ(value_of(parsed, "spotrain_data_wait_ratio"), 0.25);
+  EXPECT_EQ(value_of(parsed, "spotrain_gpu_sm_utilization_ratio"), 0.8);
+  EXPECT_EQ(value_of(parsed, "spotrain_process_resident_bytes"), 2e6);
+  rec["step"] = 8;
+  f.write(spotrain::prom_samples_of_record(rec));
+  struct stat b {};
+  ASSERT_EQ(stat(path.c_str(), &b), 0);
+  EXPECT_NE(a.st_ino, b.st_ino) << "replaced by a rename, not rewritten in place";
+  EXPECT_EQ(value_of(parse_prometheus(read_file(path)), "spotrain_step"), 8);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  // A folder that cannot be written: one clear error.
+  spotrain::PrometheusFile bad(dir + "/no/such/folder/x.prom", "");
+  EXPECT_THROW(bad.write(samples), std::exception);
+}
+
+TEST(Prometheus, ATrainingRunKeepsAWholeFileForAReaderAtEveryMoment) {
+  const std::string dir = fresh_dir("prom_run"), prom = dir + "/textfile/spotrain.prom";
+  fs::create_directories(dir + "/textfile");
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0}, bad{0};
+  std::thread reader([&] {
+    while (!done) {
+      std::string t = read_file(prom);
+      if (t.empty()) continue;  // not written yet
+      ++reads;
+      // Whole: ends with the last sample's newline and holds the last family.
+      if (t.back() != '\n' || t.find("spotrain_last_update_timestamp_seconds{") == std::string::npos) ++bad;
+    }
+  });
+  auto r = run_command(train_cmd(dir + "/run", "--steps 40 --log-every 1 --train-limit 512 --test-limit 64 "
+                                               "--ckpt-every 10 --prometheus " + prom));
+  done = true;
+  reader.join();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(reads.load(), 10);
+  EXPECT_EQ(bad.load(), 0) << "a reader saw a partial file";
+  auto s = parse_prometheus(read_file(prom));
+  EXPECT_EQ(value_of(s, "spotrain_step"), 40);
+  EXPECT_EQ(value_of(s, "spotrain_running"), 0) << "the run has ended";
+  EXPECT_EQ(value_of(s, "spotrain_restarts"), 0);
+  EXPECT_GE(value_of(s, "spotrain_last_checkpoint_age_seconds"), 0);
+  EXPECT_GT(value_of(s, "spotrain_images_per_second"), 0);
+  EXPECT_NE(s.count("spotrain_step{run=\"run\",rank=\"0\"}"), 0u) << "labelled with the run folder";
+  EXPECT_TRUE(std::isnan(value_of(s, "spotrain_gpu_sm_utilization_ratio"))) << "no GPU: no GPU samples";
+  // Not a .prom name: the collector would never read it.
+  auto bad_name = run_command(train_cmd(dir + "/run2", "--steps 1 --prometheus " + dir + "/x.txt"));
+  EXPECT_EQ(bad_name.code, 1);
+  EXPECT_NE(bad_name.out.find("must end in .prom"), std::string::npos) << bad_name.out;
+}
+
+// A short real run with a preemption (SIGTERM at step 30) and a resume, evaluated with
+// eval --json: what the report and the CSV tests read.
+class ReportRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fresh_dir("report_" + std::to_string(getpid())) + "/demo";  // ctest runs each test alone, maybe at once
+    const std::string args = "--epochs 3 --train-limit 320 --test-limit 128 --log-every 4 --ckpt-every 15";
+    auto a = run_command("SPOTRAIN_FAULT=term:0:30 " + train_cmd(dir_, args));
+    ASSERT_EQ(a.code, 75) << a.out;
+    auto b = run_command(train_cmd(dir_, args + " --resume auto"));
+    ASSERT_EQ(b.code, 0) << b.out;
+    auto e = run_command(kBin + " eval --ckpt " + dir_ + " --test-limit 128 --json " + dir_ + "/eval-final.json");
+    ASSERT_EQ(e.code, 0) << e.out;
+  }
+  static std::string dir_;
+};
+std::string ReportRun::dir_;
+
+TEST_F(ReportRun, EvalJsonHoldsTheResult) {
+  json j = json::parse(read_file(dir_ + "/eval-final.json"));
+  EXPECT_EQ(j["step"], 120);
+  EXPECT_EQ(j["images"], 128);
+  EXPECT_GE(j["top1"].get<double>(), 0.0);
+  EXPECT_LE(j["top1"].get<double>(), j["top5"].get<double>());
+  EXPECT_EQ(j["model"], "resnet20");
+}
+
+TEST_F(ReportRun, CsvHasOneRowPerRecordAndAColumnPerField) {
+  const std::string csv = dir_ + "/../metrics.csv";
+  auto r = run_command(kBin + " report " + dir_ + " --csv " + csv);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ + "/report.html")) << "--csv alone writes no page";
+  std::ifstream in(csv);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header.rfind("run,type,time,elapsed,epoch,step,", 0), 0u) << header;
+  for (const char* col : {",loss,", ",images_per_sec,", ",data_wait_share,", ",host.rss_bytes,", ",phases.forward,", ",test_top1,"})
+    EXPECT_NE(("," + header + ",").find(col), std::string::npos) << col;
+  size_t rows = 0;
+  for (std::string line; std::getline(in, line);) ++rows;
+  EXPECT_EQ(rows, records(dir_ + "/metrics.jsonl").size());
+}
+
+TEST_F(ReportRun, BadInputIsOneErrorLine) {
+  auto missing = run_command(kBin + " report " + dir_ + "/nowhere");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("error: report: "), std::string::npos) << missing.out;
+  const std::string empty = fresh_dir("report_empty_" + std::to_string(getpid()));
+  auto none = run_command(kBin + " report " + empty);
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("has no metrics.jsonl"), std::string::npos) << none.out;
+}
+
+TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
+  const std::string browser = "chromium";
+  if (run_command("command -v " + browser).code != 0) {
+    if (std::getenv("SPOTRAIN_REQUIRE_BROWSER")) FAIL() << "chromium is not installed (scripts/install-deps.sh --test)";
+    GTEST_SKIP() << "chromium is not installed (Debian package chromium; scripts/install-deps.sh --test adds it)";
+  }
+  // Two runs side by side: the demo and a second, shorter one.
+  const std::string second = fs::path(dir_).parent_path().string() + "/second";
+  ASSERT_EQ(run_command(train_cmd(second, "--steps 20 --train-limit 320 --test-limit 64 --log-every 4")).code, 0);
+  const std::string page = fs::path(dir_).parent_path().string() + "/report.html";
+  auto r = run_command(kBin + " report " + dir_ + " " + second + " --price-per-hour 2.5 -o " + page);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string html = read_file(page);
+  EXPECT_NE(html.find("Content-Security-Policy"), std::string::npos);
+  EXPECT_NE(html.find("Chart.js v"), std::string::npos) << "Chart.js is embedded";
+  EXPECT_FALSE(std::regex_search(html, std::regex(R"((src|href)\s*=\s*["']?(https?:)?//)")))
+      << "the page refers to something on the network";
+
+  const std::string flags = " --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars "
+                            "--disable-background-networking --virtual-time-budget=8000 ";
+  for (const std::string mode : {"step", "wall"}) {
+    auto d = run_command(browser + flags + "--dump-dom 'file://" + page + (mode == "wall" ? "#x=wall" : "") + "' 2>/dev/null");
+    ASSERT_EQ(d.code, 0) << d.out.substr(0, 2000);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(d.out, m, std::regex(R"(<pre id="selfcheck"[^>]*>([^<]+)</pre>)")))
+        << "the page's script did not finish: " << d.out.substr(0, 2000);
+    std::string text = m[1];
+    for (auto [from, to] : {std::pair<std::string, std::string>{"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}, {"&amp;", "&"}})
+      for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+    json check = json::parse(text);
+    EXPECT_EQ(check["mode"], mode);
+    EXPECT_TRUE(check["violations"].empty()) << check["violations"];
+    EXPECT_TRUE(check["resources"].empty()) << "the page fetched: " << check["resources"];
+    for (const char* id : {"loss", "accuracy", "lr", "throughput", "datawait", "memory"}) {
+      const json& c = check["charts"][id];
+      EXPECT_GT(c["series_points"].get<int>(), 10) << id;
+      EXPECT_GT(c["series_pixels"].get<int>(), 200) << id << ": the first run's curve is not drawn";
+      EXPECT_GT(c["marker_pixels"]["checkpoint"].get<int>(), 20) << id;
+      EXPECT_GT(c["marker_pixels"]["stop"].get<int>(), 20) << id;
+      EXPECT_GT(c["marker_pixels"]["resume"].get<int>(), 20) << id;
+      std::set<std::string> labels;
+      for (const json& d : c["datasets"]) labels.insert(d["label"].get<std::string>());
+      EXPECT_TRUE(labels.count("checkpoint") && labels.count("resume")) << id;
+    }
+    EXPECT_EQ(check["charts"]["loss"]["datasets"].size(), 4u + 3u) << "2 runs x (train, test) + 3 marker kinds";
+    EXPECT_EQ(check["charts"]["gpu"]["series_points"], 0) << "no GPU: nothing to draw";
+    EXPECT_GT(check["charts"]["phases"]["series_pixels"].get<int>(), 500);
+  }
+  // The screenshot: a real page with the curves' colour and the checkpoint markers' green.
+  const std::string png = fs::path(page).parent_path().string() + "/report.png";
+  auto s = run_command(browser + flags + "--window-size=1400,2400 --screenshot=" + png + " 'file://" + page + "'");
+  ASSERT_TRUE(fs::exists(png)) << s.out;
+  std::string bytes = read_file(png);
+  std::vector<uint8_t> rgbx;
+  int w = 0, h = 0;
+  spotrain::io::decode_png_rgbx(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &rgbx, &w, &h);
+  ASSERT_EQ(w, 1400);
+  size_t blue = 0, green = 0, ink = 0;
+  for (size_t i = 0; i + 3 < rgbx.size(); i += 4) {
+    const int R = rgbx[i], G = rgbx[i + 1], B = rgbx[i + 2];
+    auto near = [&](int r, int g, int b) { return std::abs(R - r) < 24 && std::abs(G - g) < 24 && std::abs(B - b) < 24; };
+    blue += near(0x1f, 0x77, 0xb4);
+    green += near(0x2c, 0xa0, 0x2c);
+    ink += R + G + B < 600;
+  }
+  EXPECT_GT(blue, 3000u) << "curves";
+  EXPECT_GT(green, 500u) << "checkpoint markers";
+  EXPECT_GT(ink, size_t(w) * size_t(h) / 200) << "text and axes";
+}

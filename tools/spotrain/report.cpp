@@ -1,0 +1,353 @@
+// `spotrain report RUN...`: one self-contained HTML page (opens offline; Chart.js is embedded)
+// from the metrics of one or more run folders — loss, accuracy, learning rate, images/s,
+// data wait, GPU utilisation and memory over steps or wall time with checkpoint, stop and
+// resume markers; the per-phase step time; evaluation results; settings and machine; cost at
+// --price-per-hour — and with --csv, the same records as one CSV table for spreadsheets.
+#include "tools/spotrain/commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "tools/spotrain/report_assets.h"
+
+namespace spotrain::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ReportOptions {
+  std::vector<std::string> runs;
+  std::string output, csv, title;
+  double price_per_hour = 0;
+};
+
+struct Run {
+  std::string name, metrics_path;
+  std::vector<json> records;
+  std::vector<json> evals;  // eval*.json files in the run folder (spotrain eval --json)
+  int64_t torn = 0;         // lines that did not parse (a record cut by a kill)
+};
+
+// "2026-12-01T07:59:12.825Z" -> seconds since 1970 (NaN when it does not parse).
+double iso_seconds(const std::string& s) {
+  std::tm tm{};
+  int ms = 0;
+  if (std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) < 6)
+    return NAN;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return double(timegm(&tm)) + ms / 1000.0;
+}
+
+Run load_run(const std::string& arg) {
+  Run r;
+  fs::path p(arg);
+  SPOTRAIN_CHECK(fs::exists(p), "report: ", arg, " does not exist (pass a run folder or its metrics.jsonl)");
+  fs::path folder = fs::is_directory(p) ? p : p.parent_path();
+  r.metrics_path = fs::is_directory(p) ? (p / "metrics.jsonl").string() : p.string();
+  SPOTRAIN_CHECK(fs::is_regular_file(r.metrics_path), "report: ", arg, " has no metrics.jsonl (was it trained with --metrics none?)");
+  fs::path named = fs::is_directory(p) ? p : p.parent_path();
+  r.name = fs::absolute(named).lexically_normal().filename().string();
+  if (r.name.empty()) r.name = fs::absolute(named).lexically_normal().parent_path().filename().string();
+  std::ifstream in(r.metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("type")) {
+      ++r.torn;
+      continue;
+    }
+    r.records.push_back(std::move(j));
+  }
+  SPOTRAIN_CHECK(!r.records.empty(), "report: ", r.metrics_path, " holds no metrics records");
+  std::vector<fs::path> evals;
+  for (const auto& e : fs::directory_iterator(folder.empty() ? fs::path(".") : folder)) {
+    const std::string f = e.path().filename().string();
+    if (e.is_regular_file() && f.rfind("eval", 0) == 0 && e.path().extension() == ".json") evals.push_back(e.path());
+  }
+  std::sort(evals.begin(), evals.end());
+  for (const auto& e : evals) {
+    std::ifstream ef(e);
+    json j = json::parse(ef, nullptr, false);
+    if (j.is_object()) {
+      j["file"] = e.filename().string();
+      r.evals.push_back(j);
+    }
+  }
+  return r;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+json num_or_null(const json& obj, const char* key, double scale = 1.0) {
+  if (obj.is_object() && obj.contains(key) && obj[key].is_number()) return obj[key].get<double>() * scale;
+  return nullptr;
+}
+
+// What the page draws for one run: series over steps and wall time, events, phases, tables.
+json page_data(const Run& r, double price_per_hour) {
+  const double t0 = iso_seconds(r.records.front().value("time", ""));
+  auto wall_h = [&](const json& rec) {
+    const double t = iso_seconds(rec.value("time", ""));
+    return std::isnan(t) || std::isnan(t0) ? json(nullptr) : json((t - t0) / 3600.0);
+  };
+  json steps = {{"step", json::array()}, {"wall_h", json::array()}, {"loss", json::array()},
+                {"train_top1", json::array()}, {"lr", json::array()}, {"images_per_sec", json::array()},
+                {"data_wait", json::array()}, {"gpu_sm", json::array()}, {"memory_gib", json::array()},
+                {"rss_gib", json::array()}};
+  json epochs = {{"step", json::array()}, {"wall_h", json::array()}, {"test_top1", json::array()},
+                 {"test_top5", json::array()}, {"test_loss", json::array()}, {"train_top1", json::array()}};
+  json events = json::array(), starts = json::array();
+  std::map<std::string, std::vector<double>> phases;
+  std::vector<double> ips, wait;
+  int64_t last_step = 0, stops = 0, warnings = 0, processes = 0;
+  double busy_s = 0, process_elapsed = 0;
+  bool any_gpu = false;
+  json last_epoch, best_epoch;
+  for (const json& rec : r.records) {
+    const std::string type = rec.value("type", "");
+    const json w = wall_h(rec);
+    if (rec.contains("step") && rec["step"].is_number_integer()) last_step = rec["step"].get<int64_t>();
+    if (type == "start") {
+      busy_s += process_elapsed;
+      process_elapsed = 0;
+      ++processes;
+      starts.push_back(rec);
+      if (processes > 1) events.push_back({{"kind", "restart"}, {"step", last_step}, {"wall_h", w}, {"text", "process started"}});
+    }
+    if (rec.contains("elapsed") && rec["elapsed"].is_number())
+      process_elapsed = std::max(process_elapsed, rec["elapsed"].get<double>());
+    if (type == "step") {
+      steps["step"].push_back(rec.value("step", int64_t(0)));
+      steps["wall_h"].push_back(w);
+      steps["loss"].push_back(num_or_null(rec, "loss"));
+      steps["train_top1"].push_back(num_or_null(rec, "train_top1", 100.0));
+      steps["lr"].push_back(num_or_null(rec, "lr"));
+      steps["images_per_sec"].push_back(num_or_null(rec, "images_per_sec"));
+      steps["data_wait"].push_back(num_or_null(rec, "data_wait_share", 100.0));
+      const json gpu = rec.contains("gpu") ? rec["gpu"] : json();
+      steps["gpu_sm"].push_back(num_or_null(gpu, "sm_util"));
+      any_gpu = any_gpu || gpu.is_object();
+      steps["memory_gib"].push_back(num_or_null(rec, "memory_bytes", 1.0 / double(1 << 30)));
+      steps["rss_gib"].push_back(num_or_null(rec.contains("host") ? rec["host"] : json(), "rss_bytes", 1.0 / double(1 << 30)));
+      if (rec.contains("images_per_sec")) ips.push_back(rec["images_per_sec"].get<double>());
+      if (rec.contains("data_wait_share")) wait.push_back(rec["data_wait_share"].get<double>());
+      if (rec.contains("phases") && rec["phases"].is_object())
+        for (auto& [k, v] : rec["phases"].items())
+          if (v.is_number()) phases[k].push_back(v.get<double>());
+    } else if (type == "epoch") {
+      epochs["step"].push_back(rec.value("step", int64_t(0)));
+      epochs["wall_h"].push_back(w);
+      epochs["test_top1"].push_back(num_or_null(rec, "test_top1", 100.0));
+      epochs["test_top5"].push_back(num_or_null(rec, "test_top5", 100.0));
+      epochs["test_loss"].push_back(num_or_null(rec, "test_loss"));
+      epochs["train_top1"].push_back(num_or_null(rec, "train_top1", 100.0));
+      last_epoch = rec;
+      if (best_epoch.is_null() || rec.value("test_top1", 0.0) > best_epoch.value("test_top1", 0.0)) best_epoch = rec;
+    } else if (type == "checkpoint") {
+      events.push_back({{"kind", "checkpoint"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
+                        {"text", rec.value("path", std::string())}});
+    } else if (type == "stop") {
+      ++stops;
+      events.push_back({{"kind", "stop"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
+                        {"text", "stopped by " + rec.value("reason", std::string("?"))}});
+    } else if (type == "resume") {
+      events.push_back({{"kind", "resume"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
+                        {"text", "resumed; before: " + rec.value("previous", std::string("?"))}});
+    } else if (type == "warning") {
+      ++warnings;
+      events.push_back({{"kind", "warning"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
+                        {"text", rec.value("message", std::string())}});
+    }
+  }
+  busy_s += process_elapsed;
+  const json& first_start = starts.empty() ? json::object() : starts.front();
+  const json& latest_start = starts.empty() ? json::object() : starts.back();
+  json phase_means = json::object();
+  for (auto& [k, v] : phases) phase_means[k] = median(v);
+  const double wall = iso_seconds(r.records.back().value("time", "")) - t0;
+  const json& end = r.records.back();
+  json summary = {
+      {"status", end.value("type", "") == "end" ? "finished"
+                 : end.value("type", "") == "stop" ? "stopped (" + end.value("reason", std::string("?")) + ")"
+                                                    : "running, or ended without a record"},
+      {"steps", last_step},
+      {"processes", processes},
+      {"restarts", std::max<int64_t>(0, processes - 1)},
+      {"stops", stops},
+      {"input_bound_warnings", warnings},
+      {"final_test_top1", num_or_null(last_epoch, "test_top1", 100.0)},
+      {"best_test_top1", num_or_null(best_epoch, "test_top1", 100.0)},
+      {"median_images_per_sec", ips.empty() ? json(nullptr) : json(median(ips))},
+      {"median_data_wait_pct", wait.empty() ? json(nullptr) : json(100 * median(wait))},
+      {"wall_hours", std::isnan(wall) ? json(nullptr) : json(wall / 3600.0)},
+      {"busy_hours", busy_s / 3600.0},
+      {"price_per_hour", price_per_hour > 0 ? json(price_per_hour) : json(nullptr)},
+      {"cost", price_per_hour > 0 ? json(busy_s / 3600.0 * price_per_hour) : json(nullptr)},
+      {"torn_lines", r.torn}};
+  return {{"name", r.name},
+          {"metrics", r.metrics_path},
+          {"steps", steps},
+          {"epochs", epochs},
+          {"events", events},
+          {"any_gpu", any_gpu},
+          {"phases", phase_means},
+          {"summary", summary},
+          {"config", first_start.contains("config") ? first_start["config"] : json::object()},
+          {"latest_config", latest_start.contains("config") ? latest_start["config"] : json::object()},
+          {"machine", latest_start.contains("machine") ? latest_start["machine"] : json::object()},
+          {"backend", latest_start.value("backend", std::string())},
+          {"ranks", latest_start.value("ranks", int64_t(0))},
+          {"precision", latest_start.value("precision", std::string())},
+          {"evals", r.evals}};
+}
+
+// Flattens nested objects into dotted keys ("host.rss_bytes"); the start record's settings and
+// machine stay out (they are one table each in the page).
+void flatten(const json& j, const std::string& prefix, std::vector<std::pair<std::string, json>>& out) {
+  for (auto& [k, v] : j.items()) {
+    if (prefix.empty() && (k == "config" || k == "machine")) continue;
+    const std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (v.is_object())
+      flatten(v, key, out);
+    else
+      out.emplace_back(key, v);
+  }
+}
+
+std::string csv_cell(const json& v) {
+  std::string s;
+  if (v.is_null()) return "";
+  if (v.is_string()) s = v.get<std::string>();
+  else if (v.is_boolean()) s = v.get<bool>() ? "true" : "false";
+  else s = v.dump();
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+void write_atomically(const std::string& path, const std::string& text, const char* what) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    f.flush();
+    SPOTRAIN_CHECK(f.good(), "report: cannot write the ", what, " ", tmp);
+  }
+  SPOTRAIN_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "report: cannot write the ", what, " ", path);
+}
+
+void write_csv(const std::vector<Run>& runs, const std::string& path) {
+  std::vector<std::string> cols = {"run", "type", "time", "elapsed", "epoch", "step"};
+  std::set<std::string> known(cols.begin(), cols.end());
+  std::vector<std::vector<std::pair<std::string, json>>> rows;
+  std::vector<std::string> row_run;
+  for (const Run& r : runs)
+    for (const json& rec : r.records) {
+      rows.emplace_back();
+      flatten(rec, "", rows.back());
+      row_run.push_back(r.name);
+      for (auto& [k, v] : rows.back())
+        if (known.insert(k).second) cols.push_back(k);
+    }
+  std::string text;
+  for (size_t c = 0; c < cols.size(); ++c) text += (c ? "," : "") + cols[c];
+  text += "\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::map<std::string, json> m(rows[i].begin(), rows[i].end());
+    m["run"] = row_run[i];
+    for (size_t c = 0; c < cols.size(); ++c) {
+      auto it = m.find(cols[c]);
+      text += (c ? "," : "") + (it == m.end() ? std::string() : csv_cell(it->second));
+    }
+    text += "\n";
+  }
+  write_atomically(path, text, "--csv file");
+  log_info(str("wrote ", path, ": ", rows.size(), " records, ", cols.size(), " columns"));
+}
+
+void replace_once(std::string& s, const std::string& marker, std::string_view with) {
+  const size_t at = s.find(marker);
+  SPOTRAIN_CHECK(at != std::string::npos, "report: the page template lacks ", marker);
+  s.replace(at, marker.size(), with.data(), with.size());
+}
+
+int run_report(const ReportOptions& o) {
+  SPOTRAIN_CHECK(!o.runs.empty(), "report: name at least one run folder");
+  SPOTRAIN_CHECK(o.price_per_hour >= 0, "--price-per-hour must not be negative");
+  std::vector<Run> runs;
+  for (const std::string& a : o.runs) runs.push_back(load_run(a));
+  for (const Run& r : runs)
+    if (r.torn) log_info(str("report: ", r.metrics_path, ": skipped ", r.torn, " line(s) that do not parse"));
+  if (!o.csv.empty()) write_csv(runs, o.csv);
+  if (o.csv.empty() || !o.output.empty()) {
+    SPOTRAIN_CHECK(!chartjs_source().empty(),
+                   "report: this spotrain was built without Chart.js, so it cannot draw a page; install "
+                   "Debian's libjs-chart.js and rebuild (--csv works without it)");
+    std::string output = o.output;
+    if (output.empty())
+      output = runs.size() == 1 && fs::is_directory(o.runs[0]) ? (fs::path(o.runs[0]) / "report.html").string()
+                                                              : "report.html";
+    json data = {{"title", o.title.empty() ? "spotrain report: " + runs[0].name + (runs.size() > 1 ? " and others" : "") : o.title},
+                 {"generated", utc_time_iso()},
+                 {"runs", json::array()}};
+    for (const Run& r : runs) data["runs"].push_back(page_data(r, o.price_per_hour));
+    // Inside <script>: "</" would end the element.
+    std::string payload = data.dump(-1, ' ', false, json::error_handler_t::replace), safe;
+    for (size_t i = 0; i < payload.size(); ++i) {
+      safe += payload[i];
+      if (payload[i] == '<' && i + 1 < payload.size() && payload[i + 1] == '/') safe += "\\";
+    }
+    std::string page(report_page_template());
+    replace_once(page, "/*@CHARTJS@*/", chartjs_source());
+    replace_once(page, "/*@DATA@*/", safe);
+    write_atomically(output, page, "report");
+    size_t records = 0;
+    for (const Run& r : runs) records += r.records.size();
+    log_info(str("wrote ", output, ": ", runs.size(), " run(s), ", records, " records (",
+                 fmt_fixed(double(page.size()) / 1024.0, 0), " KiB, opens offline)"));
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_report(CLI::App& app) {
+  auto opts = std::make_shared<ReportOptions>();
+  auto* rep = app.add_subcommand(
+      "report", "an HTML page (self-contained, opens offline) of one or more runs' metrics: curves over "
+                "steps or wall time with checkpoint/stop/resume markers, phases, evaluations, settings, "
+                "cost; or a CSV of the records");
+  rep->add_option("runs", opts->runs, "run folders (--ckpt-dir) or metrics.jsonl files; several compare runs")
+      ->required();
+  rep->add_option("-o,--output", opts->output,
+                  "the HTML file (default: RUN/report.html for one run folder, else ./report.html)");
+  rep->add_option("--csv", opts->csv, "also (or, without -o, only) write every record as CSV to FILE");
+  rep->add_option("--price-per-hour", opts->price_per_hour,
+                  "what the job's machines cost per hour together, in USD: the page shows the cost of "
+                  "the hours its processes ran");
+  rep->add_option("--title", opts->title, "the page title");
+  return {rep, [opts] { return run_report(*opts); }};
+}
+
+}  // namespace spotrain::cli
