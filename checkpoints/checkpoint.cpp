@@ -191,6 +191,10 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
       H5Id mg(H5Gcreate2(og, "momentum", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       for (auto& [name, t] : snap.momentum) write_dataset(mg, name, t);
     }
+    if (!snap.ema.empty()) {
+      H5Id eg(H5Gcreate2(file, "ema", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      for (auto& [name, t] : snap.ema) write_dataset(eg, name, t);
+    }
     H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the checkpoint (disk full?)");
   } catch (...) {
     std::error_code ec;
@@ -251,7 +255,9 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
   if (H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) <= 0 ||
       H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0)
     SPOTRAIN_THROW("checkpoint ", path, " has no ", group,
-                   group == "model" ? " tensors" : " (no optimizer state: it cannot resume training)");
+                   group == "model" ? " tensors"
+                   : group == "ema" ? " weights (it was trained without --ema-decay)"
+                                    : " (no optimizer state: it cannot resume training)");
   for (auto& [name, dst] : into) {
     std::string dname = group + "/" + name;
     if (H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
@@ -276,13 +282,20 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
   }
 }
 
+bool checkpoint_has_group(const std::string& path, const std::string& group) {
+  read_checkpoint_info(path);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  return H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+         H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0;
+}
+
 void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
   CheckpointInfo info = read_checkpoint_info(path);
   auto cfg = nlohmann::json::parse(info.config_json, nullptr, false);
   SPOTRAIN_CHECK(cfg.is_object(), "checkpoint ", path, " has an unreadable run config");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   int64_t tensors = 0;
-  for (const char* group : {"model", "optimizer/momentum"}) {
+  for (const char* group : {"model", "optimizer/momentum", "ema"}) {
     if (H5Lexists(file, group, H5P_DEFAULT) <= 0) {
       SPOTRAIN_CHECK(std::string(group) != "model", "checkpoint ", path, " has no model tensors");
       continue;

@@ -42,6 +42,7 @@ struct CheckpointSnapshot {
   CheckpointInfo info;
   NamedTensors model;         // host fp32: parameters, then BN buffers
   NamedTensors momentum;      // per parameter (empty without optimizer state)
+  NamedTensors ema;           // --ema-decay: the averaged parameters and BN buffers (empty: none)
   OptimizerRecord optimizer;  // steps < 0: no optimizer state
   // Waits for device-to-host copies still in flight into the tensors above (a GPU's
   // snapshot into pinned buffers returns before its DMA is done); write_checkpoint_file
@@ -58,6 +59,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // host fp32 tensors, checking each one's shape and CRC-32; throws Error naming the file and
 // the tensor when one is missing, of another shape or corrupt.
 void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into);
+// Whether the checkpoint holds the group ("ema", "optimizer/momentum").
+bool checkpoint_has_group(const std::string& path, const std::string& group);
 // Reads every tensor and checks its CRC-32, the format version and the attributes; throws
 // Error saying what is wrong. Fills `info` when given.
 void verify_checkpoint(const std::string& path, CheckpointInfo* info);

@@ -45,7 +45,7 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
 }
 
 int64_t checkpoint_bytes(const Model& model, bool with_momentum) {
-  int64_t n = model.num_params() * (with_momentum ? 2 : 1);
+  int64_t n = model.num_params() * (with_momentum ? 2 : 1);  // an --ema-decay average adds one more
   for (auto* b : model.buffers()) n += b->value.numel();
   return checkpoint_bytes(n);
 }
@@ -62,17 +62,43 @@ NamedTensors flat_views(const Model& model, const Tensor& host_flat) {
 
 }  // namespace
 
-void load_checkpoint_weights(const std::string& path, Model& model) {
+namespace {
+
+// A group of model-named tensors ("model" or "ema") copied into a flat parameter buffer and
+// one tensor per BN buffer on the device.
+void load_group(const std::string& path, Model& model, const std::string& group, Tensor& flat_params,
+                const std::vector<Tensor*>& buffers) {
   Backend& be = model.backend();
   Tensor flat = Tensor::host({model.num_params()});
   NamedTensors params = flat_views(model, flat);
-  read_checkpoint_tensors(path, "model", params);
-  NamedTensors buffers;
-  for (auto* b : model.buffers()) buffers.emplace_back(b->name, Tensor::host(b->value.shape()));
-  read_checkpoint_tensors(path, "model", buffers);
-  be.copy(be.from_host(flat), model.flat_params());  // marks the weights written
-  for (size_t i = 0; i < buffers.size(); ++i)
-    be.copy(be.from_host(buffers[i].second), model.buffers()[i]->value);
+  read_checkpoint_tensors(path, group, params);
+  NamedTensors host;
+  for (auto* b : model.buffers()) host.emplace_back(b->name, Tensor::host(b->value.shape()));
+  read_checkpoint_tensors(path, group, host);
+  be.copy(be.from_host(flat), flat_params);  // marks the weights written
+  for (size_t i = 0; i < host.size(); ++i) be.copy(be.from_host(host[i].second), *buffers[i]);
+}
+
+}  // namespace
+
+void load_checkpoint_weights(const std::string& path, Model& model, const std::string& group) {
+  std::vector<Tensor*> buffers;
+  for (auto* b : model.buffers()) buffers.push_back(&b->value);
+  load_group(path, model, group, model.flat_params(), buffers);
+}
+
+NamedTensors ema_snapshot(Model& model, WeightEma& ema) {
+  Backend& be = model.backend();
+  NamedTensors out = flat_views(model, be.to_host(ema.params()));
+  for (size_t i = 0; i < model.buffers().size(); ++i)
+    out.emplace_back(model.buffers()[i]->name, be.to_host(ema.buffers()[i]));
+  return out;
+}
+
+void load_ema(const std::string& path, Model& model, WeightEma& ema) {
+  std::vector<Tensor*> buffers;
+  for (Tensor& b : ema.buffers()) buffers.push_back(&b);
+  load_group(path, model, "ema", ema.params(), buffers);
 }
 
 CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "checkpoints/checkpoint.h"
+#include "engine/ema.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 
@@ -20,8 +21,13 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
                                        Tensor* momentum_buf = nullptr);
 // Bytes a checkpoint of this model takes on disk (parameters, buffers, momentum), roughly.
 int64_t checkpoint_bytes(const Model& model, bool with_momentum);
-// Loads parameters and BN buffers into `model` (shapes must match; names must all exist).
-void load_checkpoint_weights(const std::string& path, Model& model);
+// Loads parameters and BN buffers into `model` (shapes must match; names must all exist), from
+// the group "model", or "ema" for the moving average of a run with --ema-decay.
+void load_checkpoint_weights(const std::string& path, Model& model, const std::string& group = "model");
+// The moving average as named host tensors (the model's names), for CheckpointSnapshot::ema.
+NamedTensors ema_snapshot(Model& model, WeightEma& ema);
+// Loads a checkpoint's moving average into `ema`.
+void load_ema(const std::string& path, Model& model, WeightEma& ema);
 // Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
 // count; returns the attributes (progress, loss-scaler state).
 CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);

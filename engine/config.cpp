@@ -36,6 +36,17 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
   SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
   SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
+  SPOTRAIN_CHECK(random_erasing >= 0.f && random_erasing <= 1.f,
+                 "--random-erasing is a probability in [0, 1], got ", random_erasing);
+  SPOTRAIN_CHECK(mixup >= 0.f && cutmix >= 0.f, "--mixup and --cutmix alphas must not be negative");
+  SPOTRAIN_CHECK(mix_switch_prob >= 0.f && mix_switch_prob <= 1.f,
+                 "--mix-switch-prob is a probability in [0, 1], got ", mix_switch_prob);
+  SPOTRAIN_CHECK((mixup == 0.f && cutmix == 0.f) || batch_size % 2 == 0,
+                 "--mixup/--cutmix mix neighbouring pairs of images: --batch-size must be even, got ",
+                 batch_size);
+  SPOTRAIN_CHECK(lr_per_256 >= 0.f, "--lr-per-256 must not be negative");
+  SPOTRAIN_CHECK(ema_decay == 0 || (ema_decay > 0 && ema_decay < 1),
+                 "--ema-decay must be in (0, 1) (0 = off), got ", ema_decay);
   SPOTRAIN_CHECK(prometheus.empty() || (prometheus.size() > 5 && prometheus.substr(prometheus.size() - 5) == ".prom"),
                  "--prometheus ", prometheus, ": the file name must end in .prom (node-exporter's "
                  "text-file collector reads only *.prom files)");

@@ -40,12 +40,28 @@ enum SettingFlags : unsigned {
     "training augmentation: pad-and-crop + flips (fashion-mnist), RandomResizedCrop + flips "     \
     "(imagefolder/shards; off: the eval crop)",                                                   \
     kShowDefault, "")                                                                                 \
+  X(float, random_erasing, 0.0f, "--random-erasing",                                              \
+    "probability of erasing a random box of each training image (torchvision RandomErasing: "    \
+    "2-33% of the area, aspect 0.3-3.3, set to the mean); 0 = off", kShowDefault, "")             \
+  X(float, mixup, 0.0f, "--mixup", "mixup alpha: pairs of training images and their labels "     \
+    "mixed with weight ~ Beta(alpha, alpha); 0 = off", kShowDefault, "")                          \
+  X(float, cutmix, 0.0f, "--cutmix", "cutmix alpha: a box of one image pasted into its pair's, "  \
+    "labels mixed by area; 0 = off", kShowDefault, "")                                            \
+  X(float, mix_switch_prob, 0.5f, "--mix-switch-prob",                                            \
+    "with both --mixup and --cutmix: the chance a pair uses cutmix", kShowDefault, "")            \
   /* schedule and optimizer */                                                                    \
   X(int64_t, epochs, 3, "--epochs", "epochs to train", kShowDefault, "")                              \
   X(int64_t, steps, 0, "--steps", "train exactly this many steps (overrides --epochs)",           \
     kSettingPlain, "")                                                                                \
   X(int64_t, batch_size, 128, "--batch-size", "batch size per rank", kShowDefault, "")                \
   X(float, lr, 0.1f, "--lr", "peak learning rate", kShowDefault, "")                                  \
+  X(float, lr_per_256, 0.0f, "--lr-per-256",                                                      \
+    "peak learning rate per 256 images of the global batch: replaces --lr with this x global "   \
+    "batch / 256, so a recipe keeps its schedule on any rank count (0 = use --lr)",               \
+    kSettingPlain, "")                                                                            \
+  X(double, ema_decay, 0.0, "--ema-decay",                                                        \
+    "keep a moving average of the weights and BN statistics (e.g. 0.9998 per step), evaluated "  \
+    "and checkpointed alongside the model; 0 = off", kSettingPlain, "")                           \
   X(float, momentum, 0.9f, "--momentum", "SGD momentum", kShowDefault, "")                            \
   X(bool, nesterov, false, "--nesterov", "Nesterov momentum", kSettingPlain, "")                      \
   X(float, weight_decay, 5e-4f, "--weight-decay", "L2 weight decay", kShowDefault, "")                \

@@ -18,19 +18,20 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
       world_(world) {}
 
 StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
-                           float label_smoothing, StepTimes* times) {
+                           float label_smoothing, StepTimes* times, const LabelMix* mix) {
   Backend& be = model_.backend();
   double t0 = now_seconds();
   Tensor x = be.upload_images(images, dtype_);
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
   double upload = now_seconds() - t0;
-  StepResult r = run_uploaded(x, labels, lr, label_smoothing, times);
+  StepResult r = run_uploaded(x, labels, lr, label_smoothing, times, mix);
   if (times) times->data = upload;
   return r;
 }
 
 StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, float lr,
-                                    float label_smoothing, StepTimes* times) {
+                                    float label_smoothing, StepTimes* times,
+                                    const LabelMix* mix) {
   Backend& be = model_.backend();
   StepResult r;
   r.loss_scale = scaler_.scale();
@@ -38,7 +39,7 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
   Tensor logits = model_.forward(x, /*training=*/true);
   Tensor dlogits;
   // The loss is read once backward is queued: no wait for the host mid-step.
-  be.softmax_xent_queue(logits, labels, label_smoothing, float(r.loss_scale), &dlogits);
+  be.softmax_xent_queue(logits, labels, label_smoothing, float(r.loss_scale), &dlogits, mix);
   if (times) be.synchronize();
   double t2 = now_seconds();
   model_.backward(dlogits, sync_);

@@ -30,12 +30,13 @@ class StepRunner {
   StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
              GradSync* sync = nullptr, int world = 1);
   // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
+  // mix: mixup/cutmix targets for the loss (null: plain labels).
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
-                 StepTimes* times = nullptr);
+                 StepTimes* times = nullptr, const LabelMix* mix = nullptr);
   // The same step on a batch already uploaded (Backend::upload_images in compute_dtype()),
   // e.g. synthetic data generated once on the device; times->data is 0.
   StepResult run_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
-                          StepTimes* times = nullptr);
+                          StepTimes* times = nullptr, const LabelMix* mix = nullptr);
   DType compute_dtype() const { return dtype_; }
 
  private:

@@ -60,6 +60,7 @@ struct ResumeHeader {
   int64_t status = 0;  // 0: none found, 1: loaded, -1: failed (rank 0 has the error)
   int64_t step = 0, epoch = 0, batch_in_epoch = 0;
   int64_t global_batch = 0, world = 0, sgd_steps = 0;
+  int64_t has_ema = 0;  // rank 0 loaded the weights' moving average (--ema-decay)
   LossScalerState scaler;
 };
 static_assert(std::is_trivially_copyable<ResumeHeader>::value, "broadcast as bytes");
@@ -86,6 +87,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   if (cfg_.precision == "tf32" && be.device() == Device::cpu)  // said once, at start
     log_info("note: tf32 is a GPU math mode; on the CPU it computes in fp32");
   t_ = session_->make_training(training_spec(cfg_, *data_.train));
+  if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(*t_.model, cfg_.ema_decay);
   if (cfg_.precision == "fp16" && be.device() == Device::cpu)
     log_info("note: fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss "
              "scaling). bf16 is the fast CPU choice.");
@@ -99,7 +101,8 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     log_to_file(str("spotrain train, settings in ", folder_->path("config.toml")));
     CheckpointPolicy policy{cfg_.ckpt_dir, cfg_.keep, cfg_.ckpt_every_steps(), cfg_.ckpt_every_min,
                             cfg_.on_ckpt_error == "continue"};
-    ckpt_ = std::make_unique<CheckpointManager>(policy, checkpoint_bytes(*t_.model, true));
+    const int64_t bytes = checkpoint_bytes(*t_.model, true) + (ema_ ? checkpoint_bytes(*t_.model, false) : 0);
+    ckpt_ = std::make_unique<CheckpointManager>(policy, bytes);
     // Snapshot buffers, touched now, so a checkpoint mid-training copies into warm pages
     // (faulting in a fresh ResNet-50-sized buffer costs ~0.5 s on a small machine); pinned
     // on a GPU, so a checkpoint's copy is one DMA that training does not wait for.
@@ -192,7 +195,9 @@ std::string Trainer::write_checkpoint(const Position& at, bool sync) {
       info.precision = cfg_.precision;
       info.scaler = t_.scaler->state();
       // Rank 0's BN statistics are saved (as every rank loads them on resume).
-      return snapshot_checkpoint(*t_.model, t_.sgd.get(), info, &snap_params_, &snap_momentum_);
+      CheckpointSnapshot s = snapshot_checkpoint(*t_.model, t_.sgd.get(), info, &snap_params_, &snap_momentum_);
+      if (ema_) s.ema = ema_snapshot(*t_.model, *ema_);
+      return s;
     };
     path = ckpt_->write(at.step, snapshot, sync);
     if (!path.empty()) {
@@ -227,6 +232,11 @@ Trainer::Position Trainer::resume() {
         h.global_batch = ci.global_batch > 0 ? ci.global_batch : cfg_.batch_size * h.world;
         h.sgd_steps = t_.sgd->steps();
         h.scaler = ci.scaler;
+        if (ema_ && checkpoint_has_group(path, "ema")) {
+          ema_ = std::make_unique<WeightEma>(model, cfg_.ema_decay);
+          load_ema(path, model, *ema_);
+          h.has_ema = 1;
+        }
       }
     } catch (const std::exception& e) {
       h.status = -1;
@@ -260,6 +270,13 @@ Trainer::Position Trainer::resume() {
     session_->broadcast_from_rank0(t_.sgd->momentum(), "the checkpoint's momentum");
     session_->broadcast_buffers(model);
     t_.sgd->set_steps(h.sgd_steps);
+  }
+  if (ema_ && !h.has_ema) {  // a checkpoint from a run without the average: it starts here
+    ema_ = std::make_unique<WeightEma>(model, cfg_.ema_decay);
+    log_info("the checkpoint holds no moving average of the weights: --ema-decay starts from its weights");
+  } else if (ema_ && world > 1) {
+    session_->broadcast_from_rank0(ema_->params(), "the checkpoint's moving average");
+    for (Tensor& b : ema_->buffers()) session_->broadcast_from_rank0(b, "the moving average's statistics");
   }
   t_.scaler->set_state(h.scaler);
   at.step = h.step;
@@ -300,6 +317,10 @@ io::LoaderOptions Trainer::loader_options() const {
   lo.prefetch = cfg_.prefetch;
   lo.image_allocator = &session_->backend().host_staging_allocator();  // pinned on CUDA
   lo.augment = cfg_.augment;
+  lo.erasing.p = cfg_.random_erasing;
+  lo.mix.mixup_alpha = cfg_.mixup;
+  lo.mix.cutmix_alpha = cfg_.cutmix;
+  lo.mix.switch_prob = cfg_.mix_switch_prob;
   lo.max_bad_fraction = cfg_.max_bad_fraction;
   if (data_.train->encoded()) lo.image = image_transforms_for(*data_.train);
   lo.rank = session_->rank();
@@ -314,7 +335,9 @@ Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   p.total_steps = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   p.epochs = (p.total_steps + per_epoch - 1) / per_epoch;
   p.lr.kind = cfg_.lr_schedule;
-  p.lr.base_lr = cfg_.lr;
+  p.lr.base_lr = cfg_.lr_per_256 > 0
+                     ? cfg_.lr_per_256 * float(cfg_.batch_size * session_->world()) / 256.f
+                     : cfg_.lr;
   p.lr.total_steps = p.total_steps;
   p.lr.warmup_steps = int64_t(std::llround(cfg_.warmup_epochs * double(per_epoch)));
   p.lr.milestones = {p.total_steps / 2, p.total_steps * 3 / 4};
@@ -330,6 +353,10 @@ void Trainer::log_start(const Plan& p) {
                  t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
                  " MB, compression ", cfg_.grad_compression));
   if (session_->backend().device() == Device::cuda) log_info(gpu_info_line(gpu_info()));
+  if (cfg_.lr_per_256 > 0)
+    log_info(str("learning rate ", fmt_fixed(p.lr.base_lr, 5), " = --lr-per-256 ", cfg_.lr_per_256,
+                 " x global batch ", cfg_.batch_size * session_->world(), " / 256"));
+  if (ema_) log_info(str("keeping a moving average of the weights (--ema-decay ", cfg_.ema_decay, ")"));
   log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ",
                data_.train->size(), " train / ", data_.test->size(), " test samples; ", p.epochs,
                " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size));
@@ -397,16 +424,29 @@ void Trainer::end_epoch(int64_t epoch, bool last_epoch, Progress& progress, cons
       cfg_.eval_each_epoch && cfg_.eval_every > 0 && (epoch + 1) % cfg_.eval_every == 0;
   if (!eval_due && !last_epoch) return;
   res.test = evaluate(*data_.test, std::max<int64_t>(cfg_.batch_size, 256));
+  if (ema_) {
+    EmaSwap with_average(ema_.get());
+    res.ema_test = evaluate(*data_.test, std::max<int64_t>(cfg_.batch_size, 256));
+  }
   log_info(str("epoch ", epoch + 1, " done in ", fmt_duration(secs), ": train loss ",
                fmt_fixed(res.final_loss, 4), " train acc ", fmt_fixed(100 * res.train_top1, 2),
                "% | test loss ", fmt_fixed(res.test.loss, 4), " top-1 ",
                fmt_fixed(100 * res.test.top1, 2), "% top-5 ", fmt_fixed(100 * res.test.top5, 2),
-               "% (", res.test.samples, " images)"));
-  metrics_->write("epoch", {{"epoch", epoch + 1}, {"step", step}, {"loss", res.final_loss},
-                            {"train_top1", res.train_top1}, {"test_loss", res.test.loss},
-                            {"test_top1", res.test.top1}, {"test_top5", res.test.top5},
-                            {"lr", p.lr.at(step - 1)}, {"images_per_sec", res.images_per_sec},
-                            {"epoch_seconds", secs}});
+               "% (", res.test.samples, " images)",
+               ema_ ? str(" | EMA top-1 ", fmt_fixed(100 * res.ema_test.top1, 2), "% top-5 ",
+                          fmt_fixed(100 * res.ema_test.top5, 2), "%")
+                    : std::string()));
+  nlohmann::json rec{{"epoch", epoch + 1}, {"step", step}, {"loss", res.final_loss},
+                     {"train_top1", res.train_top1}, {"test_loss", res.test.loss},
+                     {"test_top1", res.test.top1}, {"test_top5", res.test.top5},
+                     {"lr", p.lr.at(step - 1)}, {"images_per_sec", res.images_per_sec},
+                     {"epoch_seconds", secs}};
+  if (ema_) {
+    rec["ema_test_loss"] = res.ema_test.loss;
+    rec["ema_test_top1"] = res.ema_test.top1;
+    rec["ema_test_top5"] = res.ema_test.top5;
+  }
+  metrics_->write("epoch", rec);
 }
 
 TrainResult Trainer::run() {
@@ -437,8 +477,10 @@ TrainResult Trainer::run() {
       stop.before_step();
       StepTimes phases;
       const bool timed = progress.due_for_phases(at.step + 1);
+      const LabelMix mix{b.labels_b.data(), b.lam.data()};
       StepResult r = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing,
-                                    timed ? &phases : nullptr);
+                                    timed ? &phases : nullptr, b.lam.empty() ? nullptr : &mix);
+      if (ema_) ema_->update();
       at = Position{at.step + 1, epoch, b.batch_index + 1};
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
       facts.step = at.step;

@@ -13,6 +13,7 @@
 #include "engine/ckpt_interval.h"
 #include "engine/config.h"
 #include "engine/data.h"
+#include "engine/ema.h"
 #include "engine/evaluate.h"
 #include "engine/lr_schedule.h"
 #include "engine/metrics.h"
@@ -30,6 +31,7 @@ struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0, train_top1 = 0;
   EvalResult test;
+  EvalResult ema_test;  // --ema-decay: the moving average's figures
   double images_per_sec = 0;
   double seconds = 0;
   int64_t skipped_steps = 0;  // fp16 overflows
@@ -46,6 +48,7 @@ class Trainer {
   TrainResult run();
   EvalResult evaluate(const io::Dataset& data, int64_t batch_size);
   Model& model() { return *t_.model; }
+  WeightEma* ema() { return ema_.get(); }
   Backend& backend() { return session_->backend(); }
   Sgd& optimizer() { return *t_.sgd; }
   LossScaler& scaler() { return *t_.scaler; }
@@ -95,6 +98,7 @@ class Trainer {
   double usual_step_s_ = 0, extra_during_write_ = 0;  // step time without a write; extra with one
   double cost_s_ = 0, write_s_ = 0;          // a checkpoint's cost to training, its write time
   double auto_logged_s_ = 0;                 // the interval last logged
+  std::unique_ptr<WeightEma> ema_;           // --ema-decay
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host
   std::unique_ptr<PrometheusFile> prom_;      // --prometheus, the first rank of each node

@@ -253,6 +253,29 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
     transform_image(s.u8.data(), shape_, opt_.transforms, opt_.train, opt_.seed, plan.epoch, id,
                     dst + i * per_image);
   }
+  if (opt_.train) augment_batch(out, plan.epoch);
+}
+
+void Loader::augment_batch(Batch& out, int64_t epoch) const {
+  const int64_t n = int64_t(out.labels.size()), per_image = shape_.numel();
+  float* dst = out.images.data<float>();
+  if (opt_.erasing.p > 0)
+    for (int64_t i = 0; i < n; ++i)
+      apply_erasing(dst + i * per_image, int(shape_.h), int(shape_.w), int(shape_.c),
+                    draw_erasing(opt_.erasing, int(shape_.h), int(shape_.w), opt_.seed, epoch,
+                                 out.sample_ids[size_t(i)]));
+  if (!opt_.mix.enabled()) return;
+  out.labels_b = out.labels;  // an unpaired last sample keeps its own label (lam 1)
+  out.lam.assign(size_t(n), 1.f);
+  for (int64_t i = 0; i + 1 < n; i += 2) {
+    const PairMix m = draw_pair_mix(opt_.mix, int(shape_.h), int(shape_.w), opt_.seed, epoch,
+                                    out.sample_ids[size_t(i)]);
+    apply_pair_mix(dst + i * per_image, dst + (i + 1) * per_image, int(shape_.h), int(shape_.w),
+                   int(shape_.c), m);
+    out.labels_b[size_t(i)] = out.labels[size_t(i + 1)];
+    out.labels_b[size_t(i + 1)] = out.labels[size_t(i)];
+    out.lam[size_t(i)] = out.lam[size_t(i + 1)] = float(m.lambda);
+  }
 }
 
 }  // namespace io

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "io/augment.h"
 #include "io/dataset.h"
 #include "io/image_transforms.h"
 #include "io/sampler.h"
@@ -27,6 +28,10 @@ struct Batch {
   Tensor images;                     // (N, C, H, W) logical, Layout::nhwc, fp32, host
   std::vector<int32_t> labels;       // N
   std::vector<int64_t> sample_ids;   // N dataset indices
+  // Mixup / cutmix (LoaderOptions::mix): each sample's partner label and its own label's
+  // weight; empty without mixing.
+  std::vector<int32_t> labels_b;
+  std::vector<float> lam;
   int64_t epoch = 0, batch_index = 0;
 };
 
@@ -42,6 +47,10 @@ struct LoaderOptions {
   // training with `augment`, else resize + center crop; normalize with image.mean/std.
   ImageTransformOptions image;
   bool augment = true;
+  // Training only, after the transforms above: random erasing per sample, then mixup/cutmix
+  // over pairs (io/augment.h; needs an even batch size).
+  ErasingOptions erasing;
+  MixOptions mix;
   // Unreadable or corrupt images are skipped (the next readable sample takes their place),
   // counted and reported; more than this fraction of the dataset stops the loader with an error.
   double max_bad_fraction = 0.001;
@@ -91,6 +100,8 @@ class Loader {
   };
   void worker_loop();
   void produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s);
+  // Random erasing, then mixup/cutmix, over a finished training batch.
+  void augment_batch(Batch& out, int64_t epoch) const;
   // Reads, decodes and transforms encoded sample `id` into dst; throws Error on a bad image.
   void decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const;
   void note_bad(int64_t id, const std::string& why);

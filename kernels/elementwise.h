@@ -57,8 +57,12 @@ SPOTRAIN_HD float bn_infer(float x, float mean, float var, float gamma, float be
 // loss (log-sum-exp in double); *greater receives how many logits beat the label's (ties
 // count for the lower index), so top-k is correct when *greater < k. When dz is non-null it
 // receives (softmax - q) * dscale (dscale = grad_scale / batch).
+// One element of Backend::lerp.
+SPOTRAIN_HD float lerp_value(float dst, float src, float weight) { return dst + weight * (src - dst); }
+
 SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float smoothing,
-                                    float dscale, float* dz, int64_t* greater) {
+                                    float dscale, float* dz, int64_t* greater, int32_t yb = -1,
+                                    float lam = 1.f) {
   float off = smoothing / float(m), on = 1.f - smoothing + off;
   float mx = z[0];
   for (int64_t j = 1; j < m; ++j) mx = z[j] > mx ? z[j] : mx;
@@ -69,6 +73,10 @@ SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float 
   }
   double lse = ::log(se) + mx;
   double li = on * (lse - z[y]) + off * (double(m) * lse - sum_z) - off * (lse - z[y]);
+  if (yb >= 0) {  // mixed targets: lam of y's loss, 1 - lam of yb's
+    const double lb = on * (lse - z[yb]) + off * (double(m) * lse - sum_z) - off * (lse - z[yb]);
+    li = double(lam) * li + double(1.f - lam) * lb;
+  }
   int64_t g = 0;
   for (int64_t j = 0; j < m; ++j)
     if (z[j] > z[y] || (z[j] == z[y] && j < y)) ++g;
@@ -77,6 +85,7 @@ SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float 
     for (int64_t j = 0; j < m; ++j) {
       float p = float(::exp(double(z[j]) - lse));
       float q = j == y ? on : off;
+      if (yb >= 0) q = lam * q + (1.f - lam) * (j == yb ? on : off);
       dz[j] = (p - q) * dscale;
     }
   }

@@ -54,6 +54,13 @@ struct LossResult {
   int64_t top1 = 0, top5 = 0;  // correct predictions in the batch
 };
 
+// Mixed targets for the loss (mixup / cutmix), on the host: each row's second label and the
+// weight of its first.
+struct LabelMix {
+  const int32_t* labels_b = nullptr;
+  const float* lam = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -171,17 +178,19 @@ class Backend {
 
   // --- loss ----------------------------------------------------------------------------------
   // Mean softmax cross-entropy with label smoothing over logits (N, M) plain; labels on the
-  // host. When dlogits is non-null it receives d(loss * grad_scale)/d(logits).
+  // host. When dlogits is non-null it receives d(loss * grad_scale)/d(logits). With `mix`
+  // (mixup / cutmix), row i's loss is lam[i] * CE(labels[i]) + (1 - lam[i]) * CE(labels_b[i]);
+  // top-1/top-5 count labels[i].
   virtual LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                  float grad_scale, Tensor* dlogits) = 0;
+                                  float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) = 0;
 
   // softmax_xent without waiting for its figures: queues the loss (and dlogits) and the copy
   // of its per-row results; queued_loss() waits for them. The training step asks for the
   // loss only once backward is queued, so a GPU never idles mid-step for the host to read
   // it. The default computes at once.
   virtual void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                                  float grad_scale, Tensor* dlogits) {
-    queued_loss_ = softmax_xent(logits, labels, smoothing, grad_scale, dlogits);
+                                  float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) {
+    queued_loss_ = softmax_xent(logits, labels, smoothing, grad_scale, dlogits, mix);
   }
   virtual LossResult queued_loss() { return queued_loss_; }
 
@@ -193,6 +202,9 @@ class Backend {
   // Multiplies the flat gradients by inv_scale in place and reports whether any element is
   // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
   virtual bool unscale_and_check(Tensor& grads, float inv_scale) = 0;
+  // dst += weight * (src - dst) over fp32 tensors of one size: the moving average of the
+  // weights (--ema-decay). Marks dst written.
+  virtual void lerp(Tensor& dst, const Tensor& src, float weight) = 0;
   virtual void synchronize() {}
   // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
   // can order its work after the backend's with an event; nullptr on the CPU.

@@ -230,18 +230,22 @@ Tensor ProfiledBackend::linear_backward(const Tensor& dy, const Tensor& x, const
                  inner_->linear_backward(dy, x, w, dw, db, need_dx));
 }
 LossResult ProfiledBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                         float grad_scale, Tensor* dlogits) {
+                                         float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   SPOTRAIN_TIMED("softmax_xent", desc(logits),
-                 inner_->softmax_xent(logits, labels, smoothing, grad_scale, dlogits));
+                 inner_->softmax_xent(logits, labels, smoothing, grad_scale, dlogits, mix));
 }
 void ProfiledBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels,
-                                         float smoothing, float grad_scale, Tensor* dlogits) {
+                                         float smoothing, float grad_scale, Tensor* dlogits,
+                                         const LabelMix* mix) {
   SPOTRAIN_TIMED_VOID("softmax_xent", desc(logits),
-                      inner_->softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits));
+                      inner_->softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits, mix));
 }
 void ProfiledBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                                const std::vector<SgdSegment>& segments, const SgdHyper& h) {
   SPOTRAIN_TIMED_VOID("sgd_step", desc(params), inner_->sgd_step(params, grads, momentum, segments, h));
+}
+void ProfiledBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
+  SPOTRAIN_TIMED_VOID("lerp", desc(dst), inner_->lerp(dst, src, weight));
 }
 bool ProfiledBackend::unscale_and_check(Tensor& grads, float inv_scale) {
   SPOTRAIN_TIMED("unscale_and_check", desc(grads), inner_->unscale_and_check(grads, inv_scale));

@@ -85,13 +85,14 @@ class ProfiledBackend final : public Backend {
   Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
                          bool need_dx) override;
   LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits) override;
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
   void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits) override;
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
   LossResult queued_loss() override { return inner_->queued_loss(); }
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
+  void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override { inner_->synchronize(); }
   void* native_stream() override { return inner_->native_stream(); }
 

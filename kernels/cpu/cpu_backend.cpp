@@ -389,7 +389,7 @@ Tensor CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tens
 // ---- loss -----------------------------------------------------------------------------------------
 
 LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                    float grad_scale, Tensor* dlogits) {
+                                    float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   SPOTRAIN_CHECK(logits.ndim() == 2, "softmax_xent: logits must be (N, classes), got ",
                  logits.describe());
   int64_t n = logits.dim(0), m = logits.dim(1);
@@ -402,7 +402,8 @@ LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
   for (int64_t i = 0; i < n; ++i) {
     int64_t greater = 0;
     total += softmax_xent_row(z + i * m, m, labels[i], smoothing, grad_scale / float(n),
-                              dz ? dz + i * m : nullptr, &greater);
+                              dz ? dz + i * m : nullptr, &greater, mix ? mix->labels_b[i] : -1,
+                              mix ? mix->lam[i] : 1.f);
     top1 += greater == 0;
     top5 += greater < 5;
   }
@@ -423,6 +424,17 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
     for (int64_t i = s.offset; i < s.offset + s.count; ++i)
       sgd_update(p[i], g[i], m[i], h.lr, h.momentum, wd, h.nesterov, h.grad_scale);
   }
+}
+
+void CpuBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
+  SPOTRAIN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::f32 && src.dtype() == DType::f32,
+                 "lerp: fp32 tensors of one size, got ", dst.describe(), " and ", src.describe());
+  dst.mark_written();
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = lerp_value(d[i], s[i], weight);
 }
 
 bool CpuBackend::unscale_and_check(Tensor& grads, float inv_scale) {

@@ -64,11 +64,12 @@ class CpuBackend final : public Backend {
                          Tensor& db, bool need_dx) override;
 
   LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits) override;
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
 
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
+  void lerp(Tensor& dst, const Tensor& src, float weight) override;
 
  private:
   struct ConvEntry;

@@ -484,13 +484,13 @@ Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Ten
 // ---- loss ---------------------------------------------------------------------------------------
 
 LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                     float grad_scale, Tensor* dlogits) {
-  softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits);
+                                     float grad_scale, Tensor* dlogits, const LabelMix* mix) {
+  softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits, mix);
   return queued_loss();
 }
 
 void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                                     float grad_scale, Tensor* dlogits) {
+                                     float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   check_device(logits, "softmax_xent");
   SPOTRAIN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::f32,
                  "softmax_xent: logits must be fp32 (N, classes), got ", logits.describe());
@@ -500,14 +500,27 @@ void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels
   for (int64_t i = 0; i < n; ++i)
     SPOTRAIN_CHECK(labels[i] >= 0 && labels[i] < m, "softmax_xent: label ", labels[i],
                    " outside [0, ", m, ")");
-  Tensor lab({n}, DType::i32, allocator());
+  // Labels, and with mixed targets the second labels and weights: one upload.
+  Tensor lab({mix ? 3 * n : n}, DType::i32, allocator());
   CUDA_CHECK(cudaMemcpyAsync(lab.raw(), labels, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+  const int32_t* labels_b = nullptr;
+  const float* lam = nullptr;
+  if (mix) {
+    for (int64_t i = 0; i < n; ++i)
+      SPOTRAIN_CHECK(mix->labels_b[i] >= 0 && mix->labels_b[i] < m, "softmax_xent: label ",
+                     mix->labels_b[i], " outside [0, ", m, ")");
+    int32_t* dev = lab.data<int32_t>();
+    CUDA_CHECK(cudaMemcpyAsync(dev + n, mix->labels_b, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+    CUDA_CHECK(cudaMemcpyAsync(dev + 2 * n, mix->lam, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+    labels_b = dev + n;
+    lam = reinterpret_cast<const float*>(dev + 2 * n);
+  }
   if (dlogits && !dlogits->defined()) *dlogits = alloc({n, m}, DType::f32);
   float* dz = dlogits ? dlogits->data<float>() : nullptr;
   Tensor rows({4 * n}, DType::f32, allocator());  // (n) doubles, then (n) int64 counts
   double* loss = reinterpret_cast<double*>(rows.raw());
   int64_t* greater = reinterpret_cast<int64_t*>(loss + n);
-  launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), n, m, smoothing,
+  launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), labels_b, lam, n, m, smoothing,
                       grad_scale / float(n), dz, loss, greater, compute_);
   if (!loss_ready_) CUDA_CHECK(cudaEventCreateWithFlags(&loss_ready_, cudaEventDisableTiming));
   if (!loss_host_.defined() || loss_host_.numel() < 4 * n) {
@@ -572,6 +585,15 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
   launch_sgd(params.data<float>(), grads.data<float>(), momentum.data<float>(),
              static_cast<const SgdChunk*>(sgd_chunks_.raw()), sgd_nchunks_, h.lr, h.momentum,
              h.nesterov, h.grad_scale, compute_);
+}
+
+void CudaBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
+  check_device(dst, "lerp");
+  check_device(src, "lerp");
+  SPOTRAIN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::f32 && src.dtype() == DType::f32,
+                 "lerp: fp32 tensors of one size, got ", dst.describe(), " and ", src.describe());
+  dst.mark_written();
+  launch_lerp(dst.data<float>(), src.data<float>(), dst.numel(), weight, compute_);
 }
 
 bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {

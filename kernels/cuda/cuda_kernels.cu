@@ -361,9 +361,10 @@ __device__ T block_reduce(T v, Op op, T* smem) {
   return v;
 }
 
-__global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, int64_t m,
-                                        float smoothing, float dscale, float* dz, double* loss,
-                                        int64_t* greater) {
+// labels_b / lam (mixup, cutmix; null without): as softmax_xent_row's yb and lam.
+__global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, const int32_t* labels_b,
+                                        const float* lam, int64_t m, float smoothing, float dscale,
+                                        float* dz, double* loss, int64_t* greater) {
   __shared__ double sd[32];
   __shared__ float sf[32];
   __shared__ long long sl[32];
@@ -387,14 +388,23 @@ __global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, i
   g = block_reduce(g, add, sl);
   const float off = smoothing / float(m), on = 1.f - smoothing + off;
   const double lse = ::log(se) + mx;
+  const int32_t yb = labels_b ? labels_b[i] : -1;
+  const float l = lam ? lam[i] : 1.f;
   if (threadIdx.x == 0) {
-    loss[i] = on * (lse - zy) + off * (double(m) * lse - sum_z) - off * (lse - zy);
+    double li = on * (lse - zy) + off * (double(m) * lse - sum_z) - off * (lse - zy);
+    if (yb >= 0) {
+      const double zb = zr[yb];
+      li = double(l) * li + double(1.f - l) * (on * (lse - zb) + off * (double(m) * lse - sum_z) - off * (lse - zb));
+    }
+    loss[i] = li;
     greater[i] = g;
   }
   if (dz)
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
       float p = float(::exp(double(zr[j]) - lse));
-      dz[i * m + j] = (p - (j == y ? on : off)) * dscale;
+      float q = j == y ? on : off;
+      if (yb >= 0) q = l * q + (1.f - l) * (j == yb ? on : off);
+      dz[i * m + j] = (p - q) * dscale;
     }
 }
 
@@ -581,12 +591,12 @@ void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_softmax_xent(const float* z, const int32_t* labels, int64_t n, int64_t m,
-                         float smoothing, float dscale, float* dz, double* loss, int64_t* greater,
-                         cudaStream_t s) {
+void launch_softmax_xent(const float* z, const int32_t* labels, const int32_t* labels_b,
+                         const float* lam, int64_t n, int64_t m, float smoothing, float dscale,
+                         float* dz, double* loss, int64_t* greater, cudaStream_t s) {
   if (n > 0)
-    softmax_xent_fwd_kernel<<<unsigned(n), kThreads, 0, s>>>(z, labels, m, smoothing, dscale, dz,
-                                                             loss, greater);
+    softmax_xent_fwd_kernel<<<unsigned(n), kThreads, 0, s>>>(z, labels, labels_b, lam, m, smoothing,
+                                                             dscale, dz, loss, greater);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -595,6 +605,15 @@ void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int6
   if (nchunks > 0)
     sgd_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, m, chunks, lr, momentum, nesterov,
                                                       grad_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+__global__ void lerp_kernel(float* d, const float* src, int64_t n, float weight) {
+  GRID_STRIDE(i, n) d[i] = lerp_value(d[i], src[i], weight);
+}
+
+void launch_lerp(float* d, const float* src, int64_t n, float weight, cudaStream_t s) {
+  if (n > 0) lerp_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, src, n, weight);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,6 +27,7 @@ struct EvalOptions {
   std::string ckpt, data, device = "auto", dump, json;
   int64_t batch_size = 256, test_limit = 0;
   int threads = 0, workers = 1, image_size = 0;
+  bool ema = false;
   double max_bad_fraction = 0.001;
 };
 
@@ -84,7 +85,7 @@ int run_eval(const EvalOptions& o) {
   ro.in_channels = info.in_channels;
   auto model_ptr = session.make_model(ro, 0);
   spotrain::Model& model = *model_ptr;
-  spotrain::load_checkpoint_weights(path, model);
+  spotrain::load_checkpoint_weights(path, model, o.ema ? "ema" : "model");
   spotrain::EvalBatchHook dump;
   if (!o.dump.empty()) {  // the first batch's inputs (NCHW) and logits, for interop checks
     dump = [&o, be, first = true](const spotrain::io::Batch& b, const spotrain::Tensor& logits) mutable {
@@ -105,7 +106,7 @@ int run_eval(const EvalOptions& o) {
   }
   auto r = spotrain::evaluate_model(model, *pair.test, pair.kind, o.batch_size, spotrain::DType::f32,
                                     nullptr, o.workers, o.max_bad_fraction, dump);
-  spotrain::log_info(spotrain::str("eval ", path, " (", info.model, ", step ", info.global_step,
+  spotrain::log_info(spotrain::str("eval ", path, o.ema ? " (moving average)" : "", " (", info.model, ", step ", info.global_step,
                                    ") on ", r.samples, " images: top-1 ",
                                    spotrain::fmt_fixed(100 * r.top1, 2), "% top-5 ",
                                    spotrain::fmt_fixed(100 * r.top5, 2), "% loss ",
@@ -114,6 +115,7 @@ int run_eval(const EvalOptions& o) {
     nlohmann::json j{{"checkpoint", std::filesystem::absolute(path).string()},
                      {"model", info.model},
                      {"step", info.global_step},
+                     {"weights", o.ema ? "ema" : "model"},
                      {"epoch", info.epoch},
                      {"data", data},
                      {"images", r.samples},
@@ -152,6 +154,8 @@ Command add_eval(CLI::App& app) {
   eval->add_option("--test-limit", eo.test_limit, "evaluate on the first N images (0 = all)");
   eval->add_option("--device", eo.device, "auto|cpu|cuda")->capture_default_str();
   eval->add_option("--threads", eo.threads, "compute threads (0 = all cores)");
+  eval->add_flag("--ema", eo.ema,
+                 "evaluate the checkpoint's moving average of the weights (runs with --ema-decay)");
   eval->add_option("--json", eo.json,
                    "also write the result as one JSON object to FILE (top1/top5 as fractions); "
                    "name it eval*.json inside the run folder and `spotrain report` shows it");

@@ -115,6 +115,7 @@ json page_data(const Run& r, double price_per_hour) {
                 {"data_wait", json::array()}, {"gpu_sm", json::array()}, {"memory_gib", json::array()},
                 {"rss_gib", json::array()}};
   json epochs = {{"step", json::array()}, {"wall_h", json::array()}, {"test_top1", json::array()},
+                 {"ema_test_top1", json::array()},
                  {"test_top5", json::array()}, {"test_loss", json::array()}, {"train_top1", json::array()}};
   json events = json::array(), starts = json::array();
   std::map<std::string, std::vector<double>> phases;
@@ -158,6 +159,7 @@ json page_data(const Run& r, double price_per_hour) {
       epochs["step"].push_back(rec.value("step", int64_t(0)));
       epochs["wall_h"].push_back(w);
       epochs["test_top1"].push_back(num_or_null(rec, "test_top1", 100.0));
+      epochs["ema_test_top1"].push_back(num_or_null(rec, "ema_test_top1", 100.0));
       epochs["test_top5"].push_back(num_or_null(rec, "test_top5", 100.0));
       epochs["test_loss"].push_back(num_or_null(rec, "test_loss"));
       epochs["train_top1"].push_back(num_or_null(rec, "train_top1", 100.0));
