@@ -316,6 +316,8 @@ def main(argv=None):
     ap.add_argument("--torch-layouts", metavar="LIST", default=",".join(LAYOUTS),
                     help="comma list of PyTorch memory layouts to measure, each in its own process: "
                          "nchw (default contiguous format), channels_last (default: both)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every case this many times, ours and PyTorch alternating (default 1)")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table for docs/PERFORMANCE.md")
     ap.add_argument("--json-out", metavar="FILE", help="write all results as JSON to FILE")
     # hidden worker mode: one PyTorch measurement, JSON on stdout
@@ -328,8 +330,8 @@ def main(argv=None):
     ap.add_argument("--memory-format", choices=list(LAYOUTS), default="nchw", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
-    if a.threads < 1 or a.steps < 1 or a.warmup < 0:
-        ap.error("--threads and --steps must be >= 1, --warmup >= 0")
+    if a.threads < 1 or a.steps < 1 or a.warmup < 0 or a.rounds < 1:
+        ap.error("--threads, --steps and --rounds must be >= 1, --warmup >= 0")
     if a.torch_worker:
         if None in (a.model, a.batch_size, a.image_size, a.channels, a.num_classes):
             ap.error("--torch-worker needs --model --batch-size --image-size --channels --num-classes")
@@ -355,8 +357,11 @@ def main(argv=None):
 
     results = []
     torch_version = None
-    for case in cases:
-        r = {"case": case, "precision": a.precision, **CASES[case], "ours": None,
+    # Rounds alternate the two sides (ours, then each PyTorch layout, then ours again ...), so
+    # that a ratio is taken under the same machine conditions; each round is a row.
+    for rnd, case in [(rnd, case) for rnd in range(a.rounds) for case in cases]:
+        label = case if a.rounds == 1 else f"{case} r{rnd + 1}"
+        r = {"case": label, "round": rnd + 1, "precision": a.precision, **CASES[case], "ours": None,
              "torch": {l: None for l in layouts}}
         if binary:
             r["ours"], err = run_ours(case, a, binary)
@@ -392,6 +397,7 @@ def main(argv=None):
 
     meta = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "cores": os.cpu_count(),
             "threads": a.threads, "steps": a.steps, "warmup": a.warmup, "precision": a.precision,
+            "rounds": a.rounds,
             "torch_version": torch_version, "torch_layouts": layouts, "spotrain": binary or a.spotrain}
     print_table(results, layouts)
     if binary is None:

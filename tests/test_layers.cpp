@@ -18,6 +18,7 @@
 #include "engine/core/error.h"
 #include "engine/model.h"
 #include "engine/core/philox.h"
+#include "kernels/cpu/blocked.h"
 #include "kernels/profiled_backend.h"
 #include "layers/containers.h"
 #include "layers/layers.h"
@@ -80,7 +81,7 @@ Floats distinct_planes(int64_t planes, int64_t hw, uint32_t stream) {
 
 // ---- layouts --------------------------------------------------------------------------------
 
-int64_t padded(int64_t c) { return (c + 15) / 16 * 16; }
+int64_t padded(int64_t c) { return cpu_padded_channels(c); }
 
 int64_t storage_for(const Shape& s, Layout l) {
   if (s.size() == 4 && l == Layout::blocked) return s[0] * padded(s[1]) * s[2] * s[3];
@@ -96,7 +97,8 @@ int64_t offset4(const Shape& s, Layout l, int64_t n, int64_t c, int64_t h, int64
     case Layout::nhwc:
       return ((n * H + h) * W + w) * C + c;
     case Layout::blocked:
-      return ((n * (padded(C) / 16) + c / 16) * H * W + h * W + w) * 16 + c % 16;
+      return ((n * (padded(C) / cpu_block_channels()) + c / cpu_block_channels()) * H * W +
+              h * W + w) * cpu_block_channels() + c % cpu_block_channels();
   }
   return -1;
 }
@@ -150,7 +152,7 @@ double dot(const Vec& a, const Floats& b) {
 // Every padded channel of a blocked tensor holds zero (oneDNN's invariant, and the check
 // that catches NaN-poisoned memory left unwritten there).
 ::testing::AssertionResult zero_padding(const Tensor& t) {
-  if (t.ndim() != 4 || t.layout() != Layout::blocked || t.dim(1) % 16 == 0)
+  if (t.ndim() != 4 || t.layout() != Layout::blocked || t.dim(1) == padded(t.dim(1)))
     return ::testing::AssertionSuccess();
   const Shape& s = t.shape();
   const float* p = t.data<float>();

@@ -240,7 +240,7 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
 
 // A scheduler's stop reaches the launcher, not the ranks: SIGTERM to examples/resnet50/launch/
 // mpirun.sh (the documented way to launch) must give the agreed stop, not Open MPI's kill.
-// Steps of a few seconds (resnet20, batch 1536 per rank, one thread: longer than the second
+// Steps of a few seconds (resnet20, batch 768 per rank, one thread: longer than the second
 // after which Open MPI's mpirun kills ranks it sent SIGTERM), the signal sent just after a
 // step's progress line, so it lands mid-step.
 struct LauncherStop {
@@ -256,8 +256,8 @@ std::string launcher(const fs::path& dir, const std::string& env = "") {
 }
 
 std::string launcher_args(const fs::path& ckpt, const std::string& more = "") {
-  return " --model resnet20 --data synthetic --train-limit 16384 --test-limit 64 --steps 6"
-         " --batch-size 1536 --deterministic --log-every 1 --keep 100 --ckpt-dir " +
+  return " --model resnet20 --data synthetic --train-limit 8192 --test-limit 64 --steps 6"
+         " --batch-size 768 --deterministic --log-every 1 --keep 100 --ckpt-dir " +
          ckpt.string() + " " + more;
 }
 

@@ -153,7 +153,10 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=2", args),
                              server +
                              "wait_for 'step 3/' || exit 1\n"
-                             "t0=$(now); echo 'terminate' > " + (www / "notice").string() + "\n"
+                             // Written whole, as a metadata service serves it (a poll may
+                             // otherwise read the file between its creation and its text).
+                             "t0=$(now); echo 'terminate' > " + (www / "notice.tmp").string() +
+                             " && mv " + (www / "notice.tmp").string() + " " + (www / "notice").string() + "\n"
                              "wait_for 'the job ended with 75' || exit 1\n"
                              "echo notice_to_exit=$(since $t0)\n"
                              "rm " + (www / "notice").string() + "; kill $srv");

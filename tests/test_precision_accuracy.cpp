@@ -1,10 +1,12 @@
 // Mixed precision must not cost accuracy: ResNet-20 on Fashion-MNIST trained with the same
 // recipe and seed in fp32, bf16 and fp16 (loss-scaled) reaches the same test top-1 within
-// half a point on the full 10000-image test set. Slow: three short trainings.
+// two points on the full 10000-image test set. Slow: three short trainings.
 // Caveat, measured: at this size the final accuracy is chaotic in the rounding. Over seeds
 // 0..7, |bf16 - fp32| ranged 0.09..1.48 points and |fp16 - fp32| 0.13..1.63 (means +0.03
-// and -0.34), and fp32 alone moved by up to 1.74 points from 2 threads to 1. The seed and
-// thread count are pinned so the run is reproducible; seed 0 is within 0.5 for both.
+// and -0.34), and fp32 alone moved by up to 1.74 points from 2 threads to 1; the band is set
+// just above that spread. The seed and thread count are pinned so the run is reproducible.
+// Seed 0 was within 0.5 for both with AVX-512 (nChw16c), and gave +1.22 (bf16) and +0.60
+// (fp16) on an AVX2 processor (nChw8c, bf16 computed in fp32 there: other reduction orders).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -64,9 +66,9 @@ TEST(PrecisionAccuracy, Bf16AndFp16MatchFp32OnFashionMnist) {
   }
   EXPECT_EQ(f32.result.steps, 2 * (12288 / 128));
   EXPECT_EQ(f16.result.steps, f32.result.steps);
-  EXPECT_LE(std::fabs(bf16.result.test.top1 - f32.result.test.top1), 0.005)
+  EXPECT_LE(std::fabs(bf16.result.test.top1 - f32.result.test.top1), 0.02)
       << "bf16 " << bf16.result.test.top1 << " vs fp32 " << f32.result.test.top1;
-  EXPECT_LE(std::fabs(f16.result.test.top1 - f32.result.test.top1), 0.005)
+  EXPECT_LE(std::fabs(f16.result.test.top1 - f32.result.test.top1), 0.02)
       << "fp16 " << f16.result.test.top1 << " vs fp32 " << f32.result.test.top1;
   RecordProperty("fp32_top1", std::to_string(f32.result.test.top1));
   RecordProperty("bf16_top1", std::to_string(bf16.result.test.top1));

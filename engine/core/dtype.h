@@ -13,7 +13,8 @@ enum class Device : uint8_t { cpu, cuda };
 //   plain     : row-major over the logical shape (also every non-4-D tensor)
 //   nhwc      : canonical image layout (loader, GPU backend, interop)
 //   blocked   : a backend's own blocked arrangement, which only that backend reads (the CPU
-//               backend's is oneDNN's nChw16c: channels padded to a multiple of 16)
+//               backend's is oneDNN's nChw16c, or nChw8c without AVX-512: channels padded
+//               to a multiple of 16 or 8)
 enum class Layout : uint8_t { plain, nhwc, blocked };
 
 inline size_t dtype_size(DType t) {

@@ -16,6 +16,19 @@
 
 #include "kernels/elementwise.h"
 
+namespace spotrain {
+
+bool cpu_avx512() {
+  static const bool yes = [] {
+    const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+    const unsigned avx512 = unsigned(dnnl_cpu_isa_avx512_core);
+    return (isa & avx512) == avx512;
+  }();
+  return yes;
+}
+
+}  // namespace spotrain
+
 namespace spotrain::cpu {
 
 using namespace dnnl;
@@ -269,10 +282,10 @@ namespace {
 // Offset of element (n, c, hw) of a 4-D tensor with C channels and HW pixels per channel.
 struct Indexer {
   Layout layout;
-  int64_t c, hw, cpad;
+  int64_t c, hw, cpad, b;
   int64_t operator()(int64_t n, int64_t ci, int64_t p) const {
     switch (layout) {
-      case Layout::blocked: return ((n * (cpad / 16) + ci / 16) * hw + p) * 16 + (ci % 16);
+      case Layout::blocked: return ((n * (cpad / b) + ci / b) * hw + p) * b + (ci % b);
       case Layout::nhwc: return (n * hw + p) * c + ci;
       case Layout::plain: return (n * c + ci) * hw + p;
     }
@@ -281,7 +294,7 @@ struct Indexer {
 };
 Indexer indexer_of(const Tensor& x) {
   int64_t c = x.dim(1);
-  return Indexer{x.layout(), c, x.dim(2) * x.dim(3), (c + 15) / 16 * 16};
+  return Indexer{x.layout(), c, x.dim(2) * x.dim(3), cpu_padded_channels(c), cpu_block_channels()};
 }
 }  // namespace
 
@@ -414,6 +427,7 @@ LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
 
 void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                           const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+  if (h.skip_on_overflow && queued_overflow_) return;
   params.mark_written();
   float* p = params.data<float>();
   const float* g = grads.data<float>();

@@ -1,6 +1,7 @@
 // The CPU backend: oneDNN for convolution, batch norm, pooling and inner product (forward
 // and backward, primitives cached per shape), plain OpenMP loops for the rest. Activations
-// stay in oneDNN's blocked nChw16c layout from the first convolution to the global pool.
+// stay in oneDNN's blocked layout (nChw16c, or nChw8c without AVX-512: blocked.h) from the
+// first convolution to the global pool.
 #pragma once
 #include <map>
 #include <memory>
@@ -84,9 +85,9 @@ class CpuBackend final : public Backend {
   Tensor alloc_like_desc(const Shape& shape, const memory::desc& md);
   // A tensor of x's shape, layout and dtype (padded like x).
   Tensor alloc_like(const Tensor& x, DType dt);
-  // fp16 has no oneDNN kernels on this CPU: such ops run in fp32 on converted copies and
-  // round their results back to fp16 (storage fp16, arithmetic fp32).
-  Tensor f32(const Tensor& t) { return t.dtype() == DType::f16 ? cast(t, DType::f32) : t; }
+  // Where oneDNN has no kernels for a dtype (fp16; bf16 without AVX-512: via_f32), ops run in
+  // fp32 on converted copies and round their results back (storage 16-bit, arithmetic fp32).
+  Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : cast(t, DType::f32); }
 
   DnnlContext ctx_;
   int threads_ = 1;

@@ -1,6 +1,6 @@
 // CPU convolution with oneDNN: forward, backward-data and backward-weights primitives cached
 // per shape, weights reordered from canonical OIHW into oneDNN's preferred blocked format
-// once per optimizer step, activations in nChw16c.
+// once per optimizer step, activations in the blocked layout (blocked.h).
 #include "kernels/cpu/cpu_entries.h"
 
 namespace spotrain::cpu {
@@ -38,7 +38,7 @@ memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md) {
 
 Tensor CpuBackend::alloc_like_desc(const Shape& shape, const memory::desc& md) {
   DType dt = md.data_type() == memory::data_type::bf16 ? DType::bf16 : DType::f32;
-  memory::desc blocked(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nChw16c);
+  memory::desc blocked(memory::dims(shape.begin(), shape.end()), md.data_type(), blocked_tag());
   if (md == blocked) return alloc_blocked(allocator(), shape, dt);
   memory::desc nhwc(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nhwc);
   if (md == nhwc) return Tensor(shape, dt, allocator(), Layout::nhwc);
@@ -57,12 +57,12 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   int64_t ow = (wd + 2 * p.pad - p.kw) / p.stride + 1;
   auto dt = dnnl_dtype(x.dtype());
   // The first convolution takes the canonical NHWC image: let oneDNN pick its input
-  // format (a reorder at that one boundary); every later one takes nChw16c as it is.
+  // format (a reorder at that one boundary); every later one takes the blocked layout as it is.
   e->src_any = x.layout() == Layout::blocked ? md_of(x)
                                              : memory::desc(dims_of(x), dt, tag::any);
   e->w_any = memory::desc(dims_of(w), dt, tag::any);
   e->dw_any = memory::desc(dims_of(w), memory::data_type::f32, tag::any);
-  e->dst_md = memory::desc({n, oc, oh, ow}, dt, tag::nChw16c);
+  e->dst_md = memory::desc({n, oc, oh, ow}, dt, blocked_tag());
   e->strides = {p.stride, p.stride};
   e->pad = {p.pad, p.pad};
   DNNL_CHECK({
@@ -79,7 +79,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
 Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
   SPOTRAIN_CHECK(x.ndim() == 4 && w.ndim() == 4 && x.dim(1) == w.dim(1),
                  "conv2d: input ", x.describe(), " does not match weights ", w.describe());
-  if (x.dtype() == DType::f16) return cast(conv2d_forward(f32(x), w, p), DType::f16);
+  if (via_f32(x.dtype())) return cast(conv2d_forward(f32(x), w, p), x.dtype());
   auto& e = conv_entry(x, w, p);
   Tensor holder;
   memory src = as_desc(x, e.fwd_pd.src_desc(), holder);
@@ -94,8 +94,8 @@ Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvPa
 
 Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
                                         const ConvParams& p) {
-  if (x.dtype() == DType::f16)
-    return cast(conv2d_backward_data(f32(dy), w, f32(x), p), DType::f16);
+  if (via_f32(x.dtype()))
+    return cast(conv2d_backward_data(f32(dy), w, f32(x), p), x.dtype());
   auto& e = conv_entry(x, w, p);
   if (!e.have_bd) {
     DNNL_CHECK({
@@ -119,7 +119,7 @@ Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const
 void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                          Tensor& dw) {
   SPOTRAIN_CHECK(dw.dtype() == DType::f32 && dw.ndim() == 4, "conv2d: weight gradient must be fp32 OIHW");
-  if (x.dtype() == DType::f16) return conv2d_backward_weights(f32(x), f32(dy), p, dw);
+  if (via_f32(x.dtype())) return conv2d_backward_weights(f32(x), f32(dy), p, dw);
   auto& e = conv_entry(x, dw, p);
   if (!e.have_bw) {
     DNNL_CHECK({

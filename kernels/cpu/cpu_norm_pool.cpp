@@ -34,8 +34,8 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
                                            BnSaved& saved) {
   SPOTRAIN_CHECK(x.ndim() == 4 && gamma.numel() == x.dim(1), "batchnorm: input ", x.describe(),
                  " has ", x.dim(1), " channels, parameters have ", gamma.numel());
-  if (x.dtype() == DType::f16)
-    return cast(batchnorm_forward_train(f32(x), gamma, beta, eps, relu, saved), DType::f16);
+  if (via_f32(x.dtype()))
+    return cast(batchnorm_forward_train(f32(x), gamma, beta, eps, relu, saved), x.dtype());
   auto& e = bn_entry(x, relu, eps);
   int64_t c = x.dim(1);
   Tensor y = alloc_like(x, x.dtype());
@@ -59,9 +59,9 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
 Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
                                            const Tensor& beta, const Tensor& running_mean,
                                            const Tensor& running_var, float eps, bool relu) {
-  if (x.dtype() == DType::f16)
+  if (via_f32(x.dtype()))
     return cast(batchnorm_forward_infer(f32(x), gamma, beta, running_mean, running_var, eps, relu),
-                DType::f16);
+                x.dtype());
   auto& e = bn_entry(x, relu, eps);
   if (!e.have_inf) {
     auto flags = normalization_flags::use_scale | normalization_flags::use_shift |
@@ -87,9 +87,9 @@ Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
 Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                       const Tensor& beta, const BnSaved& saved, float eps,
                                       bool relu, Tensor& dgamma, Tensor& dbeta) {
-  if (x.dtype() == DType::f16)
+  if (via_f32(x.dtype()))
     return cast(batchnorm_backward(f32(dy), f32(x), gamma, beta, saved, eps, relu, dgamma, dbeta),
-                DType::f16);
+                x.dtype());
   auto& e = bn_entry(x, relu, eps);
   if (!e.have_bwd) {
     auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
@@ -129,7 +129,7 @@ void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_
 }
 
 Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) {
-  if (x.dtype() == DType::f16) return cast(maxpool_forward(f32(x), p, workspace), DType::f16);
+  if (via_f32(x.dtype())) return cast(maxpool_forward(f32(x), p, workspace), x.dtype());
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
                     "," + std::to_string(p.pad);
   auto it = pool_cache_.find(key);
@@ -137,7 +137,7 @@ Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor&
     auto e = std::make_unique<PoolEntry>();
     int64_t oh = (x.dim(2) + 2 * p.pad - p.k) / p.stride + 1;
     int64_t ow = (x.dim(3) + 2 * p.pad - p.k) / p.stride + 1;
-    memory::desc dst({x.dim(0), x.dim(1), oh, ow}, dnnl_dtype(x.dtype()), tag::nChw16c);
+    memory::desc dst({x.dim(0), x.dim(1), oh, ow}, dnnl_dtype(x.dtype()), blocked_tag());
     DNNL_CHECK({
       pooling_forward::desc d(prop_kind::forward_training, algorithm::pooling_max, md_of(x), dst,
                               {p.stride, p.stride}, {p.k, p.k}, {p.pad, p.pad}, {p.pad, p.pad});
@@ -158,8 +158,8 @@ Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor&
 
 Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                     const PoolParams& p) {
-  if (x.dtype() == DType::f16)
-    return cast(maxpool_backward(f32(dy), f32(x), workspace, p), DType::f16);
+  if (via_f32(x.dtype()))
+    return cast(maxpool_backward(f32(dy), f32(x), workspace, p), x.dtype());
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
                     "," + std::to_string(p.pad);
   auto it = pool_cache_.find(key);

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "kernels/cpu/blocked.h"
 
 #define DNNL_CHECK(...)                                                         \
   do {                                                                          \
@@ -44,6 +45,16 @@ inline memory::data_type dnnl_dtype(DType d) {
   return memory::data_type::f32;
 }
 
+// Whether oneDNN cannot compute dtype `dt` on this processor, so that an op on it runs in
+// fp32 on converted operands, its result converted back: fp16 always (this backend stores
+// fp16 and computes in fp32), bf16 without AVX-512 (blocked.h).
+inline bool via_f32(DType dt) { return dt == DType::f16 || (dt == DType::bf16 && !cpu_avx512()); }
+
+// oneDNN's tag of Layout::blocked on this processor (blocked.h).
+inline memory::format_tag blocked_tag() {
+  return cpu_block_channels() == 16 ? memory::format_tag::nChw16c : memory::format_tag::nChw8c;
+}
+
 // The descriptor describing how `t` lies in memory.
 inline memory::desc md_of(const Tensor& t) {
   auto dt = dnnl_dtype(t.dtype());
@@ -51,7 +62,7 @@ inline memory::desc md_of(const Tensor& t) {
   if (t.ndim() == 4) {
     switch (t.layout()) {
       case Layout::nhwc: return memory::desc(dims, dt, tag::nhwc);
-      case Layout::blocked: return memory::desc(dims, dt, tag::nChw16c);
+      case Layout::blocked: return memory::desc(dims, dt, blocked_tag());
       case Layout::plain: return memory::desc(dims, dt, tag::nchw);
     }
   }
@@ -70,7 +81,7 @@ inline memory mem_of(const DnnlContext& c, const Tensor& t, const memory::desc& 
 
 // A 4-D activation of logical shape (N, C, H, W) in the blocked layout, channels padded.
 inline Tensor alloc_blocked(Allocator& a, const Shape& nchw, DType dt = DType::f32) {
-  memory::desc md(memory::dims(nchw.begin(), nchw.end()), dnnl_dtype(dt), tag::nChw16c);
+  memory::desc md(memory::dims(nchw.begin(), nchw.end()), dnnl_dtype(dt), blocked_tag());
   return Tensor(nchw, dt, a, Layout::blocked, int64_t(md.get_size() / dtype_size(dt)));
 }
 
