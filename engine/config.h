@@ -84,6 +84,9 @@ enum SettingFlags : unsigned {
   X(uint64_t, seed, 0, "--seed", "random seed (weights, data order, augmentation)", kShowDefault, "") \
   X(bool, deterministic, false, "--deterministic", "bitwise-reproducible runs", kSettingPlain, "")     \
   X(std::string, device, "auto", "--device", "auto|cpu|cuda", kShowDefault | kPerNode, "auto|cpu|cuda")            \
+  X(bool, cuda_graph, false, "--cuda-graph",                                                      \
+    "GPU, one rank: record a training step as a CUDA Graph once, then replay it each step",       \
+    kPerNode, "")                                                                                 \
   X(int, threads, 0, "--threads", "compute threads (0 = all cores)", kPerNode, "")                    \
   X(int, workers, 1, "--workers", "data loader threads", kShowDefault | kPerNode, "")                 \
   X(int, prefetch, 2, "--prefetch", "batches the data loader prepares ahead",                     \

@@ -30,10 +30,10 @@ Sgd::Sgd(Model& model, const SgdOptions& opt) : model_(model), opt_(opt) {
   }
 }
 
-void Sgd::step(float lr, float grad_scale) {
-  SgdHyper h{lr, opt_.momentum, opt_.nesterov, grad_scale};
+void Sgd::step(float lr, float grad_scale, bool unless_overflow) {
+  SgdHyper h{lr, opt_.momentum, opt_.nesterov, grad_scale, unless_overflow};
   model_.backend().sgd_step(model_.flat_params(), model_.flat_grads(), momentum_, segments_, h);
-  ++steps_;
+  if (!unless_overflow) ++steps_;
 }
 
 }  // namespace spotrain

@@ -18,8 +18,11 @@ struct SgdOptions {
 class Sgd {
  public:
   Sgd(Model& model, const SgdOptions& opt);
-  // One update with learning rate lr; gradients are multiplied by grad_scale first.
-  void step(float lr, float grad_scale = 1.f);
+  // One update with learning rate lr; gradients are multiplied by grad_scale first. With
+  // unless_overflow, the device skips it when the backend's last unscale_check_queue found
+  // inf or NaN; such a step is counted by count_applied() once the host has read the verdict.
+  void step(float lr, float grad_scale = 1.f, bool unless_overflow = false);
+  void count_applied() { ++steps_; }
   Tensor& momentum() { return momentum_; }  // (P) fp32, same layout as the flat parameters
   const SgdOptions& options() const { return opt_; }
   const std::vector<SgdSegment>& segments() const { return segments_; }

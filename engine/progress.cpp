@@ -55,18 +55,22 @@ std::string clock_hms() {  // "07:54:06" (UTC, as the records' times)
 }  // namespace
 
 const nlohmann::json* Progress::step(const StepFacts& s) {
+  // Times from when the step was done, not from when its figures came back (a step later).
+  const double done = s.done_at > 0 ? s.done_at : now_seconds();
   window_.add(s.loss, s.batch);
   epoch_.add(s.loss, s.batch);
   // The first step of a process waits for the loader to start: not counted as data wait.
   if (s.step > first_step_ + 1) window_.data_wait += s.data_wait;
   ++win_steps_;
-  if (s.phases)
+  if (s.phases) {
     phases_ = {{"data", s.data_wait}, {"forward", s.phases->forward}, {"backward", s.phases->backward},
                {"comm_exposed", s.phases->comm_exposed}, {"optimizer", s.phases->optimizer}};
+    if (s.phases->captured > 0) phases_["captured_step"] = s.phases->captured;
+  }
   const nlohmann::json* out = nullptr;
   if (s.step % log_every_ == 0 || s.step == total_steps_ || s.epoch_end) {
     window_.sum_over(worker_, "the logged loss");  // the global batch's figures
-    const double t = now_seconds(), secs = std::max(1e-9, t - win_t0_);
+    const double t = done, secs = std::max(1e-9, t - win_t0_);
     const double ranks = double(worker_.comm().size());
     const double ips = double(window_.n) / secs;
     const double step_s = secs / double(win_steps_);
@@ -105,13 +109,12 @@ const nlohmann::json* Progress::step(const StepFacts& s) {
                                  {"data_wait_share", input_watch_.share()}, {"message", warning}});
     }
     window_ = Tally{};
-    win_t0_ = now_seconds();
+    win_t0_ = done;
     win_steps_ = 0;
     out = &record_;
   }
-  const double end = now_seconds();
-  step_seconds_ = end - last_step_end_;  // the latest step, not the warm-up average
-  last_step_end_ = end;
+  step_seconds_ = done - last_step_end_;  // the latest step, not the warm-up average
+  last_step_end_ = done;
   return out;
 }
 

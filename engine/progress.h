@@ -43,6 +43,7 @@ struct StepFacts {
   bool epoch_end = false;         // the epoch's last batch
   double data_wait = 0;           // seconds this rank waited for the batch
   const StepTimes* phases = nullptr;  // the step's phases, when it was timed (due_for_phases)
+  double done_at = 0;  // when the step was done (StepResult::done_at; 0: now)
 };
 
 class Progress {

@@ -65,6 +65,7 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.scaler = std::make_unique<LossScaler>(lso);
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
+  if (spec.cuda_graph) t.runner->use_captured_steps();
   return t;
 }
 

@@ -38,6 +38,7 @@ struct TrainingSpec {
   SgdOptions sgd;
   LossScalerOptions scaler;
   ReducerOptions reducer;
+  bool cuda_graph = false;  // StepRunner::use_captured_steps (--cuda-graph)
 };
 struct Training {
   std::unique_ptr<Model> model;

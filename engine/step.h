@@ -1,9 +1,13 @@
 // One training step, in one place: upload the batch in the compute dtype -> forward ->
 // softmax cross-entropy (times the loss scale) -> backward -> unscale + overflow verdict ->
-// SGD on the fp32 master weights (skipped on overflow) -> loss-scaler update.
-// The Trainer and `spotrain bench` both run steps through here.
+// SGD on the fp32 master weights (skipped on the device on overflow) -> loss-scaler update.
+// On a GPU a queued step's loss and verdict are read back during the next step, once its
+// forward is queued, so the GPU never waits for the host inside a step. With use_captured_steps() the
+// GPU records one step as a CUDA Graph and replays it. The Trainer and `spotrain bench` both
+// run steps through here.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "engine/grad_sync.h"
 #include "engine/loss_scaler.h"
@@ -15,12 +19,18 @@ namespace spotrain {
 
 struct StepTimes {  // seconds, with the device synchronized between phases
   double data = 0, forward = 0, backward = 0, comm_exposed = 0, optimizer = 0;
+  // A replayed captured step cannot be split into phases: all of it is here, the rest 0.
+  double captured = 0;
+  double total() const { return data + forward + backward + comm_exposed + optimizer + captured; }
 };
 
 struct StepResult {
   LossResult loss;
   bool overflow = false;  // fp16: the step was skipped
   double loss_scale = 1;
+  // When the step's figures were read back (now_seconds()): the end of its queue() on the CPU,
+  // about when the device finished it on a GPU.
+  double done_at = 0;
 };
 
 class StepRunner {
@@ -29,23 +39,69 @@ class StepRunner {
   // waits for that before the update.
   StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
              GradSync* sync = nullptr, int world = 1);
-  // images: host fp32 NHWC (N, C, H, W); labels: N on the host.
-  // mix: mixup/cutmix targets for the loss (null: plain labels).
+
+  // Queues one step. images: host fp32 NHWC (N, C, H, W); labels: N on the host; mix:
+  // mixup/cutmix targets for the loss (null: plain labels). The step before's loss and
+  // overflow verdict are read back once this step's forward is queued (the loss scale of
+  // this step depends on that verdict); this step's wait for the next queue() or settle().
+  void queue(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
+             StepTimes* times = nullptr, const LabelMix* mix = nullptr);
+  // The same on a batch already uploaded (Backend::upload_images in compute_dtype()), e.g.
+  // synthetic data generated once on the device; times->data is 0.
+  void queue_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                      StepTimes* times = nullptr, const LabelMix* mix = nullptr);
+  // Waits for the last queued step and reads back its figures: before a checkpoint (the
+  // optimizer and loss-scaler state then match the weights) and at an epoch's end.
+  void settle();
+  // The figures read back since the last call, oldest first. Throws Error when a loss read
+  // back was not finite (outside an fp16 overflow) or fp16 overflowed too often in a row.
+  std::vector<StepResult> take_results();
+
+  // One step, waited for: queue + settle, returning its figures (tests, bench, the
+  // consumer example).
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
                  StepTimes* times = nullptr, const LabelMix* mix = nullptr);
-  // The same step on a batch already uploaded (Backend::upload_images in compute_dtype()),
-  // e.g. synthetic data generated once on the device; times->data is 0.
   StepResult run_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
                           StepTimes* times = nullptr, const LabelMix* mix = nullptr);
   DType compute_dtype() const { return dtype_; }
+  // Whether a step's figures wait for the next queue() (the default on a GPU, which then
+  // never waits for the host) or are read at the end of its own (the CPU's default: its
+  // backend computes at once, so waiting gains nothing and progress lines come a step late).
+  void defer_read_back(bool on) { defer_ = on; }
+
+  // From the (kEagerBeforeCapture + 1)th step on, each step is one replay of a step recorded
+  // then (CUDA Graphs; --cuda-graph): the steps before it choose the convolution algorithms
+  // and size every buffer. One rank only, every batch alike. The step before is read back
+  // ahead of each replay, as a step's loss scale and inputs go into the replay. Throws Error
+  // where the backend cannot capture or several ranks train; a step that cannot be recorded
+  // is logged as a warning, and training goes on without capture.
+  void use_captured_steps();
+  bool captured() const { return graph_x_.defined(); }  // a recorded step is being replayed
+  static constexpr int kEagerBeforeCapture = 2;
 
  private:
+  void read_back();  // the queued step's figures, if one is queued
+  // Everything of a step after its forward (started at t1 for the times): loss, backward,
+  // the ranks' sum, unscale and the update.
+  void queue_after_forward(const Tensor& logits, const int32_t* labels, float lr,
+                           float label_smoothing, double scale, const LabelMix* mix,
+                           StepTimes* times, double t1);
+  void queue_captured(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                      StepTimes* times, const LabelMix* mix);
+
   Model& model_;
   Sgd& sgd_;
   LossScaler& scaler_;
   DType dtype_;
   GradSync* sync_;
   int world_;
+  bool queued_ = false;      // a step whose figures are not read yet
+  double queued_scale_ = 1;  // its loss scale
+  std::vector<StepResult> results_;
+  bool defer_;              // defer_read_back()
+  bool capture_ = false;    // use_captured_steps()
+  int eager_steps_ = 0;     // steps run as they came
+  Tensor graph_x_;          // the captured step's batch (each replay's is copied there)
 };
 
 }  // namespace spotrain

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <type_traits>
 #include <vector>
 
@@ -52,6 +53,7 @@ TrainingSpec training_spec(const RunConfig& cfg, const io::Dataset& train) {
   s.scaler.max_consecutive_overflows = cfg.max_overflow_steps;
   s.reducer.bucket_mb = cfg.bucket_mb;
   s.reducer.compression = cfg.grad_compression;
+  s.cuda_graph = cfg.cuda_graph;
   return s;
 }
 
@@ -178,6 +180,9 @@ void Trainer::check_ranks_agree() {
 
 std::string Trainer::write_checkpoint(const Position& at, bool sync) {
   std::string path;
+  // The last step's verdict read back first: the optimizer and loss-scaler state saved then
+  // match the weights (a step that went wrong throws here, before anything is written).
+  t_.runner->settle();
   if (ckpt_) {
     auto snapshot = [&] {
       CheckpointInfo info;
@@ -461,6 +466,31 @@ TrainResult Trainer::run() {
   TrainResult res;
   const double t_start = now_seconds();
   const int64_t first_epoch = at.epoch;
+  // Steps queued whose loss the host has not read yet (StepRunner reads a step's figures
+  // during the next one). They reach the progress line in order, at the same point on every
+  // rank (its figures are summed over ranks): after each step, and after settle() where all
+  // ranks settle (an epoch's end, the last step, a stop).
+  struct Unread {
+    StepFacts facts;
+    StepTimes phases;
+    bool timed = false;
+  };
+  std::deque<Unread> unread;
+  auto account = [&] {
+    for (const StepResult& r : t_.runner->take_results()) {
+      SPOTRAIN_CHECK(!unread.empty(), "internal: a step's figures without its step");
+      Unread u = std::move(unread.front());
+      unread.pop_front();
+      u.facts.loss = r.loss;
+      u.facts.done_at = r.done_at;
+      u.facts.phases = u.timed ? &u.phases : nullptr;
+      if (const nlohmann::json* rec = progress.step(u.facts)) publish(*rec, true);
+    }
+  };
+  auto settle_all = [&] {
+    t_.runner->settle();
+    account();
+  };
   for (int64_t epoch = first_epoch; epoch < p.epochs && at.step < p.total_steps; ++epoch) {
     loader.start_epoch(epoch, epoch == first_epoch ? at.batch_in_epoch : 0);
     progress.start_epoch();
@@ -469,32 +499,32 @@ TrainResult Trainer::run() {
       if (at.step >= p.total_steps) break;
       const double wait_t0 = now_seconds();  // the time this step waits for its batch
       if (!loader.next(b)) break;
-      StepFacts facts;
-      facts.data_wait = now_seconds() - wait_t0;
+      Unread u;
+      u.facts.data_wait = now_seconds() - wait_t0;
       const float lr = p.lr.at(at.step);
       session_->worker().set_step(at.step + 1);  // 1-based, as in the progress lines
       step_hooks(at.step + 1, b);
       stop.before_step();
-      StepTimes phases;
-      const bool timed = progress.due_for_phases(at.step + 1);
+      u.timed = progress.due_for_phases(at.step + 1);
       const LabelMix mix{b.labels_b.data(), b.lam.data()};
-      StepResult r = t_.runner->run(b.images, b.labels.data(), lr, cfg_.label_smoothing,
-                                    timed ? &phases : nullptr, b.lam.empty() ? nullptr : &mix);
+      t_.runner->queue(b.images, b.labels.data(), lr, cfg_.label_smoothing,
+                       u.timed ? &u.phases : nullptr, b.lam.empty() ? nullptr : &mix);
       if (ema_) ema_->update();
       at = Position{at.step + 1, epoch, b.batch_index + 1};
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
-      facts.step = at.step;
-      facts.epoch = epoch;
-      facts.lr = lr;
-      facts.loss = r.loss;
-      facts.batch = int64_t(b.labels.size());
-      facts.epoch_end = epoch_end;
-      facts.phases = timed ? &phases : nullptr;
-      if (const nlohmann::json* rec = progress.step(facts)) publish(*rec, true);
+      u.facts.step = at.step;
+      u.facts.epoch = epoch;
+      u.facts.lr = lr;
+      u.facts.batch = int64_t(b.labels.size());
+      u.facts.epoch_end = epoch_end;
+      unread.push_back(std::move(u));
+      if (epoch_end || at.step >= p.total_steps) t_.runner->settle();
+      account();
       const std::string why = stop.after_step(progress.last_step_seconds(), checkpoint_seconds());
       if (!why.empty() && at.step < p.total_steps) {  // checkpoint, then exit 75
         SPOTRAIN_CHECK(!cfg_.ckpt_dir.empty(), "stopped by ", why, " at step ", at.step,
                        " with no --ckpt-dir: nothing was saved");
+        settle_all();
         res.checkpoint = write_checkpoint(at, /*sync=*/true);
         log_info(str("stopped by ", why, " after step ", at.step, "; resume with --resume auto"));
         metrics_->write("stop", {{"step", at.step}, {"reason", why}, {"checkpoint", res.checkpoint}});
@@ -504,12 +534,14 @@ TrainResult Trainer::run() {
         res.seconds = now_seconds() - t_start;
         return res;
       }
-      // Periodic and epoch-end checkpoints: rank 0 alone decides and writes in the background.
+      // Periodic and epoch-end checkpoints: rank 0 alone decides and writes in the background
+      // (write_checkpoint settles the step; its figures reach the progress line with the next).
       if (ckpt_) ckpt_->poll();
       if (auto_interval_) measure_checkpoint_cost(progress.last_step_seconds());
       if (ckpt_ && at.step < p.total_steps && ckpt_->due(at.step, epoch_end))
         res.checkpoint = write_checkpoint(at, /*sync=*/false);
     }
+    settle_all();
     end_epoch(epoch, !(epoch + 1 < p.epochs && at.step < p.total_steps), progress, p, at.step, res);
   }
   report_bad_images(loader, res);

@@ -47,6 +47,9 @@ struct SgdHyper {
   float lr = 0.1f, momentum = 0.9f;
   bool nesterov = false;
   float grad_scale = 1.f;  // gradients are multiplied by this first (1/loss scale)
+  // Skip the update, on the device, when the verdict of the last unscale_check_queue was
+  // overflow: the step is queued before the host knows the verdict.
+  bool skip_on_overflow = false;
 };
 
 struct LossResult {
@@ -59,6 +62,17 @@ struct LossResult {
 struct LabelMix {
   const int32_t* labels_b = nullptr;
   const float* lam = nullptr;
+};
+
+// One training step's values that a captured step (Backend::begin_capture) reads from device
+// memory, refilled before each replay.
+struct StepInputs {
+  const int32_t* labels = nullptr;  // n labels, on the host
+  const LabelMix* mix = nullptr;    // null: plain labels
+  int64_t n = 0;
+  float lr = 0;           // sgd_step's learning rate
+  float loss_scale = 1;   // softmax_xent's grad_scale
+  float inv_scale = 1;    // unscale_check_queue's inv_scale
 };
 
 class Backend {
@@ -202,6 +216,13 @@ class Backend {
   // Multiplies the flat gradients by inv_scale in place and reports whether any element is
   // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
   virtual bool unscale_and_check(Tensor& grads, float inv_scale) = 0;
+  // unscale_and_check without waiting for the verdict: it stays on the device, where
+  // sgd_step(skip_on_overflow) reads it, and its copy to the host is queued; queued_overflow()
+  // waits for that copy. The default decides at once.
+  virtual void unscale_check_queue(Tensor& grads, float inv_scale) {
+    queued_overflow_ = unscale_and_check(grads, inv_scale);
+  }
+  virtual bool queued_overflow() { return queued_overflow_; }
   // dst += weight * (src - dst) over fp32 tensors of one size: the moving average of the
   // weights (--ema-decay). Marks dst written.
   virtual void lerp(Tensor& dst, const Tensor& src, float weight) = 0;
@@ -209,6 +230,27 @@ class Backend {
   // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
   // can order its work after the backend's with an event; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+
+  // --- captured steps (CUDA Graphs, --cuda-graph) ------------------------------------------
+  // Where can_capture(), the device work of one training step is recorded once, between
+  // begin_capture and end_capture (recording runs nothing), then queued by replay_capture
+  // with one launch. While recording, softmax_xent_queue, sgd_step and unscale_check_queue
+  // take their labels (and mixed targets), learning rate and scales from device memory that
+  // each replay first refills from its StepInputs; every other argument, shape and buffer is
+  // replayed as recorded. abort_capture ends a recording that an error cut short;
+  // drop_capture frees a recorded step.
+  virtual bool can_capture() const { return false; }
+  virtual void begin_capture(int64_t /*batch*/, bool /*mixed*/) {
+    throw Error(str("the ", name(), " backend cannot capture steps (--cuda-graph needs a GPU)"));
+  }
+  virtual void end_capture() {}
+  virtual void abort_capture() {}
+  virtual void replay_capture(const StepInputs& /*in*/) {
+    throw Error(str("the ", name(), " backend has no captured step to replay"));
+  }
+  virtual void drop_capture() {}
+  // Device memory held for the captured step's own tensors (0 when none is captured).
+  virtual size_t capture_reserved_bytes() { return 0; }
 
   // --- profiling (ProfiledBackend) ------------------------------------------------------------
   // Records a timing mark behind the work queued so far (GPU: an event on the compute stream)
@@ -221,6 +263,7 @@ class Backend {
 
  protected:
   LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
+  bool queued_overflow_ = false;  // unscale_check_queue's verdict where it decides at once
 };
 
 struct BackendOptions {

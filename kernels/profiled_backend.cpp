@@ -250,6 +250,9 @@ void ProfiledBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
 bool ProfiledBackend::unscale_and_check(Tensor& grads, float inv_scale) {
   SPOTRAIN_TIMED("unscale_and_check", desc(grads), inner_->unscale_and_check(grads, inv_scale));
 }
+void ProfiledBackend::unscale_check_queue(Tensor& grads, float inv_scale) {
+  SPOTRAIN_TIMED_VOID("unscale_and_check", desc(grads), inner_->unscale_check_queue(grads, inv_scale));
+}
 
 #undef SPOTRAIN_TIMED
 #undef SPOTRAIN_TIMED_VOID

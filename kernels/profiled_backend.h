@@ -92,6 +92,8 @@ class ProfiledBackend final : public Backend {
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
+  void unscale_check_queue(Tensor& grads, float inv_scale) override;
+  bool queued_overflow() override { return inner_->queued_overflow(); }
   void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override { inner_->synchronize(); }
   void* native_stream() override { return inner_->native_stream(); }

@@ -25,7 +25,7 @@
 # the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
 # op-by-op times of ours and PyTorch's kernels, "compile" for PyTorch with torch.compile at
 # fp16, "levers" for fp16 without the fused BN + Add +
-# ReLU, and "loader" for ResNet-50 fed by the JPEG
+# ReLU and for fp16/bf16 with --cuda-graph, and "loader" for ResNet-50 fed by the JPEG
 # loader from a generated folder of GPU_JPEGS x 4 images), GPU_KEEP_LOGS=1
 # (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
 # the packages installed: CMake is kept from finding anything under /usr, so the prefix is
@@ -373,12 +373,15 @@ if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
     --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
 fi
 
-# Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops.
+# Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops, and fp16
+# and bf16 with the step captured once as a CUDA Graph and replayed.
 if want levers && [[ -n "$bin" && -n "$gpu" ]]; then
   saved=("${ours[@]}")
   ours+=(SPOTRAIN_NO_FUSED_BN_ADD=1)
   bench fp16-unfused fp16 none
   ours=("${saved[@]}")
+  bench fp16-graph fp16 none --cuda-graph
+  bench bf16-graph bf16 none --cuda-graph
 fi
 
 # Through the real loader: JPEG decode, RandomResizedCrop and flip on the CPU cores, pinned

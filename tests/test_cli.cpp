@@ -98,6 +98,20 @@ TEST(Cli, UnknownModel) {
   expect_error(run("train --model resnet7 --data synthetic --steps 1"), 1, "unknown model 'resnet7'");
 }
 
+// Captured steps need a GPU: on the CPU the flag is refused at set-up, in train and bench.
+TEST(Cli, CudaGraphOnTheCpuIsRefused) {
+  fs::path dir = fs::temp_directory_path() / "spotrain_cli_graph";
+  fs::remove_all(dir);
+  expect_error(run("train --data synthetic --train-limit 32 --batch-size 16 --steps 2 --device cpu "
+                   "--cuda-graph --ckpt-dir " + dir.string()),
+               1, "--cuda-graph needs the CUDA backend");
+  EXPECT_FALSE(fs::exists(dir / "ckpt-00000002.h5"));
+  expect_error(run("bench --model resnet20 --image-size 28 --channels 1 --num-classes 10 "
+                   "--batch-size 4 --steps 1 --device cpu --cuda-graph"),
+               1, "--cuda-graph needs the CUDA backend");
+  fs::remove_all(dir);
+}
+
 TEST(Cli, ZeroBatchSize) {
   expect_error(run("train --data synthetic --batch-size 0 --steps 1"), 1, "--batch-size");
 }

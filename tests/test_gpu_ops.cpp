@@ -25,6 +25,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
 #include "layers/resnet.h"
+#include "step_reference.h"
 
 using namespace spotrain;
 
@@ -56,6 +57,12 @@ const Prec kPrecs[] = {
 std::string prec_name(const ::testing::TestParamInfo<Prec>& i) { return i.param.name; }
 // How gtest (and so the CTest test list) prints a parameter: its name, not its bytes.
 void PrintTo(const Prec& p, std::ostream* os) { *os << p.name; }
+Precision precision_of(const Prec& p) {
+  return p.dt == DType::f16    ? Precision::fp16
+         : p.dt == DType::bf16 ? Precision::bf16
+         : p.tf32              ? Precision::tf32
+                               : Precision::fp32;
+}
 
 std::unique_ptr<Backend> cpu() {
   BackendOptions o;
@@ -703,6 +710,126 @@ TEST(GpuTraining, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_NE(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "params did not change";
 }
 
+// On the GPU, steps queued back to back (the loss and overflow verdict read a step later, the
+// update skipped by the device's own flag) against the step read at once: the same verdicts
+// and scales, and with --deterministic bitwise the same weights.
+TEST(GpuTraining, QueuedFp16StepsEqualStepsReadAtOnce) {
+  REQUIRE_GPU();
+  TrainRun a = make_run(gpu(false, /*deterministic=*/true));
+  TrainRun q = make_run(gpu(false, /*deterministic=*/true));
+  LossScaler sa = bouncing_scaler(), sq = bouncing_scaler();
+  StepRunner runner(*q.model, *q.sgd, sq, Precision::fp16);
+  std::vector<StepResult> ra, rq;
+  const int kSteps = 30;
+  for (int i = 0; i < kSteps; ++i) {
+    Batch b = batch(16, 1300 + uint64_t(i));
+    ra.push_back(reference_step(*a.model, *a.sgd, sa, DType::f16, b.images, b.labels.data(),
+                                0.05f, 0.1f));
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f);
+    for (const StepResult& r : runner.take_results()) rq.push_back(r);
+  }
+  runner.settle();
+  for (const StepResult& r : runner.take_results()) rq.push_back(r);
+  ASSERT_EQ(rq.size(), ra.size());
+  const int overflows = expect_same_results(rq, ra);
+  EXPECT_GT(overflows, 2);
+  EXPECT_LT(overflows, kSteps - 5);
+  auto pa = values(*a.be, a.model->flat_params()), pq = values(*q.be, q.model->flat_params());
+  EXPECT_EQ(std::memcmp(pa.data(), pq.data(), pa.size() * 4), 0);
+  EXPECT_EQ(q.sgd->steps(), a.sgd->steps());
+  EXPECT_EQ(sq.scale(), sa.scale());
+}
+
+// ---- captured steps (--cuda-graph) -----------------------------------------------------------
+
+// Runs kSteps steps on `runner` (queued back to back) and returns their figures in order.
+std::vector<StepResult> queued_steps(StepRunner& runner, int steps, uint64_t seed, bool mixed) {
+  std::vector<StepResult> out;
+  for (int i = 0; i < steps; ++i) {
+    Batch b = batch(16, seed + uint64_t(i));
+    std::vector<int32_t> labels_b(b.labels.rbegin(), b.labels.rend());
+    std::vector<float> lam(b.labels.size());
+    for (size_t k = 0; k < lam.size(); ++k) lam[k] = 0.25f + 0.5f * float(k) / float(lam.size());
+    const LabelMix mix{labels_b.data(), lam.data()};
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f, nullptr, mixed ? &mix : nullptr);
+    for (const StepResult& r : runner.take_results()) out.push_back(r);
+  }
+  runner.settle();
+  for (const StepResult& r : runner.take_results()) out.push_back(r);
+  return out;
+}
+
+// Two deterministic GPU runs of the same steps, one eager and one replaying a captured step:
+// the same losses, verdicts and scales, bitwise the same weights and momentum, and an eager
+// evaluation forward afterwards sees the replayed weights (their compute copies refreshed).
+void expect_captured_equals_eager(const Prec& pr, bool mixed) {
+  TrainRun e = make_run(gpu(pr.tf32, /*deterministic=*/true));
+  TrainRun c = make_run(gpu(pr.tf32, /*deterministic=*/true));
+  const bool fp16 = pr.dt == DType::f16;
+  LossScaler se = fp16 ? bouncing_scaler() : LossScaler(LossScalerOptions{});
+  LossScaler sc = fp16 ? bouncing_scaler() : LossScaler(LossScalerOptions{});
+  StepRunner re(*e.model, *e.sgd, se, precision_of(pr));
+  StepRunner rc(*c.model, *c.sgd, sc, precision_of(pr));
+  rc.use_captured_steps();
+  const int kSteps = 14;
+  std::vector<StepResult> ge = queued_steps(re, kSteps, 1400, mixed);
+  std::vector<StepResult> gc = queued_steps(rc, kSteps, 1400, mixed);
+  ASSERT_EQ(ge.size(), size_t(kSteps));
+  ASSERT_EQ(gc.size(), size_t(kSteps));
+  const int overflows = expect_same_results(gc, ge);
+  // Losses that change from step to step: the replays read each step's own labels and weights.
+  EXPECT_NE(gc.back().loss.loss, gc[StepRunner::kEagerBeforeCapture + 1].loss.loss);
+  if (fp16) {  // replays both skipped and applied updates
+    EXPECT_GT(overflows, 1);
+    EXPECT_LT(overflows, kSteps - 4);
+  }
+  auto pe = values(*e.be, e.model->flat_params()), pc = values(*c.be, c.model->flat_params());
+  EXPECT_EQ(std::memcmp(pe.data(), pc.data(), pe.size() * 4), 0) << "weights differ";
+  auto me = values(*e.be, e.sgd->momentum()), mc = values(*c.be, c.sgd->momentum());
+  EXPECT_EQ(std::memcmp(me.data(), mc.data(), me.size() * 4), 0) << "momentum differs";
+  EXPECT_EQ(c.sgd->steps(), e.sgd->steps());
+  EXPECT_EQ(sc.scale(), se.scale());
+  Batch t = batch(16, 99);
+  auto le = values(*e.be, e.model->forward(e.be->upload_images(t.images, pr.dt), false));
+  auto lc = values(*c.be, c.model->forward(c.be->upload_images(t.images, pr.dt), false));
+  EXPECT_EQ(std::memcmp(le.data(), lc.data(), le.size() * 4), 0) << "evaluation saw stale weights";
+  EXPECT_GT(c.be->capture_reserved_bytes(), 0u);
+}
+
+class GpuCapture : public ::testing::TestWithParam<Prec> {};
+
+TEST_P(GpuCapture, ReplayedStepsEqualEagerSteps) {
+  REQUIRE_GPU();
+  expect_captured_equals_eager(GetParam(), /*mixed=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuCapture, ::testing::ValuesIn(kPrecs), prec_name);
+
+TEST(GpuCaptureMixed, ReplayedStepsWithMixedTargetsEqualEagerSteps) {
+  REQUIRE_GPU();
+  expect_captured_equals_eager(kPrecs[3], /*mixed=*/true);  // fp16
+}
+
+// A batch unlike the captured one is refused with the reason, not replayed over.
+TEST(GpuCaptureMixed, ABatchOfAnotherSizeIsRefused) {
+  REQUIRE_GPU();
+  TrainRun c = make_run(gpu());
+  LossScaler s{LossScalerOptions{}};
+  StepRunner runner(*c.model, *c.sgd, s, Precision::bf16);
+  runner.use_captured_steps();
+  for (int i = 0; i <= StepRunner::kEagerBeforeCapture; ++i) {
+    Batch b = batch(16, 1500 + uint64_t(i));
+    runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+  }
+  Batch small = batch(8, 1600);
+  try {
+    runner.run(small.images, small.labels.data(), 0.05f, 0.f);
+    FAIL() << "a batch of 8 was replayed through a step captured for 16";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cuda-graph"), std::string::npos) << e.what();
+  }
+}
+
 class GpuAllocator : public ::testing::TestWithParam<Prec> {};
 
 TEST_P(GpuAllocator, SteadyStateStepsAllocateNothingNew) {
@@ -713,11 +840,7 @@ TEST_P(GpuAllocator, SteadyStateStepsAllocateNothingNew) {
   o.enabled = pr.dt == DType::f16;
   o.init_scale = 1024;
   LossScaler s(o);
-  Precision prec = pr.dt == DType::f16    ? Precision::fp16
-                   : pr.dt == DType::bf16 ? Precision::bf16
-                   : pr.tf32              ? Precision::tf32
-                                          : Precision::fp32;
-  StepRunner runner(*g.model, *g.sgd, s, prec);
+  StepRunner runner(*g.model, *g.sgd, s, precision_of(pr));
   Batch b = batch(32, 1200);
   for (int i = 0; i < 3; ++i) runner.run(b.images, b.labels.data(), 0.05f, 0.f);
   g.be->synchronize();

@@ -14,8 +14,10 @@
 #include "engine/core/philox.h"
 #include "engine/step.h"
 #include "engine/trainer.h"
+#include "kernels/cpu/blocked.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
+#include "step_reference.h"
 
 using namespace spotrain;
 
@@ -59,22 +61,24 @@ bool same_value(float a, float b) {
   return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, 4) == 0;
 }
 
-int64_t padded16(int64_t c) { return (c + 15) / 16 * 16; }
 
-// Offset of the logical element (n, c, h, w) in layout l (nchw16c pads channels to 16).
+// Offset of the logical element (n, c, h, w) in layout l (blocked pads channels to a block).
 int64_t offset4(const Shape& s, Layout l, int64_t n, int64_t c, int64_t h, int64_t w) {
   int64_t C = s[1], H = s[2], W = s[3];
   switch (l) {
     case Layout::plain: return ((n * C + c) * H + h) * W + w;
     case Layout::nhwc: return ((n * H + h) * W + w) * C + c;
-    case Layout::blocked: return ((n * (padded16(C) / 16) + c / 16) * H * W + h * W + w) * 16 + c % 16;
+    case Layout::blocked: {
+      const int64_t b = cpu_block_channels();
+      return ((n * (cpu_padded_channels(C) / b) + c / b) * H * W + h * W + w) * b + c % b;
+    }
   }
   return -1;
 }
 
 // A host fp32 4-D tensor in `layout` holding `plain` (row-major N, C, H, W); padding is zero.
 Tensor make4(const std::vector<float>& plain, const Shape& s, Layout layout) {
-  int64_t store = layout == Layout::blocked ? s[0] * padded16(s[1]) * s[2] * s[3] : shape_numel(s);
+  int64_t store = layout == Layout::blocked ? s[0] * cpu_padded_channels(s[1]) * s[2] * s[3] : shape_numel(s);
   Tensor t(s, DType::f32, Allocator::host(), layout, store);  // (N, C, H, W) fp32 in `layout`
   float* p = t.data<float>();
   std::fill(p, p + store, 0.f);
@@ -251,9 +255,10 @@ void check_cast(Backend& be, const Tensor& x, DType to) {
 
 TEST(Cast, BlockedTensorMatchesScalarConversion) {
   auto be = cpu();
-  Shape s{2, 20, 5, 7};  // (N, C, H, W); 20 channels: the second block of 16 is partly padding
+  Shape s{2, 20, 5, 7};  // (N, C, H, W); 20 channels: the last block (of 16 or 8) is partly padding
   Tensor x = make4(wide_values(shape_numel(s), 1), s, Layout::blocked);
-  ASSERT_EQ(x.storage_elems(), 2 * 32 * 5 * 7);
+  ASSERT_EQ(cpu_padded_channels(20), cpu_block_channels() == 16 ? 32 : 24);
+  ASSERT_EQ(x.storage_elems(), 2 * cpu_padded_channels(20) * 5 * 7);
   check_cast(*be, x, DType::f16);
   check_cast(*be, x, DType::bf16);
 }
@@ -574,6 +579,89 @@ TEST(Fp16Step, OverflowSkipsTheUpdateAndHalvesTheScale) {
   EXPECT_EQ(std::memcmp(m2.data(), m3.data(), m2.size() * 4), 0);
   EXPECT_EQ(sgd.steps(), 1);
   EXPECT_EQ(huge2.scale(), std::ldexp(1.0, 39));
+}
+
+// Steps queued back to back (each one's loss and overflow verdict read during the next, the
+// update skipped on the device) against the step written out with every figure read at once:
+// the same losses, verdicts and scales, and bitwise the same weights, momentum and counts,
+// through a run that both skips and applies steps.
+TEST(Fp16Step, QueuedStepsEqualStepsReadAtOnce) {
+  Trainer a(small_fp16_config()), q(small_fp16_config());
+  ASSERT_EQ(host_copy(a.backend(), a.model().flat_params()),
+            host_copy(q.backend(), q.model().flat_params()));
+  LossScaler sa = bouncing_scaler(), sq = bouncing_scaler();
+  StepRunner runner(q.model(), q.optimizer(), sq, Precision::fp16);
+  runner.defer_read_back(true);  // as on a GPU
+  std::vector<StepResult> ra, rq;
+  const int kSteps = 40;
+  for (int i = 0; i < kSteps; ++i) {
+    Batch b = random_batch(16, 500 + uint64_t(i));
+    ra.push_back(reference_step(a.model(), a.optimizer(), sa, DType::f16, b.images, b.labels.data(),
+                                0.05f, 0.1f));
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f);
+    // Each queue reads back the step before it, and only that one.
+    std::vector<StepResult> got = runner.take_results();
+    EXPECT_EQ(got.size(), i == 0 ? 0u : 1u) << "step " << i;
+    rq.insert(rq.end(), got.begin(), got.end());
+  }
+  runner.settle();
+  for (const StepResult& r : runner.take_results()) rq.push_back(r);
+  EXPECT_TRUE(runner.take_results().empty());
+  ASSERT_EQ(rq.size(), ra.size());
+  const int overflows = expect_same_results(rq, ra);
+  // The run both skipped and applied steps, and overflowed again after growing back.
+  EXPECT_GT(overflows, 2);
+  EXPECT_LT(overflows, kSteps - 10);
+  bool skipped_late = false;
+  for (int i = kSteps / 2; i < kSteps; ++i) skipped_late |= ra[size_t(i)].overflow;
+  EXPECT_TRUE(skipped_late) << "growing back never overflowed again: the test lost its point";
+  EXPECT_EQ(host_copy(q.backend(), q.model().flat_params()),
+            host_copy(a.backend(), a.model().flat_params()));
+  EXPECT_EQ(host_copy(q.backend(), q.optimizer().momentum()),
+            host_copy(a.backend(), a.optimizer().momentum()));
+  EXPECT_EQ(a.optimizer().steps(), kSteps - overflows);
+  EXPECT_EQ(q.optimizer().steps(), a.optimizer().steps());
+  EXPECT_EQ(sq.scale(), sa.scale());
+  EXPECT_EQ(sq.state().skipped_steps, sa.state().skipped_steps);
+  EXPECT_EQ(sq.state().good_steps, sa.state().good_steps);
+}
+
+// A loss that is not finite outside an fp16 overflow stops the run when it is read back: at
+// the next step or at settle(), before a checkpoint could save the weights it left.
+TEST(Fp16Step, NonFiniteLossStopsAtTheReadBack) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer t(cfg);
+  LossScaler off{LossScalerOptions{}};
+  StepRunner runner(t.model(), t.optimizer(), off, Precision::fp32);
+  runner.defer_read_back(true);  // as on a GPU
+  Batch b = random_batch(16, 31);
+  // NaN weights everywhere: the classifier's logits are NaN whatever the ReLUs do upstream
+  // (a NaN pixel alone is zeroed by the first ReLU after batch norm).
+  Tensor& params = t.model().flat_params();
+  ASSERT_EQ(params.device(), Device::cpu);
+  std::fill_n(params.data<float>(), params.numel(), std::numeric_limits<float>::quiet_NaN());
+  params.mark_written();
+  runner.queue(b.images, b.labels.data(), 0.05f, 0.f);  // read back later: no throw yet
+  try {
+    runner.settle();
+    FAIL() << "a NaN loss must stop the run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("loss became"), std::string::npos) << e.what();
+  }
+}
+
+// On the CPU (which computes each op at once) a step's figures are read at the end of its own
+// queue(): the progress line is not a step late.
+TEST(Fp16Step, TheCpuReadsEachStepBackAtOnce) {
+  Trainer t(small_fp16_config());
+  LossScaler s = bouncing_scaler();
+  StepRunner runner(t.model(), t.optimizer(), s, Precision::fp16);
+  for (int i = 0; i < 3; ++i) {
+    Batch b = random_batch(16, 700 + uint64_t(i));
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.f);
+    EXPECT_EQ(runner.take_results().size(), 1u) << "step " << i;
+  }
 }
 
 TEST(Fp16Step, StaticLossScaleIsHonouredEndToEnd) {

@@ -19,6 +19,8 @@ namespace spotrain::cuda {
 
 // The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
 Allocator& device_allocator();
+// Another caching device allocator of the same kind (a captured step's own pool).
+Allocator* new_device_allocator();
 // The process-wide caching pinned host allocator (cudaHostAlloc/cudaFreeHost): Device::cpu
 // memory the DMA engine reads directly.
 Allocator& pinned_host_allocator();
@@ -30,7 +32,9 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda; }
   std::string name() const override { return name_; }
-  Allocator& allocator() override { return device_allocator(); }
+  Allocator& allocator() override {
+    return capturing_ ? *graph_pool_ : device_allocator();
+  }
 
   Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
   Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
@@ -91,8 +95,21 @@ class CudaBackend final : public Backend {
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
   bool unscale_and_check(Tensor& grads, float inv_scale) override;
+  void unscale_check_queue(Tensor& grads, float inv_scale) override;
+  bool queued_overflow() override;
   void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override;
+
+  // cuda_graph.cpp
+  bool can_capture() const override { return true; }
+  void begin_capture(int64_t batch, bool mixed) override;
+  void end_capture() override;
+  void abort_capture() override;
+  void replay_capture(const StepInputs& in) override;
+  void drop_capture() override;
+  size_t capture_reserved_bytes() override {
+    return graph_exec_ ? graph_pool_->stats().reserved_bytes : 0;
+  }
 
   void* native_stream() override { return compute_; }
   int record_mark() override;
@@ -165,6 +182,31 @@ class CudaBackend final : public Backend {
   Tensor loss_host_;
   cudaEvent_t loss_ready_ = nullptr;
   int64_t loss_rows_ = -1;
+  // unscale_check_queue: the verdict on the device (read by sgd_step's skip), its pinned
+  // host copy, and the event after that copy.
+  Tensor overflow_flag_, overflow_host_;
+  cudaEvent_t overflow_ready_ = nullptr;
+  // A captured step (cuda_graph.cpp). graph_in_ holds what each replay refills: the scalars
+  // (kGraphScalars floats: lr, loss scale / batch, inverse scale), then the labels, then with
+  // mixed targets the second labels and the weights; graph_in_host_ is its pinned source and
+  // graph_in_copied_ the event after the last refill. graph_refs_ keeps alive what the graph
+  // reads or writes that a later call could replace (workspace, loss and flag buffers).
+  static constexpr int64_t kGraphScalars = 4;
+  bool capturing_ = false;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  Tensor graph_in_, graph_in_host_, graph_loss_host_;
+  cudaEvent_t graph_in_copied_ = nullptr;
+  int64_t graph_batch_ = 0, graph_classes_ = 0, graph_rows_ = -1;
+  bool graph_mixed_ = false;
+  std::vector<Tensor> graph_refs_;
+  // Every tensor made while a step is recorded comes from this backend's own pool, so no
+  // tensor outside the graph is ever handed memory the replays write. Made at the first
+  // capture; at the backend's end its cache is released and the (empty) allocator left for
+  // any tensor of it still alive.
+  Allocator* graph_pool_ = nullptr;
+  const float* graph_scalar(int i) const {
+    return capturing_ ? static_cast<const float*>(graph_in_.raw()) + i : nullptr;
+  }
   // Profiling marks: events recorded on the compute stream, reused from read to read.
   std::vector<cudaEvent_t> marks_;
   size_t marks_used_ = 0;

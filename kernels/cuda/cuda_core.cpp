@@ -66,6 +66,10 @@ void check_same(const Tensor& a, const Tensor& b, const char* op) {
 }
 }  // namespace
 
+Allocator* new_device_allocator() {
+  return new Allocator(Device::cuda, Allocator::Raw{dev_alloc, dev_free, false});
+}
+
 Allocator& device_allocator() {
   // Lives to process exit: tensors may outlive any one backend, and cudaFree at exit
   // would race the driver's own teardown.
@@ -133,6 +137,7 @@ std::vector<double> CudaBackend::read_marks_ms() {
 }
 
 void CudaBackend::synchronize() {
+  SPOTRAIN_CHECK(!capturing_, "internal: synchronize while capturing a step");
   CUDA_CHECK(cudaStreamSynchronize(compute_));
   reap_pinned_uploads();  // the compute stream waited for every upload: all are done
 }
@@ -169,8 +174,11 @@ Tensor CudaBackend::alloc(const Shape& shape, DType dt, Layout layout) {
 
 void* CudaBackend::workspace(size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (!workspace_.defined() || workspace_.nbytes() < bytes)
+  if (!workspace_.defined() || workspace_.nbytes() < bytes) {
+    // The nodes recorded so far still use the old one: the graph keeps it.
+    if (capturing_ && workspace_.defined()) graph_refs_.push_back(workspace_);
     workspace_ = Tensor({int64_t((bytes + 3) / 4)}, DType::f32, allocator());
+  }
   return workspace_.raw();
 }
 
@@ -500,28 +508,40 @@ void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels
   for (int64_t i = 0; i < n; ++i)
     SPOTRAIN_CHECK(labels[i] >= 0 && labels[i] < m, "softmax_xent: label ", labels[i],
                    " outside [0, ", m, ")");
-  // Labels, and with mixed targets the second labels and weights: one upload.
-  Tensor lab({mix ? 3 * n : n}, DType::i32, allocator());
-  CUDA_CHECK(cudaMemcpyAsync(lab.raw(), labels, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
-  const int32_t* labels_b = nullptr;
-  const float* lam = nullptr;
-  if (mix) {
+  if (mix)
     for (int64_t i = 0; i < n; ++i)
       SPOTRAIN_CHECK(mix->labels_b[i] >= 0 && mix->labels_b[i] < m, "softmax_xent: label ",
                      mix->labels_b[i], " outside [0, ", m, ")");
-    int32_t* dev = lab.data<int32_t>();
-    CUDA_CHECK(cudaMemcpyAsync(dev + n, mix->labels_b, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
-    CUDA_CHECK(cudaMemcpyAsync(dev + 2 * n, mix->lam, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
-    labels_b = dev + n;
-    lam = reinterpret_cast<const float*>(dev + 2 * n);
+  // Labels, and with mixed targets the second labels and weights: one upload, or, while a
+  // step is recorded, the block each replay refills (see cuda_graph.cpp).
+  Tensor lab;
+  const int32_t* dev = nullptr;
+  if (capturing_) {
+    SPOTRAIN_CHECK(n == graph_batch_ && (mix != nullptr) == graph_mixed_,
+                   "internal: the recorded loss does not match begin_capture");
+    SPOTRAIN_CHECK(loss_host_.defined() && loss_host_.numel() >= 4 * n,
+                   "internal: the first step of a batch size was captured");
+    graph_classes_ = m;
+    dev = static_cast<const int32_t*>(graph_in_.raw()) + kGraphScalars;
+  } else {
+    lab = Tensor({mix ? 3 * n : n}, DType::i32, allocator());
+    int32_t* up = lab.data<int32_t>();
+    CUDA_CHECK(cudaMemcpyAsync(up, labels, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+    if (mix) {
+      CUDA_CHECK(cudaMemcpyAsync(up + n, mix->labels_b, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+      CUDA_CHECK(cudaMemcpyAsync(up + 2 * n, mix->lam, size_t(n) * 4, cudaMemcpyHostToDevice, compute_));
+    }
+    dev = up;
   }
+  const int32_t* labels_b = mix ? dev + n : nullptr;
+  const float* lam = mix ? reinterpret_cast<const float*>(dev + 2 * n) : nullptr;
   if (dlogits && !dlogits->defined()) *dlogits = alloc({n, m}, DType::f32);
   float* dz = dlogits ? dlogits->data<float>() : nullptr;
   Tensor rows({4 * n}, DType::f32, allocator());  // (n) doubles, then (n) int64 counts
   double* loss = reinterpret_cast<double*>(rows.raw());
   int64_t* greater = reinterpret_cast<int64_t*>(loss + n);
-  launch_softmax_xent(logits.data<float>(), lab.data<int32_t>(), labels_b, lam, n, m, smoothing,
-                      grad_scale / float(n), dz, loss, greater, compute_);
+  launch_softmax_xent(logits.data<float>(), dev, labels_b, lam, n, m, smoothing,
+                      grad_scale / float(n), graph_scalar(1), dz, loss, greater, compute_);
   if (!loss_ready_) CUDA_CHECK(cudaEventCreateWithFlags(&loss_ready_, cudaEventDisableTiming));
   if (!loss_host_.defined() || loss_host_.numel() < 4 * n) {
     CUDA_CHECK(cudaEventSynchronize(loss_ready_));  // a previous copy may still write the old one
@@ -529,7 +549,7 @@ void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels
   }
   CUDA_CHECK(cudaMemcpyAsync(loss_host_.raw(), rows.raw(), size_t(n) * 16,
                              cudaMemcpyDeviceToHost, compute_));
-  CUDA_CHECK(cudaEventRecord(loss_ready_, compute_));
+  if (!capturing_) CUDA_CHECK(cudaEventRecord(loss_ready_, compute_));  // replays record it
 }
 
 LossResult CudaBackend::queued_loss() {
@@ -566,6 +586,7 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
            segments[i].count == sgd_segments_[i].count &&
            segments[i].weight_decay == sgd_segments_[i].weight_decay;
   if (!same || !sgd_chunks_.defined()) {
+    SPOTRAIN_CHECK(!capturing_, "internal: the SGD segments changed while capturing a step");
     std::vector<SgdChunk> chunks;
     for (const auto& s : segments) {
       SPOTRAIN_CHECK(s.offset >= 0 && s.offset + s.count <= params.numel(),
@@ -582,9 +603,12 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
                                  cudaMemcpyHostToDevice, compute_));
     sgd_segments_ = segments;
   }
+  SPOTRAIN_CHECK(!h.skip_on_overflow || overflow_flag_.defined(),
+                 "internal: sgd_step skip_on_overflow before any unscale_check_queue");
   launch_sgd(params.data<float>(), grads.data<float>(), momentum.data<float>(),
              static_cast<const SgdChunk*>(sgd_chunks_.raw()), sgd_nchunks_, h.lr, h.momentum,
-             h.nesterov, h.grad_scale, compute_);
+             h.nesterov, h.grad_scale, h.skip_on_overflow ? overflow_flag_.data<int>() : nullptr,
+             graph_scalar(0), compute_);
 }
 
 void CudaBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
@@ -597,14 +621,31 @@ void CudaBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
 }
 
 bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {
+  unscale_check_queue(grads, inv_scale);
+  return queued_overflow();  // the caller must know the verdict now
+}
+
+void CudaBackend::unscale_check_queue(Tensor& grads, float inv_scale) {
   check_device(grads, "unscale_and_check");
-  Tensor flag({1}, DType::i32, allocator());
-  CUDA_CHECK(cudaMemsetAsync(flag.raw(), 0, 4, compute_));
-  launch_unscale_check(grads.data<float>(), grads.numel(), inv_scale, flag.data<int>(), compute_);
-  int* host = static_cast<int*>(pinned(4));
-  CUDA_CHECK(cudaMemcpyAsync(host, flag.raw(), 4, cudaMemcpyDeviceToHost, compute_));
-  CUDA_CHECK(cudaStreamSynchronize(compute_));  // the step must know the verdict
-  return *host != 0;
+  if (!overflow_flag_.defined()) {
+    SPOTRAIN_CHECK(!capturing_, "internal: the first fp16 step was captured");
+    overflow_flag_ = Tensor({1}, DType::i32, allocator());
+    overflow_host_ = Tensor({1}, DType::i32, pinned_host_allocator());
+    CUDA_CHECK(cudaEventCreateWithFlags(&overflow_ready_, cudaEventDisableTiming));
+  }
+  // The flag is cleared and written in stream order, after the sgd_step that read the last one.
+  CUDA_CHECK(cudaMemsetAsync(overflow_flag_.raw(), 0, 4, compute_));
+  launch_unscale_check(grads.data<float>(), grads.numel(), inv_scale, graph_scalar(2),
+                       overflow_flag_.data<int>(), compute_);
+  CUDA_CHECK(cudaMemcpyAsync(overflow_host_.raw(), overflow_flag_.raw(), 4, cudaMemcpyDeviceToHost,
+                             compute_));
+  if (!capturing_) CUDA_CHECK(cudaEventRecord(overflow_ready_, compute_));  // replays record it
+}
+
+bool CudaBackend::queued_overflow() {
+  SPOTRAIN_CHECK(overflow_flag_.defined(), "internal: queued_overflow without unscale_check_queue");
+  CUDA_CHECK(cudaEventSynchronize(overflow_ready_));
+  return *static_cast<const int*>(overflow_host_.raw()) != 0;
 }
 
 void CudaBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,

@@ -146,12 +146,18 @@ cudnnMathType_t CudaBackend::conv_math(DType dt) const {
   return opt_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
+// Choosing algorithms runs and times kernels, which a step being recorded cannot do: the
+// eager steps before a capture (StepRunner's warm-up) meet every shape first.
+constexpr const char* kNewShapeWhileCapturing =
+    "internal: a convolution shape first met while capturing a step (--cuda-graph)";
+
 CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w,
                                                 const ConvParams& p) {
   std::string key =
       key_of(x) + "|" + key_of(w) + "|" + std::to_string(p.stride) + "," + std::to_string(p.pad);
   auto it = conv_cache_.find(key);
   if (it != conv_cache_.end()) return *it->second;
+  SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
   SPOTRAIN_CHECK(w.ndim() == 4 && w.dim(1) == x.dim(1) && w.dim(2) == p.kh && w.dim(3) == p.kw,
                  "conv2d: input ", x.describe(), " does not match weights ", w.describe());
   auto e = std::make_unique<ConvEntry>();
@@ -205,6 +211,7 @@ Tensor CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvP
   Tensor y = alloc({x.dim(0), w.dim(0), e.oh, e.ow}, x.dtype(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_fwd) {
+    SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
       auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
@@ -248,6 +255,7 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
   const void* wp = weights_as(w, x.dtype());
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bd) {
+    SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     // The search writes its trial results into a buffer of dx's size: not into dx itself when
     // dx holds a gradient to add to.
     Tensor trial = beta != 0.f ? alloc_like(x) : dx;
@@ -319,6 +327,7 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, con
   Tensor tmp(dw.shape(), x.dtype(), allocator(), Layout::nhwc);
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bw) {
+    SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
       auto r =
@@ -661,6 +670,8 @@ Tensor CudaBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Te
 // Here, where the cache entries are complete types.
 CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
+  drop_capture();
+  if (graph_in_copied_) CUDA_WARN(cudaEventDestroy(graph_in_copied_));
   if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
   if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));
   for (auto& u : pinned_uploads_) free_events_.push_back(u.copied);
@@ -670,7 +681,10 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t ev : marks_) CUDA_WARN(cudaEventDestroy(ev));
   marks_.clear();
   if (loss_ready_) CUDA_WARN(cudaEventDestroy(loss_ready_));
+  if (overflow_ready_) CUDA_WARN(cudaEventDestroy(overflow_ready_));
   loss_host_ = Tensor();
+  overflow_flag_ = Tensor();
+  overflow_host_ = Tensor();
   conv_cache_.clear();
   bn_cache_.clear();
   weight_copies_.clear();

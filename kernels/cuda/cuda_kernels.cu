@@ -364,7 +364,8 @@ __device__ T block_reduce(T v, Op op, T* smem) {
 // labels_b / lam (mixup, cutmix; null without): as softmax_xent_row's yb and lam.
 __global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, const int32_t* labels_b,
                                         const float* lam, int64_t m, float smoothing, float dscale,
-                                        float* dz, double* loss, int64_t* greater) {
+                                        const float* dscale_dev, float* dz, double* loss,
+                                        int64_t* greater) {
   __shared__ double sd[32];
   __shared__ float sf[32];
   __shared__ long long sl[32];
@@ -399,6 +400,7 @@ __global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, c
     loss[i] = li;
     greater[i] = g;
   }
+  if (dscale_dev) dscale = *dscale_dev;
   if (dz)
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
       float p = float(::exp(double(zr[j]) - lse));
@@ -410,7 +412,10 @@ __global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, c
 
 // One block per chunk of one weight-decay segment.
 __global__ void sgd_kernel(float* p, const float* g, float* m, const SgdChunk* chunks, float lr,
-                           float momentum, bool nesterov, float grad_scale) {
+                           float momentum, bool nesterov, float grad_scale, const int* skip,
+                           const float* lr_dev) {
+  if (skip && *skip) return;
+  if (lr_dev) lr = *lr_dev;
   SgdChunk ck = chunks[blockIdx.x];
   for (int j = threadIdx.x; j < ck.count; j += blockDim.x) {
     int64_t i = ck.offset + j;
@@ -421,7 +426,9 @@ __global__ void sgd_kernel(float* p, const float* g, float* m, const SgdChunk* c
   }
 }
 
-__global__ void unscale_check_kernel(float* g, int64_t n, float inv_scale, int* flag) {
+__global__ void unscale_check_kernel(float* g, int64_t n, float inv_scale, const float* inv_dev,
+                                     int* flag) {
+  if (inv_dev) inv_scale = *inv_dev;
   bool bad = false;
   GRID_STRIDE(i, n) {
     float v = g[i] * inv_scale;
@@ -593,18 +600,20 @@ void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream
 
 void launch_softmax_xent(const float* z, const int32_t* labels, const int32_t* labels_b,
                          const float* lam, int64_t n, int64_t m, float smoothing, float dscale,
-                         float* dz, double* loss, int64_t* greater, cudaStream_t s) {
+                         const float* dscale_dev, float* dz, double* loss, int64_t* greater,
+                         cudaStream_t s) {
   if (n > 0)
     softmax_xent_fwd_kernel<<<unsigned(n), kThreads, 0, s>>>(z, labels, labels_b, lam, m, smoothing,
-                                                             dscale, dz, loss, greater);
+                                                             dscale, dscale_dev, dz, loss, greater);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
-                float lr, float momentum, bool nesterov, float grad_scale, cudaStream_t s) {
+                float lr, float momentum, bool nesterov, float grad_scale, const int* skip,
+                const float* lr_dev, cudaStream_t s) {
   if (nchunks > 0)
     sgd_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, m, chunks, lr, momentum, nesterov,
-                                                      grad_scale);
+                                                      grad_scale, skip, lr_dev);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -617,8 +626,10 @@ void launch_lerp(float* d, const float* src, int64_t n, float weight, cudaStream
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_unscale_check(float* g, int64_t n, float inv_scale, int* flag, cudaStream_t s) {
-  if (n > 0) unscale_check_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, inv_scale, flag);
+void launch_unscale_check(float* g, int64_t n, float inv_scale, const float* inv_dev, int* flag,
+                          cudaStream_t s) {
+  if (n > 0)
+    unscale_check_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, n, inv_scale, inv_dev, flag);
   CUDA_CHECK_LAUNCH();
 }
 

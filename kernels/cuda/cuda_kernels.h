@@ -56,15 +56,22 @@ void launch_gap_bwd(const float* dy, void* dx, DType dt, int64_t n, int64_t c, i
 // y (n, m) row i = b; db (m) = column sums of dy (n, m).
 void launch_bias_rows(float* y, const float* b, int64_t n, int64_t m, cudaStream_t s);
 void launch_col_sum(const float* dy, float* db, int64_t n, int64_t m, cudaStream_t s);
+// The `*_dev` arguments below are null, or a device float read in place of the scalar before
+// it: a captured step (CUDA Graph) reads its per-step values from memory each replay refills.
+//
 // Per-row softmax cross-entropy: loss[i], greater[i] (see softmax_xent_row), dz when non-null.
 void launch_softmax_xent(const float* z, const int32_t* labels, const int32_t* labels_b,
                          const float* lam, int64_t n, int64_t m,
-                         float smoothing, float dscale, float* dz, double* loss, int64_t* greater,
-                         cudaStream_t s);
+                         float smoothing, float dscale, const float* dscale_dev, float* dz,
+                         double* loss, int64_t* greater, cudaStream_t s);
+// skip: null, or a device flag; when it is non-zero the kernel leaves p and m untouched (a
+// step whose overflow verdict the host has not read yet).
 void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
-                float lr, float momentum, bool nesterov, float grad_scale, cudaStream_t s);
+                float lr, float momentum, bool nesterov, float grad_scale, const int* skip,
+                const float* lr_dev, cudaStream_t s);
 // g *= inv_scale; *flag = 1 if any result is inf or NaN (flag is not cleared here).
-void launch_unscale_check(float* g, int64_t n, float inv_scale, int* flag, cudaStream_t s);
+void launch_unscale_check(float* g, int64_t n, float inv_scale, const float* inv_dev, int* flag,
+                          cudaStream_t s);
 // d[i] = lerp_value(d[i], src[i], weight).
 void launch_lerp(float* d, const float* src, int64_t n, float weight, cudaStream_t s);
 

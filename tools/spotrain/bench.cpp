@@ -50,6 +50,7 @@ struct BenchOptions {
   double price_per_hour = 0;
   uint64_t seed = 0;
   bool profile = false;  // time every op (device events on a GPU) and print where a step goes
+  bool cuda_graph = false;  // steps replayed from one recorded as a CUDA Graph
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -73,10 +74,20 @@ size_t peak_rss_bytes() {
 }
 }  // namespace
 
-static int run_bench(const BenchOptions& o) {
+static int run_bench(BenchOptions o) {
   SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
   SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
+  SPOTRAIN_CHECK(!(o.cuda_graph && o.profile),
+                 "--profile times the ops one by one, which a captured step does not run: drop "
+                 "--profile or --cuda-graph");
+  // With --cuda-graph the first steps run eagerly and the next one records the graph: none
+  // of them is timed.
+  if (o.cuda_graph && o.warmup <= StepRunner::kEagerBeforeCapture) {
+    log_info(str("--cuda-graph: ", StepRunner::kEagerBeforeCapture + 1,
+                 " warm-up steps (the last records the step)"));
+    o.warmup = StepRunner::kEagerBeforeCapture + 1;
+  }
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   Precision prec = parse_precision(o.precision);
   SessionOptions so;
@@ -118,6 +129,7 @@ static int run_bench(const BenchOptions& o) {
   spec.net.num_classes = num_classes;
   spec.net.in_channels = channels;
   spec.net.grad_checkpoint = o.grad_checkpoint;
+  spec.cuda_graph = o.cuda_graph;
   spec.seed = o.seed;
   spec.precision = prec;
   Training tr = session.make_training(spec);
@@ -141,7 +153,7 @@ static int run_bench(const BenchOptions& o) {
   log_info(str("bench ", o.model, " batch ", o.batch_size, world > 1 ? str(" per rank x ", world, " ranks") : "", " ", o.image_size, "x", o.image_size,
                "x", channels, " ", o.precision, " on ", be->name(), "; data ", o.data,
                loader ? str(" (", o.workers, " loader threads)") : std::string(), "; ", model.summary()));
-  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s;
+  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s, captured_s;
   size_t act_peak = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup) telemetry.sample();  // the rates below cover the timed steps
@@ -170,7 +182,7 @@ static int run_bench(const BenchOptions& o) {
     // and temporaries (the resident weights, gradients and momentum excluded).
     act_peak = std::max(act_peak, after.peak_bytes - before);
     if (peak_before > after.peak_bytes) be->allocator().restore_peak(peak_before);
-    double total = t.data + t.forward + t.backward + t.comm_exposed + t.optimizer;
+    double total = t.total();
     bool timed = s >= o.warmup;
     if (prof) prof->collect(timed);
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
@@ -179,6 +191,7 @@ static int run_bench(const BenchOptions& o) {
                  r.overflow ? " (overflow: step skipped)" : ""));
     if (!timed) continue;
     step_s.push_back(total);
+    captured_s.push_back(t.captured);
     data_s.push_back(t.data);
     fwd_s.push_back(t.forward);
     bwd_s.push_back(t.backward);
@@ -205,6 +218,10 @@ static int run_bench(const BenchOptions& o) {
   const bool input_bound = data_med > 0.1 * step_med;
   const std::string machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
   auto st = be->allocator().stats();
+  // A captured step's tensors live in memory of its own, held for the graph (not in `st`).
+  const size_t captured_bytes = be->capture_reserved_bytes();
+  st.peak_bytes += captured_bytes;
+  st.reserved_bytes += captured_bytes;
   size_t rss = peak_rss_bytes();
   log_info(str("images/s: median ", fmt_fixed(med, 2), "  p10 ", fmt_fixed(p10, 2), "  p90 ",
                fmt_fixed(p90, 2), "  (", o.steps, " timed steps)"));
@@ -212,11 +229,17 @@ static int run_bench(const BenchOptions& o) {
   log_info(str("phases (median s/step): data ", fmt_fixed(percentile(data_s, 0.5), 4), "  forward ",
                fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
                "  comm_exposed ", fmt_fixed(percentile(comm_s, 0.5), 4), "  optimizer ",
-               fmt_fixed(percentile(opt_s, 0.5), 4)));
+               fmt_fixed(percentile(opt_s, 0.5), 4),
+               o.cuda_graph ? str("  captured_step ", fmt_fixed(percentile(captured_s, 0.5), 4),
+                                  " (a replayed CUDA Graph has no phases)")
+                            : std::string()));
   log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
                " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
                " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS; ",
-               fmt_fixed(double(act_peak) / (1 << 30), 3), " GiB of it for activations"));
+               fmt_fixed(double(act_peak) / (1 << 30), 3), " GiB of it for activations",
+               captured_bytes ? str("; ", fmt_fixed(double(captured_bytes) / (1 << 30), 3),
+                                    " GiB held for the captured step")
+                              : std::string()));
   log_info(str("machine: ", machine_cpu, "; ", gpu_info_line(gpu)));
   if (input_bound)
     log_info(str("input-bound: the step waits ", fmt_fixed(100 * data_med / step_med, 1),
@@ -253,7 +276,9 @@ static int run_bench(const BenchOptions& o) {
                        {"forward", percentile(fwd_s, 0.5)},
                        {"backward", percentile(bwd_s, 0.5)},
                        {"comm_exposed", percentile(comm_s, 0.5)},
-                       {"optimizer", percentile(opt_s, 0.5)}}},
+                       {"optimizer", percentile(opt_s, 0.5)},
+                       {"captured_step", percentile(captured_s, 0.5)}}},
+                     {"cuda_graph", runner.captured()},
                      {"machine", {{"cpu", machine_cpu}, {"backend", be->name()}}}};
     for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
     j["telemetry"] = tel;  // GPU ("none" without one) and host, over the timed steps
@@ -307,6 +332,8 @@ Command add_bench(CLI::App& app) {
   bench->add_option("--seed", bo.seed, "random seed");
   bench->add_flag("--profile", bo.profile,
                   "time every op (CUDA events on a GPU) and print where a step's time goes");
+  bench->add_flag("--cuda-graph", bo.cuda_graph,
+                  "GPU, one rank: record a step as a CUDA Graph once, then replay it each step");
   return {bench, [o] { return run_bench(*o); }};
 }
 
