@@ -17,7 +17,7 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
       dtype_(spotrain::compute_dtype(precision)),
       sync_(sync),
       world_(world),
-      defer_(model.backend().device() != Device::cpu) {}
+      defer_(model.backend().queues_ops()) {}
 
 void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
                        float label_smoothing, StepTimes* times, const LabelMix* mix) {

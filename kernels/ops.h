@@ -227,6 +227,9 @@ class Backend {
   // weights (--ema-decay). Marks dst written.
   virtual void lerp(Tensor& dst, const Tensor& src, float weight) = 0;
   virtual void synchronize() {}
+  // Whether ops are queued to run later (a GPU's stream) rather than computed before they
+  // return (the CPU): whether waiting to read a step's figures gains anything.
+  virtual bool queues_ops() const { return false; }
   // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
   // can order its work after the backend's with an event; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }

@@ -96,6 +96,7 @@ class ProfiledBackend final : public Backend {
   bool queued_overflow() override { return inner_->queued_overflow(); }
   void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override { inner_->synchronize(); }
+  bool queues_ops() const override { return inner_->queues_ops(); }
   void* native_stream() override { return inner_->native_stream(); }
 
  private:

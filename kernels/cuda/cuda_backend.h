@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   bool queued_overflow() override;
   void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override;
+  bool queues_ops() const override { return true; }
 
   // cuda_graph.cpp
   bool can_capture() const override { return true; }
