@@ -2,7 +2,7 @@
 // convolution passes, batch norm + ReLU, and the SGD update over 25.6M parameters.
 #include <benchmark/benchmark.h>
 
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "kernels/ops.h"
 
 using namespace spotrain;

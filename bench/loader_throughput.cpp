@@ -14,7 +14,7 @@
 #include <cstring>
 #include <string>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "io/image_folder.h"
 #include "io/image_transforms.h"
 #include "io/jpeg.h"

@@ -3,8 +3,8 @@
 
 #include <cstdio>
 
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 
 namespace spotrain {
 

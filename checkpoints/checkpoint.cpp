@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "engine/core/error.h"
-#include "engine/core/test_hooks.h"
+#include "core/error.h"
+#include "core/test_hooks.h"
 
 #define H5_CHECK(call, what)                                                          \
   ([&]() {                                                                            \
@@ -132,7 +132,7 @@ void fsync_path(const std::string& path, bool dir) {
 }  // namespace
 
 namespace {
-// SPOTRAIN_CKPT_WRITE_DELAY (engine/core/test_hooks.h): pauses a write half way.
+// SPOTRAIN_CKPT_WRITE_DELAY (core/test_hooks.h): pauses a write half way.
 void write_delay_hook(int64_t step) {
   const TestHooks& h = test_hooks();
   if (h.ckpt_write_delay <= 0 || step < h.ckpt_write_delay_from_step) return;

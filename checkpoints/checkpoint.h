@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "checkpoints/training_record.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace spotrain {
 

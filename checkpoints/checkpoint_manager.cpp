@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
-#include "engine/core/test_hooks.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace spotrain {
 

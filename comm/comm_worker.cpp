@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "engine/core/error.h"
-#include "engine/core/exit_codes.h"
+#include "core/error.h"
+#include "core/exit_codes.h"
 
 namespace spotrain {
 

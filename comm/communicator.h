@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace spotrain {
 

@@ -2,7 +2,7 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

@@ -13,8 +13,8 @@
 #include <exception>
 
 #include "comm/communicator.h"
-#include "engine/core/error.h"
-#include "engine/core/half.h"
+#include "core/error.h"
+#include "core/half.h"
 
 #define MPI_CHECK(call)                                                       \
   do {                                                                        \

@@ -1,11 +1,11 @@
-// NCCL, opened when the first NCCL communicator is made rather than linked (engine/core/dynlib.h):
+// NCCL, opened when the first NCCL communicator is made rather than linked (core/dynlib.h):
 // a CUDA build starts on machines without NCCL. The NCCL functions the communicator calls are
 // declared here, in namespace spotrain, under NCCL's own names and signatures. Internal to
 // comm/ (CUDA builds).
 #pragma once
 #include <nccl.h>
 
-#include "engine/core/dynlib.h"
+#include "core/dynlib.h"
 
 namespace spotrain {
 

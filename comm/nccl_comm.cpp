@@ -5,7 +5,7 @@
 // MPI. Waiting polls ncclCommGetAsyncError, so a dead peer becomes an error (and
 // ncclCommAbort) rather than a hang. Compiled into CUDA builds.
 #include "comm/communicator.h"
-#include "engine/core/error.h"
+#include "core/error.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>

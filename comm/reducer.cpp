@@ -2,9 +2,9 @@
 #include "comm/reducer.h"
 
 #include <algorithm>
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/half.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/half.h"
 
 namespace spotrain {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "comm/comm_worker.h"
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 namespace spotrain {
 

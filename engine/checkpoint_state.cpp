@@ -4,7 +4,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

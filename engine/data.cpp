@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "io/image_folder.h"
 
 namespace spotrain {

@@ -5,7 +5,7 @@
 #pragma once
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "engine/model.h"
 
 namespace spotrain {

@@ -1,7 +1,7 @@
 // LossScaler (see loss_scaler.h).
 #include "engine/loss_scaler.h"
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

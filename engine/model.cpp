@@ -5,8 +5,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 namespace spotrain {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

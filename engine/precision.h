@@ -4,8 +4,8 @@
 #pragma once
 #include <string>
 
-#include "engine/core/dtype.h"
-#include "engine/core/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace spotrain {
 

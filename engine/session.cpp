@@ -1,7 +1,7 @@
 // Session (see session.h).
 #include "engine/session.h"
 
-#include "engine/core/log.h"
+#include "core/log.h"
 #include "kernels/device_info.h"
 #include "kernels/profiled_backend.h"
 

@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/philox.h"
+#include "core/philox.h"
 
 namespace spotrain {
 namespace io {

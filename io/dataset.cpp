@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <vector>
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 namespace spotrain {
 namespace io {

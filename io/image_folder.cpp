@@ -21,7 +21,7 @@
 #include <fstream>
 #include <map>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "io/jpeg.h"
 
 namespace spotrain {

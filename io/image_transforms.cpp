@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 namespace spotrain {
 namespace io {

@@ -12,7 +12,7 @@
 
 #include <algorithm>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 namespace io {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include <cstdio>
 #include "io/jpeg.h"
 #include "io/png.h"

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "io/augment.h"
 #include "io/dataset.h"
 #include "io/image_transforms.h"

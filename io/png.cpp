@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 namespace io {

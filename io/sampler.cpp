@@ -4,8 +4,8 @@
 #include <numeric>
 #include <utility>
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 namespace spotrain {
 namespace io {

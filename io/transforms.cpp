@@ -2,8 +2,8 @@
 // Philox, then per-channel normalization into the fp32 NHWC batch row.
 #include "io/transforms.h"
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 namespace spotrain {
 namespace io {

@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/ops.h"
 

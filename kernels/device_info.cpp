@@ -4,15 +4,15 @@
 
 #include <dlfcn.h>
 
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cublas_api.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "engine/core/dynlib.h"
+#include "core/dynlib.h"
 #include "kernels/cuda/cublas_lazy.h"
 #include "kernels/cuda/cudnn_api.h"
 #endif
@@ -54,7 +54,7 @@ GpuInfo query() {
                      ".", NCCL_MINOR, ".", NCCL_PATCH);
   int v = 0;
   if (cudaRuntimeGetVersion(&v) == cudaSuccess) g.cuda_runtime = cuda_version(v);
-  // cuDNN, cuBLAS and NCCL are opened only where there is a GPU (engine/core/dynlib.h): until
+  // cuDNN, cuBLAS and NCCL are opened only where there is a GPU (core/dynlib.h): until
   // then each reports the version it was built against.
   g.cudnn = str(CUDNN_MAJOR, ".", CUDNN_MINOR, ".", CUDNN_PATCHLEVEL, " (built with)");
   g.cublas = str(CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, ".", CUBLAS_VER_PATCH, " (built with)");

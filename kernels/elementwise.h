@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/core/half.h"
-#include "engine/core/philox.h"  // SPOTRAIN_HD
+#include "core/half.h"
+#include "core/philox.h"  // SPOTRAIN_HD
 
 namespace spotrain {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/error.h"
-#include "engine/core/tensor.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 namespace spotrain {
 

@@ -1,7 +1,7 @@
 // ProfiledBackend (see profiled_backend.h).
 #include "kernels/profiled_backend.h"
 
-#include "engine/core/clock.h"
+#include "core/clock.h"
 
 #include <algorithm>
 #include <chrono>

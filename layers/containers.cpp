@@ -1,7 +1,7 @@
 // Sequential, Residual and Checkpointed (see containers.h).
 #include "layers/containers.h"
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 #include "kernels/ops.h"
 
 namespace spotrain {

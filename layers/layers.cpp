@@ -1,7 +1,7 @@
 // Basic layers (see layers.h): validation, stash management and calls into the Backend.
 #include "layers/layers.h"
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

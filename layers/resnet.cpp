@@ -1,7 +1,7 @@
 // ResNet builders (see resnet.h).
 #include "layers/resnet.h"
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "layers/layers.h"
 
 namespace spotrain {

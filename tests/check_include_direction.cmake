@@ -1,54 +1,65 @@
 # The include-direction test: reads the #include "..." lines of every source under the
 # library folders and fails when a folder includes one it must not (docs/ARCHITECTURE.md):
-#   engine/core  <- kernels <- layers ;  engine/core <- io, comm, checkpoints ;  all <- engine
-# kernels/cpu and kernels/cuda do not include each other. Run: cmake -DROOT=<source> -P this.
+#   core <- kernels <- layers <- engine <- observe <- run <- tools
+#   core <- io, comm, checkpoints, spot   (used by engine and run)
+# Each folder below is one node of that picture; kernels/cpu and kernels/cuda are nodes of
+# their own, so the table says that they never include each other. Run: cmake -DROOT=<src> -P this.
 if(NOT ROOT)
   message(FATAL_ERROR "pass -DROOT=<source directory>")
 endif()
 
 # folder -> the folders its files may include (besides its own)
-set(allowed_engine/core "")
-set(allowed_kernels "engine/core")
-set(allowed_layers "engine/core;kernels")
-set(allowed_io "engine/core")
-set(allowed_comm "engine/core")
-set(allowed_checkpoints "engine/core")
-set(allowed_engine "engine/core;kernels;layers;io;comm;checkpoints")
+set(allowed_core "")
+set(allowed_kernels "core;kernels/cpu;kernels/cuda")  # the factory makes either backend
+set(allowed_kernels/cpu "core;kernels")
+set(allowed_kernels/cuda "core;kernels")
+set(allowed_layers "core;kernels")
+set(allowed_io "core")
+set(allowed_comm "core")
+set(allowed_checkpoints "core")
+set(allowed_spot "core")
+set(allowed_engine "core;kernels;layers;io;comm;checkpoints")
+set(allowed_observe "core;kernels;layers;io;comm;checkpoints;engine")
+set(allowed_run "core;kernels;layers;io;comm;checkpoints;spot;engine;observe")
+set(allowed_tools "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run")
+set(folders core kernels kernels/cpu kernels/cuda layers io comm checkpoints spot engine observe
+    run tools)
 
-# The folder a path belongs to, as the rules name them.
+# The folder (node) a path belongs to: its longest prefix among `folders`.
 function(folder_of path out)
-  if(path MATCHES "^engine/core/")
-    set(${out} "engine/core" PARENT_SCOPE)
-  elseif(path MATCHES "^(engine|kernels|layers|io|comm|checkpoints|tools|tests|bench|examples)/")
-    set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
-  else()
-    set(${out} "" PARENT_SCOPE)
-  endif()
+  set(best "")
+  foreach(d ${folders})
+    string(LENGTH "${d}" n)
+    string(LENGTH "${best}" b)
+    if(path MATCHES "^${d}/" AND n GREATER b)
+      set(best "${d}")
+    endif()
+  endforeach()
+  set(${out} "${best}" PARENT_SCOPE)
 endfunction()
 
 set(violations "")
 set(checked 0)
-foreach(dir engine kernels layers io comm checkpoints)
-  file(GLOB_RECURSE files RELATIVE ${ROOT} ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp ${ROOT}/${dir}/*.cu)
+foreach(dir ${folders})
+  file(GLOB files RELATIVE ${ROOT} ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp ${ROOT}/${dir}/*.cu
+       ${ROOT}/${dir}/*/*.h ${ROOT}/${dir}/*/*.cpp ${ROOT}/${dir}/*/*.cu)
   foreach(f ${files})
     folder_of(${f} from)
+    if(NOT from STREQUAL dir)
+      continue()  # a file of a sub-folder node, checked as its own
+    endif()
     file(STRINGS ${ROOT}/${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]+\"")
     foreach(line ${lines})
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]+\"([^\"]+)\".*" "\\1" inc "${line}")
       math(EXPR checked "${checked} + 1")
       folder_of(${inc} to)
       if(to STREQUAL "" OR to STREQUAL from)
-        # a file of the same folder: kernels/cpu and kernels/cuda stay apart
-        if(f MATCHES "^kernels/cpu/" AND inc MATCHES "^kernels/cuda/")
-          list(APPEND violations "${f}: includes ${inc} (the CPU backend never includes CUDA code)")
-        elseif(f MATCHES "^kernels/cuda/" AND inc MATCHES "^kernels/cpu/")
-          list(APPEND violations "${f}: includes ${inc} (the CUDA backend never includes the CPU one)")
-        endif()
-        continue()
+        continue()  # its own folder, or not one of ours (a system or library header)
       endif()
       list(FIND allowed_${from} "${to}" ok)
       if(ok LESS 0)
-        list(APPEND violations "${f}: includes ${inc} (${from}/ may include only ${from}/ and: ${allowed_${from}})")
+        string(REPLACE ";" ", " may "${allowed_${from}}")
+        list(APPEND violations "${f}: includes ${inc} (${from}/ may include only itself and: ${may})")
       endif()
     endforeach()
   endforeach()

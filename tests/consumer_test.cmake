@@ -16,7 +16,7 @@ function(run what)
 endfunction()
 run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
 foreach(f bin/spotrain lib/cmake/spotrain/spotrainConfig.cmake include/spotrain/engine/session.h
-          include/spotrain/engine/core/tensor.h)
+          include/spotrain/core/tensor.h include/spotrain/run/trainer.h)
   if(NOT EXISTS ${WORK}/prefix/${f})
     message(FATAL_ERROR "cmake --install did not put ${f} in place")
   endif()

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "engine/ema.h"
 #include "engine/model.h"
 #include "io/augment.h"

@@ -8,7 +8,7 @@
 #include <regex>
 #include <string>
 
-#include "engine/ckpt_interval.h"
+#include "run/ckpt_interval.h"
 #include "run_command.h"
 
 namespace fs = std::filesystem;

@@ -13,9 +13,9 @@
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 #include "engine/grad_sync.h"
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "engine/model.h"
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "kernels/ops.h"
 #include "layers/resnet.h"
 

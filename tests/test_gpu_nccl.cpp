@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>

@@ -16,11 +16,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "engine/step.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"

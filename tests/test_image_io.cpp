@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/error.h"
-#include "engine/core/philox.h"
+#include "core/error.h"
+#include "core/philox.h"
 #include "image_folder_fixture.h"
 #include "io/image_folder.h"
 #include "io/image_transforms.h"

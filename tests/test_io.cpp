@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/core/allocator.h"
-#include "engine/core/error.h"
+#include "core/allocator.h"
+#include "core/error.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/sampler.h"

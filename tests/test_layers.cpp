@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "engine/model.h"
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "kernels/cpu/blocked.h"
 #include "kernels/profiled_backend.h"
 #include "layers/containers.h"

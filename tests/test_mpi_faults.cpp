@@ -1,7 +1,7 @@
 // Multi-process behaviour of `spotrain train` under mpirun: a rank that dies or hangs ends
 // the whole job with a non-zero exit in bounded time (never a silent hang), ranks started
 // with different settings refuse to train, and a healthy 2-rank run finishes.
-// Faults come from the SPOTRAIN_FAULT=die|hang:RANK:STEP test hook in engine/trainer.cpp.
+// Faults come from the SPOTRAIN_FAULT=die|hang:RANK:STEP test hook in run/trainer.cpp.
 // Every launch runs under `timeout`, so a regression shows as a failure, not a stuck CTest.
 #include <gtest/gtest.h>
 #include <sys/wait.h>

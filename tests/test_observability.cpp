@@ -22,9 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/input_watch.h"
-#include "engine/prometheus.h"
-#include "engine/telemetry.h"
+#include "observe/input_watch.h"
+#include "observe/prometheus.h"
+#include "observe/telemetry.h"
 #include "io/jpeg.h"
 #include "io/png.h"
 #include "run_command.h"

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "engine/lr_schedule.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"

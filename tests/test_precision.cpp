@@ -9,11 +9,11 @@
 #include <limits>
 #include <vector>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "engine/loss_scaler.h"
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "engine/step.h"
-#include "engine/trainer.h"
+#include "run/trainer.h"
 #include "kernels/cpu/blocked.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"

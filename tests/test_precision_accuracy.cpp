@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/trainer.h"
+#include "run/trainer.h"
 
 using namespace spotrain;
 

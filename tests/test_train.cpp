@@ -5,7 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/trainer.h"
+#include "run/trainer.h"
 
 using namespace spotrain;
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "engine/core/error.h"
-#include "engine/core/tensor.h"
+#include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cpu/blocked.h"
 
 #define DNNL_CHECK(...)                                                         \

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 #ifndef SPOTRAIN_CUBLAS_PATH
 #define SPOTRAIN_CUBLAS_PATH ""

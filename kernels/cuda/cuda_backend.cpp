@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/ops.h"
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/core/test_hooks.h"
+#include "core/test_hooks.h"
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/elementwise.h"
@@ -100,7 +100,7 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
-  // SPOTRAIN_NO_FUSED_BN_ADD (engine/core/test_hooks.h): a diagnostic.
+  // SPOTRAIN_NO_FUSED_BN_ADD (core/test_hooks.h): a diagnostic.
   fuse_bn_add_ = !test_hooks().no_fused_bn_add;
   CUBLAS_CHECK(blas::create(&blas_));
   CUBLAS_CHECK(blas::set_stream(blas_, compute_));

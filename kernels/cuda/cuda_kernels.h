@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace spotrain::cuda {
 

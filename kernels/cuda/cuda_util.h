@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain::cuda {
 

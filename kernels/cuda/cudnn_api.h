@@ -1,4 +1,4 @@
-// cuDNN, opened when the first CUDA backend is made rather than linked (engine/core/dynlib.h), so a
+// cuDNN, opened when the first CUDA backend is made rather than linked (core/dynlib.h), so a
 // CUDA build starts and trains on machines without cuDNN or a GPU. Every cuDNN function the
 // backend calls is declared here, in namespace spotrain::cuda, under cuDNN's own name and
 // signature: code in that namespace calls it exactly as cuDNN's documentation writes it.
@@ -6,7 +6,7 @@
 #pragma once
 #include <cudnn.h>
 
-#include "engine/core/dynlib.h"
+#include "core/dynlib.h"
 
 namespace spotrain::cuda {
 

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "engine/core/philox.h"
+#include "core/philox.h"
 #include "engine/session.h"
 
 int main() {

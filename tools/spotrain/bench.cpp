@@ -15,13 +15,13 @@
 #include <memory>
 #include <vector>
 
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
-#include "engine/core/philox.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
 #include "engine/data.h"
 #include "engine/session.h"
-#include "engine/telemetry.h"
+#include "observe/telemetry.h"
 #include "io/loader.h"
 #include "kernels/device_info.h"
 #include "kernels/profiled_backend.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "checkpoints/checkpoint.h"
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {

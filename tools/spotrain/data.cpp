@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "io/image_folder.h"
 #include "tools/spotrain/commands.h"
 

@@ -12,8 +12,8 @@
 
 #include "checkpoints/checkpoint.h"
 #include "engine/checkpoint_state.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "engine/data.h"
 #include "engine/evaluate.h"
 #include "engine/session.h"

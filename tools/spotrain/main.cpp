@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 #include "kernels/device_info.h"
 #include "tools/spotrain/commands.h"
 

@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "tools/spotrain/report_assets.h"
 
 namespace spotrain::cli {

@@ -6,11 +6,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "checkpoints/preempt_notice.h"
-#include "checkpoints/preemption.h"
-#include "engine/config.h"
-#include "engine/core/log.h"
-#include "engine/trainer.h"
+#include "spot/preempt_notice.h"
+#include "spot/preemption.h"
+#include "run/config.h"
+#include "core/log.h"
+#include "run/trainer.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {

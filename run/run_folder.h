@@ -8,7 +8,7 @@
 #pragma once
 #include <string>
 
-#include "engine/config.h"
+#include "run/config.h"
 
 namespace spotrain {
 

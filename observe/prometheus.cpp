@@ -1,5 +1,5 @@
 // PrometheusFile (see prometheus.h).
-#include "engine/prometheus.h"
+#include "observe/prometheus.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <set>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

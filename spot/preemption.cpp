@@ -1,5 +1,5 @@
 // Stop-flag signal handlers (see preemption.h).
-#include "checkpoints/preemption.h"
+#include "spot/preemption.h"
 
 #include <atomic>
 #include <csignal>

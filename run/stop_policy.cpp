@@ -1,12 +1,12 @@
 // StopPolicy (see stop_policy.h).
-#include "engine/stop_policy.h"
+#include "run/stop_policy.h"
 
 #include <algorithm>
 
-#include "checkpoints/preemption.h"
-#include "engine/core/clock.h"
-#include "engine/config.h"  // parse_duration
-#include "engine/core/log.h"
+#include "spot/preemption.h"
+#include "core/clock.h"
+#include "run/config.h"  // parse_duration
+#include "core/log.h"
 
 namespace spotrain {
 

@@ -1,5 +1,5 @@
 // Test hooks (see test_hooks.h).
-#include "engine/core/test_hooks.h"
+#include "core/test_hooks.h"
 
 #include <chrono>
 #include <csignal>

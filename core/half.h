@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/core/philox.h"  // SPOTRAIN_HD
+#include "core/philox.h"  // SPOTRAIN_HD
 
 namespace spotrain {
 

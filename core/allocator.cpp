@@ -1,12 +1,12 @@
 // Caching allocator implementation (see allocator.h).
-#include "engine/core/allocator.h"
+#include "core/allocator.h"
 
 #include <sys/mman.h>
 
 #include <cstdlib>
 #include <iterator>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

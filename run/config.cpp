@@ -1,6 +1,6 @@
 // RunConfig validation and serialization (see config.h); the settings themselves are
 // described in config.h's table.
-#include "engine/config.h"
+#include "run/config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "checkpoints/preempt_notice.h"
-#include "engine/core/error.h"
+#include "spot/preempt_notice.h"
+#include "core/error.h"
 #include "engine/precision.h"
 
 namespace spotrain {

@@ -1,5 +1,5 @@
 // Trainer (see trainer.h).
-#include "engine/trainer.h"
+#include "run/trainer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,14 +11,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "checkpoints/preemption.h"
+#include "spot/preemption.h"
 #include "engine/checkpoint_state.h"
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
-#include "engine/core/test_hooks.h"
-#include "engine/progress.h"
-#include "engine/stop_policy.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/test_hooks.h"
+#include "observe/progress.h"
+#include "run/stop_policy.h"
 #include "io/loader.h"
 #include "kernels/device_info.h"
 
@@ -367,7 +367,7 @@ void Trainer::log_start(const Plan& p) {
                " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size));
 }
 
-// Test hooks at the start of a step (engine/core/test_hooks.h): SPOTRAIN_FAULT, and the
+// Test hooks at the start of a step (core/test_hooks.h): SPOTRAIN_FAULT, and the
 // sample ids of the step's batch for SPOTRAIN_SAMPLE_LOG.
 void Trainer::step_hooks(int64_t step, const io::Batch& b) {
   inject_fault(session_->rank(), step);

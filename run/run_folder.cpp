@@ -1,5 +1,5 @@
 // RunFolder (see run_folder.h).
-#include "engine/run_folder.h"
+#include "run/run_folder.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 

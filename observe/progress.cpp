@@ -1,10 +1,10 @@
 // Progress (see progress.h).
-#include "engine/progress.h"
+#include "observe/progress.h"
 
 #include <algorithm>
 
-#include "engine/core/clock.h"
-#include "engine/core/log.h"
+#include "core/clock.h"
+#include "core/log.h"
 #include "engine/evaluate.h"
 
 namespace spotrain {

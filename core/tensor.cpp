@@ -1,10 +1,10 @@
 // Tensor and Storage (see tensor.h).
-#include "engine/core/tensor.h"
+#include "core/tensor.h"
 
 #include <atomic>
 #include <sstream>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

@@ -9,18 +9,18 @@
 #include <string>
 
 #include "checkpoints/checkpoint_manager.h"
-#include "checkpoints/preempt_notice.h"
-#include "engine/ckpt_interval.h"
-#include "engine/config.h"
+#include "spot/preempt_notice.h"
+#include "run/ckpt_interval.h"
+#include "run/config.h"
 #include "engine/data.h"
 #include "engine/ema.h"
 #include "engine/evaluate.h"
 #include "engine/lr_schedule.h"
-#include "engine/metrics.h"
-#include "engine/prometheus.h"
-#include "engine/run_folder.h"
+#include "observe/metrics.h"
+#include "observe/prometheus.h"
+#include "run/run_folder.h"
 #include "engine/session.h"
-#include "engine/telemetry.h"
+#include "observe/telemetry.h"
 #include "io/loader.h"
 
 namespace spotrain {

@@ -1,9 +1,9 @@
 // DynLib (see dynlib.h).
-#include "engine/core/dynlib.h"
+#include "core/dynlib.h"
 
 #include <dlfcn.h>
 
-#include "engine/core/error.h"
+#include "core/error.h"
 
 namespace spotrain {
 

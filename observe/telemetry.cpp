@@ -1,6 +1,6 @@
 // Telemetry (see telemetry.h). NVML's C API is declared here (a handful of calls, stable ABI),
 // so builds without the CUDA toolkit sample the GPU too.
-#include "engine/telemetry.h"
+#include "observe/telemetry.h"
 
 #include <unistd.h>
 
@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/core/clock.h"
-#include "engine/core/dynlib.h"
+#include "core/clock.h"
+#include "core/dynlib.h"
 
 namespace spotrain {
 

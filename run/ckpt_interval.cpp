@@ -1,11 +1,11 @@
 // Checkpoint interval from the failure rate (see ckpt_interval.h).
-#include "engine/ckpt_interval.h"
+#include "run/ckpt_interval.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 

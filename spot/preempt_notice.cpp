@@ -1,5 +1,5 @@
 // Preemption notices (see preempt_notice.h).
-#include "checkpoints/preempt_notice.h"
+#include "spot/preempt_notice.h"
 
 #include <chrono>
 #include <cstdio>
@@ -13,8 +13,8 @@
 #include <curl/curl.h>
 #endif
 
-#include "checkpoints/preemption.h"
-#include "engine/core/error.h"
+#include "spot/preemption.h"
+#include "core/error.h"
 
 namespace spotrain {
 

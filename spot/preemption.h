@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/core/exit_codes.h"  // kExitResumable
+#include "core/exit_codes.h"  // kExitResumable
 
 namespace spotrain {
 

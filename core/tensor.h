@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/allocator.h"
-#include "engine/core/dtype.h"
+#include "core/allocator.h"
+#include "core/dtype.h"
 
 namespace spotrain {
 

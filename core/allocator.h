@@ -10,7 +10,7 @@
 #include <mutex>
 #include <set>
 
-#include "engine/core/dtype.h"
+#include "core/dtype.h"
 
 namespace spotrain {
 

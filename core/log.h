@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/core/clock.h"
+#include "core/clock.h"
 
 namespace spotrain {
 

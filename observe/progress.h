@@ -12,12 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/comm_worker.h"
-#include "engine/core/allocator.h"
-#include "engine/input_watch.h"
+#include "core/allocator.h"
+#include "observe/input_watch.h"
 #include "engine/loss_scaler.h"
-#include "engine/metrics.h"
+#include "observe/metrics.h"
 #include "engine/step.h"
-#include "engine/telemetry.h"
+#include "observe/telemetry.h"
 #include "kernels/ops.h"
 
 namespace spotrain {

@@ -1,5 +1,5 @@
 // When a run stops early, with a checkpoint and exit 75: a stop signal (SIGTERM, SIGINT,
-// SIGUSR1; checkpoints/preemption.h) on any rank, or --max-wall-time about to pass. Each rank
+// SIGUSR1; spot/preemption.h) on any rank, or --max-wall-time about to pass. Each rank
 // sets its flag before a step; the flags travel with the step's last gradient bucket (the
 // GradSync control slot), so every rank learns of every flag at no extra round trip and all
 // stop after the same step. Also says once what a stop costs, so launchers allow for it.

@@ -1,8 +1,8 @@
 // InputWatch (see input_watch.h).
-#include "engine/input_watch.h"
+#include "observe/input_watch.h"
 
-#include "engine/core/error.h"
-#include "engine/core/log.h"
+#include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 

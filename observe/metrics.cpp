@@ -1,13 +1,13 @@
 // MetricsSink (see metrics.h).
-#include "engine/metrics.h"
+#include "observe/metrics.h"
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
 
-#include "engine/core/clock.h"
-#include "engine/core/error.h"
+#include "core/clock.h"
+#include "core/error.h"
 
 namespace spotrain {
 
