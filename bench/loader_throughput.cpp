@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "io/image_folder.h"
+#include "io/shards.h"
 #include "io/image_transforms.h"
 #include "io/jpeg.h"
 #include "io/loader.h"

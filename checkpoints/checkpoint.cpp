@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/test_hooks.h"
 
@@ -121,13 +122,6 @@ void write_dataset(hid_t group, const std::string& name, const Tensor& host) {
   write_int_attr(ds, "crc32", crc_of(host.raw(), size_t(host.numel()) * 4));
 }
 
-void fsync_path(const std::string& path, bool dir) {
-  int fd = ::open(path.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) SPOTRAIN_THROW("cannot open ", path, " to sync it: ", std::strerror(errno));
-  int r = ::fsync(fd);
-  ::close(fd);
-  if (r != 0) SPOTRAIN_THROW("fsync of ", path, " failed: ", std::strerror(errno));
-}
 
 }  // namespace
 
@@ -147,7 +141,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
   const CheckpointInfo& info = snap.info;
   fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  std::string tmp = path + ".tmp";
+  const std::string tmp = temp_path_for(path);
   try {
     H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (file < 0) SPOTRAIN_THROW("cannot create checkpoint ", tmp, ": check the directory is writable");
@@ -201,11 +195,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
     fs::remove(tmp, ec);  // never leave a half file behind; older checkpoints are untouched
     throw;
   }
-  fsync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) SPOTRAIN_THROW("cannot rename ", tmp, " to ", path, ": ", ec.message());
-  fsync_path(p.has_parent_path() ? p.parent_path().string() : ".", true);
+  commit_file(tmp, path, "the checkpoint");
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
@@ -371,18 +361,10 @@ void finish_checkpoint(const std::string& path, int keep) {
   verify_checkpoint(path, nullptr);  // the new file is good before anything older goes
   fs::path p(path);
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::string tmp = (dir / "latest.tmp").string();
-  {
-    std::ofstream f(tmp);
-    f << p.filename().string() << "\n";
-    SPOTRAIN_CHECK(f.good(), "cannot write ", tmp);
-  }
-  fsync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, dir / "latest", ec);
-  SPOTRAIN_CHECK(!ec, "cannot update ", (dir / "latest").string(), ": ", ec.message());
-  fsync_path(dir.string(), true);
+  write_file_atomic((dir / "latest").string(), p.filename().string() + "\n",
+                    "the checkpoint pointer");
   if (keep <= 0) return;
+  std::error_code ec;
   auto all = list_checkpoints(dir.string());
   for (size_t i = size_t(keep); i < all.size(); ++i)
     if (all[i] != path) fs::remove(all[i], ec);

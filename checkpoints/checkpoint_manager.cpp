@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -148,9 +149,9 @@ std::string CheckpointManager::failure(const std::string& path, const std::excep
 
 void CheckpointManager::write_class_names(const std::vector<std::string>& names) const {
   if (names.empty()) return;
-  std::ofstream cf(policy_.dir + "/classes.txt");
-  for (auto& c : names) cf << c << "\n";
-  SPOTRAIN_CHECK(cf.good(), "cannot write ", policy_.dir, "/classes.txt");
+  std::string text;
+  for (auto& c : names) text += c + "\n";
+  write_file_atomic(policy_.dir + "/classes.txt", text, "the class list");
 }
 
 }  // namespace spotrain

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_handles.h"
 #include "core/dtype.h"
 
 namespace spotrain {
@@ -41,10 +42,10 @@ class Communicator {
   // Device communicators: marks everything queued on the compute stream so far. Called on
   // the training thread when backward hands over a bucket; the GPU, not the host, waits.
   // nullptr on host communicators.
-  virtual void* mark_compute() { return nullptr; }
+  virtual DeviceEvent* mark_compute() { return nullptr; }
   // allreduce_sum that starts (on the communication stream) only after `mark`, a value from
   // mark_compute() that it consumes; host communicators ignore the mark.
-  virtual void allreduce_sum_after(void* mark, void* data, int64_t count, DType dtype) {
+  virtual void allreduce_sum_after(DeviceEvent* mark, void* data, int64_t count, DType dtype) {
     (void)mark;
     allreduce_sum(data, count, dtype);
   }
@@ -54,19 +55,15 @@ class Communicator {
 bool launched_by_mpi();
 
 // "auto": MPI when launched by an MPI launcher, else Local. "local" / "mpi" force one.
-// (GPU ranks then switch to NCCL with communicator_for_device.)
+// (Several GPU ranks then move it into an NCCL communicator: engine/session.cpp.)
 std::unique_ptr<Communicator> make_communicator(const std::string& kind = "auto");
 
 // NCCL over the ranks of `host` (MPI), which it keeps for host buffers, barrier, allgather
 // and abort; the unique id travels over it. One GPU per rank: the device current when this
 // is called (select_cuda_device). Collectives run on NCCL's own stream, ordered after
-// `compute_stream` (a cudaStream_t) with events. Throws Error when this build has no NCCL.
+// `compute_stream` (the backend's, Backend::stream()) with events. Throws Error when this
+// build has no NCCL.
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     void* compute_stream);
-
-// What training uses: NCCL over `host` when the backend runs on a GPU and there are several
-// ranks; `host` itself otherwise (CPU ranks all-reduce with MPI).
-std::unique_ptr<Communicator> communicator_for_device(std::unique_ptr<Communicator> host,
-                                                      Device device, void* compute_stream);
+                                                     DeviceStream* compute_stream);
 
 }  // namespace spotrain

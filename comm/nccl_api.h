@@ -1,4 +1,5 @@
-// NCCL, opened when the first NCCL communicator is made rather than linked (core/dynlib.h):
+// NCCL, opened when the first NCCL communicator is made rather than linked (nccl_library() of
+// core/dynlib.h):
 // a CUDA build starts on machines without NCCL. The NCCL functions the communicator calls are
 // declared here, in namespace spotrain, under NCCL's own names and signatures. Internal to
 // comm/ (CUDA builds).
@@ -8,9 +9,6 @@
 #include "core/dynlib.h"
 
 namespace spotrain {
-
-// NCCL 2: the path CMake found, then the soname.
-DynLib& nccl_library();
 
 #define SPOTRAIN_NCCL(fn) SPOTRAIN_DYN_FN(nccl_library, fn)
 SPOTRAIN_NCCL(ncclGetVersion);

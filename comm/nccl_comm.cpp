@@ -93,19 +93,19 @@ class NcclComm final : public Communicator {
   }
   bool device_buffers() const override { return true; }
 
-  void* mark_compute() override {
+  DeviceEvent* mark_compute() override {
     COMM_CUDA_CHECK(cudaSetDevice(device_));
     cudaEvent_t e = take_event();
     COMM_CUDA_CHECK(cudaEventRecord(e, compute_));
-    return e;
+    return reinterpret_cast<DeviceEvent*>(e);
   }
-  void allreduce_sum_after(void* mark, void* data, int64_t count, DType dt) override {
+  void allreduce_sum_after(DeviceEvent* mark, void* data, int64_t count, DType dt) override {
     if (!on_device(data)) {
-      if (mark) give_event(static_cast<cudaEvent_t>(mark));
+      if (mark) give_event(reinterpret_cast<cudaEvent_t>(mark));
       host_->allreduce_sum(data, count, dt);
       return;
     }
-    cudaEvent_t e = mark ? static_cast<cudaEvent_t>(mark) : static_cast<cudaEvent_t>(mark_compute());
+    cudaEvent_t e = reinterpret_cast<cudaEvent_t>(mark ? mark : mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
     give_event(e);  // reusable once the wait is queued: a later record does not affect it
     // Not under comm_mu_: an enqueue can block (connecting to a dead peer), and abort() must
@@ -118,7 +118,7 @@ class NcclComm final : public Communicator {
   }
   void broadcast(void* data, size_t bytes, int root) override {
     if (!on_device(data)) return host_->broadcast(data, bytes, root);
-    cudaEvent_t e = static_cast<cudaEvent_t>(mark_compute());
+    cudaEvent_t e = reinterpret_cast<cudaEvent_t>(mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
     give_event(e);
     NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));  // see above
@@ -208,8 +208,8 @@ class NcclComm final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     void* compute_stream) {
-  return std::make_unique<NcclComm>(std::move(host), static_cast<cudaStream_t>(compute_stream));
+                                                     DeviceStream* compute_stream) {
+  return std::make_unique<NcclComm>(std::move(host), reinterpret_cast<cudaStream_t>(compute_stream));
 }
 
 }  // namespace spotrain
@@ -217,7 +217,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicato
 #else
 
 namespace spotrain {
-std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator>, void*) {
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator>, DeviceStream*) {
   SPOTRAIN_THROW("this build has no NCCL (configure with -DSPOTRAIN_CUDA=ON where nvcc and NCCL "
                  "are installed)");
 }
@@ -225,12 +225,3 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicato
 
 #endif
 
-namespace spotrain {
-
-std::unique_ptr<Communicator> communicator_for_device(std::unique_ptr<Communicator> host,
-                                                      Device device, void* compute_stream) {
-  if (device != Device::cuda || host->size() == 1) return host;
-  return make_nccl_communicator(std::move(host), compute_stream);
-}
-
-}  // namespace spotrain

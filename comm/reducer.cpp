@@ -65,7 +65,7 @@ void Reducer::launch(Bucket& b) {
   if (opt_.compression == "none") {
     // On NCCL the all-reduce waits (on the GPU) for the backward work queued so far, which
     // wrote this bucket; the training thread goes on queueing backward meanwhile.
-    void* mark = comm.mark_compute();
+    DeviceEvent* mark = comm.mark_compute();
     b.ticket = worker_.submit(what, [&comm, g, n, mark] { comm.allreduce_sum_after(mark, g, n, DType::f32); });
     return;
   }

@@ -5,7 +5,21 @@
 
 #include "core/error.h"
 
+#ifndef SPOTRAIN_NCCL_PATH
+#define SPOTRAIN_NCCL_PATH ""
+#endif
+
 namespace spotrain {
+
+DynLib& nvml_library() {
+  static DynLib lib("NVML (the NVIDIA driver's libnvidia-ml)", {"libnvidia-ml.so.1"});
+  return lib;
+}
+
+DynLib& nccl_library() {
+  static DynLib lib("NCCL 2", {SPOTRAIN_NCCL_PATH, "libnccl.so.2"});
+  return lib;
+}
 
 DynLib::DynLib(std::string what, std::vector<std::string> names)
     : what_(std::move(what)), names_(std::move(names)) {}

@@ -58,6 +58,12 @@ class DynFn<R(A...)> {
   mutable std::atomic<R (*)(A...)> fn_{nullptr};
 };
 
+// The NVIDIA libraries that more than one folder uses, each opened by one DynLib: NVML (the
+// driver's libnvidia-ml: telemetry, and the driver's version for reports) and NCCL 2 (comm/'s
+// device communicator, and its version for reports; the path CMake found, then the soname).
+DynLib& nvml_library();
+DynLib& nccl_library();
+
 }  // namespace spotrain
 
 #define SPOTRAIN_DYN_FN(lib, fn) inline const ::spotrain::DynFn<decltype(::fn)> fn{&lib, #fn}

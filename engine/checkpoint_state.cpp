@@ -8,6 +8,29 @@
 
 namespace spotrain {
 
+CheckpointInfo checkpoint_record(const RunIdentity& run, const TrainPosition& at,
+                                 const LossScalerState& scaler) {
+  CheckpointInfo info;
+  info.config_json = run.config_json;
+  info.model = run.model;
+  info.precision = run.precision;
+  info.seed = run.seed;
+  info.num_classes = run.num_classes;
+  info.in_channels = run.in_channels;
+  info.global_batch = run.global_batch;
+  info.world_size = run.world;
+  info.epoch = at.epoch;
+  info.batch_in_epoch = at.batch_in_epoch;
+  info.global_step = at.step;
+  info.samples_in_epoch = at.batch_in_epoch * run.global_batch;
+  info.scaler = scaler;
+  return info;
+}
+
+TrainPosition position_of(const CheckpointInfo& info) {
+  return TrainPosition{info.global_step, info.epoch, info.batch_in_epoch};
+}
+
 CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
                                        Tensor* params_buf, Tensor* momentum_buf) {
   Backend& be = model.backend();

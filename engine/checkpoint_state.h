@@ -1,6 +1,7 @@
 // What of a Model and its optimizer goes into a checkpoint, and how it comes back: the
 // bridge between the engine's training state and checkpoints/, which knows only named host
-// tensors and a typed state record.
+// tensors and a typed state record. The record (CheckpointInfo) is built here and read back
+// here, so the checkpoint's schema lives in checkpoints/checkpoint.h and this file alone.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,6 +12,29 @@
 #include "engine/optimizer.h"
 
 namespace spotrain {
+
+// Where training stands: what a checkpoint records of progress, and where a resume goes on.
+struct TrainPosition {
+  int64_t step = 0;            // steps done (global)
+  int64_t epoch = 0;           // the epoch in progress (0-based)
+  int64_t batch_in_epoch = 0;  // batches of `epoch` done
+};
+
+// What a checkpoint says of the run it belongs to, besides its state.
+struct RunIdentity {
+  std::string config_json;  // every setting (RunConfig::to_json)
+  std::string model, precision;
+  uint64_t seed = 0;
+  int num_classes = 0, in_channels = 0;
+  int64_t global_batch = 0;  // samples per step over all ranks
+  int world = 1;             // ranks
+};
+
+// The record a checkpoint of `run` at `at` carries, with the loss scaler's state.
+CheckpointInfo checkpoint_record(const RunIdentity& run, const TrainPosition& at,
+                                 const LossScalerState& scaler);
+// Where the run of a checkpoint's record stood.
+TrainPosition position_of(const CheckpointInfo& info);
 
 // Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
 // `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused

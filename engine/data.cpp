@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/image_folder.h"
+#include "io/shards.h"
 
 namespace spotrain {
 

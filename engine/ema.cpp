@@ -6,11 +6,14 @@ namespace spotrain {
 WeightEma::WeightEma(Model& model, double decay) : model_(model), decay_(decay) {
   Backend& be = model.backend();
   params_ = Tensor(model.flat_params().shape(), DType::f32, be.allocator());
-  be.copy(model.flat_params(), params_);
-  for (auto* b : model.buffers()) {
-    buffers_.push_back(Tensor(b->value.shape(), b->value.dtype(), be.allocator()));
-    be.copy(b->value, buffers_.back());
-  }
+  for (auto* b : model.buffers()) buffers_.push_back(Tensor(b->value.shape(), b->value.dtype(), be.allocator()));
+  restart();
+}
+
+void WeightEma::restart() {
+  Backend& be = model_.backend();
+  be.copy(model_.flat_params(), params_);
+  for (size_t i = 0; i < buffers_.size(); ++i) be.copy(model_.buffers()[i]->value, buffers_[i]);
 }
 
 void WeightEma::update() {

@@ -15,6 +15,9 @@ class WeightEma {
   // Starts from the model's current weights and statistics.
   WeightEma(Model& model, double decay);
   double decay() const { return decay_; }
+  // Starts over from the model's current weights and statistics (a resume from a checkpoint
+  // that holds no average).
+  void restart();
   // After an optimizer step.
   void update();
   // Exchanges the model's weights and statistics with the averages (call again to undo).

@@ -3,7 +3,7 @@
 
 #include "core/log.h"
 #include "kernels/device_info.h"
-#include "kernels/profiled_backend.h"
+#include "kernels/op_profiler.h"
 
 namespace spotrain {
 
@@ -13,7 +13,7 @@ Session::Session(const SessionOptions& opt) {
   set_log_enabled(comm_->rank() == 0);
   if (opt.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
   backend_ = make_backend(opt.device, opt.backend);
-  if (comm_->size() > 1 && backend_->device() == Device::cuda) {
+  if (comm_->size() > 1 && backend_->stream()) {  // a GPU: its ranks all-reduce with NCCL
     // NCCL's start-up (its id broadcast over MPI, then every rank connecting) runs as a task
     // of the host communicator's worker, under --comm-timeout: a rank that died before it
     // ends the job with one line instead of hanging the others. The worker's thread takes
@@ -23,17 +23,13 @@ Session::Session(const SessionOptions& opt) {
     std::unique_ptr<Communicator> dev;
     worker_->run("NCCL start-up", [&] {
       select_cuda_device(local);
-      dev = communicator_for_device(std::move(comm_), backend_->device(), backend_->native_stream());
+      dev = make_nccl_communicator(std::move(comm_), backend_->stream());
     });
     worker_.reset();
     comm_ = std::move(dev);
     worker_ = std::make_unique<CommWorker>(*comm_, opt.comm_timeout);
   }
-  if (opt.profile) {
-    auto p = std::make_unique<ProfiledBackend>(std::move(backend_));
-    profiler_ = p.get();
-    backend_ = std::move(p);
-  }
+  if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
 }
 
 Session::~Session() = default;

@@ -20,14 +20,14 @@
 
 namespace spotrain {
 
-class ProfiledBackend;
+class OpProfiler;
 
 struct SessionOptions {
   std::string comm = "auto";  // auto (MPI when started by mpirun/srun) | local
   std::string device = "auto";
   BackendOptions backend;
   double comm_timeout = 300;  // seconds a collective may take before the job is aborted
-  bool profile = false;       // time every op (a ProfiledBackend around the real one)
+  bool profile = false;       // time every op (an OpProfiler attached to the backend)
 };
 
 // What a training step needs; made by Session::make_training.
@@ -58,7 +58,7 @@ class Session {
   Communicator& comm() { return *comm_; }
   CommWorker& worker() { return *worker_; }
   Backend& backend() { return *backend_; }
-  ProfiledBackend* profiler() { return profiler_; }  // with opt.profile, else null
+  OpProfiler* profiler() { return profiler_.get(); }  // with opt.profile, else null
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
 
@@ -76,7 +76,7 @@ class Session {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CommWorker> worker_;
   std::unique_ptr<Backend> backend_;
-  ProfiledBackend* profiler_ = nullptr;
+  std::unique_ptr<OpProfiler> profiler_;  // times backend_'s ops (before it in destruction)
 };
 
 }  // namespace spotrain

@@ -6,6 +6,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/step_capture.h"
 
 namespace spotrain {
 
@@ -76,7 +77,7 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
 
 void StepRunner::use_captured_steps() {
   Backend& be = model_.backend();
-  SPOTRAIN_CHECK(be.can_capture(), "--cuda-graph needs the CUDA backend; the ", be.name(),
+  SPOTRAIN_CHECK(be.capture() != nullptr, "--cuda-graph needs the CUDA backend; the ", be.name(),
                  " backend runs steps as they come (drop --cuda-graph)");
   SPOTRAIN_CHECK(sync_ == nullptr && world_ == 1,
                  "--cuda-graph trains on one GPU rank: the gradient all-reduce of several ranks "
@@ -87,6 +88,7 @@ void StepRunner::use_captured_steps() {
 void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr,
                                 float label_smoothing, StepTimes* times, const LabelMix* mix) {
   Backend& be = model_.backend();
+  StepCapture& cap = *be.capture();
   const double t0 = now_seconds();
   // The step before is read back first: this step's loss scale depends on its verdict, and
   // the replay refills the buffers its figures are read from. The device idles only for the
@@ -102,15 +104,15 @@ void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr
     model_.flat_params().mark_written();
     const int64_t sgd_steps = sgd_.steps();
     try {
-      be.begin_capture(in.n, mix != nullptr);
+      cap.begin_recording(in.n, mix != nullptr);
       Tensor logits = model_.forward(graph_x_, /*training=*/true);
       queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, nullptr, 0.0);
-      be.end_capture();
+      cap.end_recording();
     } catch (const Error& e) {
       // Recording ran nothing on the device: this step and the rest run as they come (a bad
       // input then fails there with its own error).
-      be.abort_capture();
-      be.drop_capture();
+      cap.abort_recording();
+      cap.drop();
       graph_x_ = Tensor();
       sgd_.set_steps(sgd_steps);
       capture_ = false;
@@ -127,7 +129,7 @@ void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr
                    graph_x_.describe(), " (train without --cuda-graph)");
     if (x.raw() != graph_x_.raw()) be.copy(x, graph_x_);
   }
-  be.replay_capture(in);
+  cap.replay(in);
   // The replay updated the weights behind the host's back: eager forwards (evaluation)
   // refresh their copies.
   model_.flat_params().mark_written();

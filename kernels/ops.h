@@ -4,6 +4,11 @@
 // tag travels with the Tensor); weights passed in are the canonical fp32 master copies
 // (conv OIHW, linear (out, in)); parameter gradients are OVERWRITTEN, input gradients
 // are returned as new tensors.
+//
+// Each op is a public non-virtual function (defined in ops.cpp) that times it when an
+// OpProfiler is attached (kernels/op_profiler.h) and calls the backend's protected `*_impl`.
+// What is not an op is grouped below the ops: the step's read-backs and synchronization, and
+// the optional capabilities a backend may have (captured steps, a device clock).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -12,10 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "core/device_handles.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
 namespace spotrain {
+
+class OpProfiler;   // kernels/op_profiler.h
+class DeviceClock;  // kernels/op_profiler.h
+class StepCapture;  // kernels/step_capture.h
 
 struct ConvParams {
   int kh = 3, kw = 3, stride = 1, pad = 1;  // groups = 1, dilation = 1, symmetric padding
@@ -64,17 +74,6 @@ struct LabelMix {
   const float* lam = nullptr;
 };
 
-// One training step's values that a captured step (Backend::begin_capture) reads from device
-// memory, refilled before each replay.
-struct StepInputs {
-  const int32_t* labels = nullptr;  // n labels, on the host
-  const LabelMix* mix = nullptr;    // null: plain labels
-  int64_t n = 0;
-  float lr = 0;           // sgd_step's learning rate
-  float loss_scale = 1;   // softmax_xent's grad_scale
-  float inv_scale = 1;    // unscale_check_queue's inv_scale
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -84,15 +83,24 @@ class Backend {
   // Number of compute threads (CPU) or 0.
   virtual int threads() const { return 0; }
 
-  // --- data movement -------------------------------------------------------------------
+  // --- what the device is: the questions code above kernels/ asks instead of the Device -----
+  // How this backend computes `compute` (with TF32 math when `tf32`) where it is not what the
+  // name says, as a note a run prints once at start ("" when there is nothing to say).
+  virtual std::string precision_note(DType compute, bool tf32) const { return ""; }
+  // The PCI bus id of the GPU this backend runs on, by which NVML finds it ("" off a GPU).
+  virtual std::string gpu_pci_bus_id() const { return ""; }
+  // A line on the device and its libraries for the start-up log ("" when name() says it all).
+  virtual std::string device_line() const { return ""; }
+
+  // --- data movement (to_host, from_host and the host copies are not timed) -----------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
-  virtual Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32) = 0;
+  Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32);
   // Where the loader should put the host batches upload_images takes: page-locked memory on
   // CUDA (uploaded with one async DMA straight from it, no staging copy), else Allocator::host().
   virtual Allocator& host_staging_allocator() { return Allocator::host(); }
   // Elementwise conversion to another dtype, same shape and layout (fp32 <-> bf16 <-> fp16,
   // round to nearest even; fp16 overflows to inf exactly as on a GPU).
-  virtual Tensor cast(const Tensor& t, DType to) = 0;
+  Tensor cast(const Tensor& t, DType to);
   // Any tensor (any dtype) -> host fp32 in canonical order (4-D: plain NCHW; others: plain).
   virtual Tensor to_host(const Tensor& t) = 0;
   // Host plain tensor -> device tensor of the same shape and layout (copy on every backend).
@@ -113,160 +121,187 @@ class Backend {
     return [] {};
   }
   // A zero-filled plain fp32 tensor on this device.
-  virtual Tensor zeros(const Shape& shape) = 0;
-  virtual void fill(Tensor& t, float value) = 0;
+  Tensor zeros(const Shape& shape);
+  void fill(Tensor& t, float value);
   // dst = src (same shape, device; plain fp32).
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  void copy(const Tensor& src, Tensor& dst);
 
   // --- convolution ---------------------------------------------------------------------
-  virtual Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) = 0;
-  virtual Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
-                                      const ConvParams& p) = 0;
-  virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
-                                       Tensor& dw) = 0;
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p);
+  Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x, const ConvParams& p);
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p, Tensor& dw);
   // acc += conv2d_backward_data(dy, w, x, p): the input gradient added to a gradient that
   // already reaches x by another path (a residual block's shortcut), in one pass where the
   // backend can (cuDNN's beta = 1). acc has x's shape and dtype and belongs to the caller.
-  virtual void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
-                                        const ConvParams& p, Tensor& acc) {
-    acc = add_forward(conv2d_backward_data(dy, w, x, p), acc, false);
-  }
+  void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                const ConvParams& p, Tensor& acc);
 
   // --- batch norm (statistics over N, H, W per channel; optional fused ReLU) ------------
-  virtual Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
-                                         const Tensor& beta, float eps, bool relu,
-                                         BnSaved& saved) = 0;
-  virtual Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
-                                         const Tensor& beta, const Tensor& running_mean,
-                                         const Tensor& running_var, float eps, bool relu) = 0;
-  virtual Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                    const Tensor& beta, const BnSaved& saved, float eps,
-                                    bool relu, Tensor& dgamma, Tensor& dbeta) = 0;
+  Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, bool relu, BnSaved& saved);
+  Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var, float eps,
+                                 bool relu);
+  Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
+                            Tensor& dgamma, Tensor& dbeta);
   // relu(batchnorm(x) + z) for training: a residual block's last BN with its Add and ReLU,
   // in one op where the backend has one (cuDNN's BN_ADD_ACTIVATION). The default composes
   // batchnorm_forward_train and add_forward. The result (the ReLU mask) is kept
   // in saved.backend_state[BnSaved::kComposedOutput].
-  virtual Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
-                                                  const Tensor& gamma, const Tensor& beta,
-                                                  float eps, BnSaved& saved) {
-    Tensor y = add_forward(batchnorm_forward_train(x, gamma, beta, eps, false, saved), z, true);
-    saved.backend_state[BnSaved::kComposedOutput] = y;
-    return y;
-  }
+  Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma,
+                                          const Tensor& beta, float eps, BnSaved& saved);
   // Its backward: returns dx, writes dgamma and dbeta, and sets dz to the gradient of z.
-  virtual Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
-                                             const Tensor& gamma, const Tensor& beta,
-                                             const BnSaved& saved, float eps, Tensor& dgamma,
-                                             Tensor& dbeta, Tensor& dz) {
-    dz = add_backward(dy, saved.backend_state[BnSaved::kComposedOutput], true);
-    return batchnorm_backward(dz, x, gamma, beta, saved, eps, false, dgamma, dbeta);
-  }
+  Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz);
   // running = (1 - momentum) * running + momentum * batch (variance made unbiased with n).
-  virtual void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
-                                        const BnSaved& saved, float momentum, int64_t n) = 0;
+  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
+                                float momentum, int64_t n);
 
   // Activation ops (convolution, batch norm, pooling, ReLU, Add) take and return tensors in
   // the compute dtype (fp32, bf16 or fp16); weight gradients, BN parameters and statistics,
   // the pooled features, Linear and the loss stay fp32.
 
   // --- elementwise -----------------------------------------------------------------------
-  virtual Tensor relu_forward(const Tensor& x) = 0;
-  virtual Tensor relu_backward(const Tensor& dy, const Tensor& y) = 0;
+  Tensor relu_forward(const Tensor& x);
+  Tensor relu_backward(const Tensor& dy, const Tensor& y);
   // y = a + b, then ReLU when relu is set (a and b of the same shape and layout).
-  virtual Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) = 0;
+  Tensor add_forward(const Tensor& a, const Tensor& b, bool relu);
   // Gradient through the optional ReLU of add_forward (y is its output); equals dy otherwise.
-  virtual Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) = 0;
+  Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu);
 
   // --- pooling -----------------------------------------------------------------------------
-  virtual Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) = 0;
-  virtual Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
-                                  const PoolParams& p) = 0;
+  Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace);
+  Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                          const PoolParams& p);
   // (N, C, H, W) any dtype -> (N, C) plain fp32; backward returns x's dtype and layout.
-  virtual Tensor global_avgpool_forward(const Tensor& x) = 0;
-  virtual Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) = 0;
+  Tensor global_avgpool_forward(const Tensor& x);
+  Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x);
 
   // --- linear: y (N, M) = x (N, K) w^T (M, K) + b (M) -----------------------------------------
-  virtual Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) = 0;
-  virtual Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                                 Tensor& db, bool need_dx) = 0;
+  Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b);
+  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
+                         bool need_dx);
 
   // --- loss ----------------------------------------------------------------------------------
   // Mean softmax cross-entropy with label smoothing over logits (N, M) plain; labels on the
   // host. When dlogits is non-null it receives d(loss * grad_scale)/d(logits). With `mix`
   // (mixup / cutmix), row i's loss is lam[i] * CE(labels[i]) + (1 - lam[i]) * CE(labels_b[i]);
   // top-1/top-5 count labels[i].
-  virtual LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                  float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) = 0;
-
+  LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr);
   // softmax_xent without waiting for its figures: queues the loss (and dlogits) and the copy
-  // of its per-row results; queued_loss() waits for them. The training step asks for the
-  // loss only once backward is queued, so a GPU never idles mid-step for the host to read
+  // of its per-row results; queued_loss() (below) waits for them. The training step asks for
+  // the loss only once backward is queued, so a GPU never idles mid-step for the host to read
   // it. The default computes at once.
-  virtual void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                                  float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) {
-    queued_loss_ = softmax_xent(logits, labels, smoothing, grad_scale, dlogits, mix);
-  }
-  virtual LossResult queued_loss() { return queued_loss_; }
+  void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr);
 
   // --- optimizer ---------------------------------------------------------------------------
   // SGD with momentum (PyTorch semantics) over flat fp32 buffers, segment by segment.
   // Marks params written (Tensor::mark_written), as copy and fill mark dst and t.
-  virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
-                        const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                const std::vector<SgdSegment>& segments, const SgdHyper& h);
   // Multiplies the flat gradients by inv_scale in place and reports whether any element is
   // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
-  virtual bool unscale_and_check(Tensor& grads, float inv_scale) = 0;
+  bool unscale_and_check(Tensor& grads, float inv_scale);
   // unscale_and_check without waiting for the verdict: it stays on the device, where
   // sgd_step(skip_on_overflow) reads it, and its copy to the host is queued; queued_overflow()
-  // waits for that copy. The default decides at once.
-  virtual void unscale_check_queue(Tensor& grads, float inv_scale) {
-    queued_overflow_ = unscale_and_check(grads, inv_scale);
-  }
-  virtual bool queued_overflow() { return queued_overflow_; }
+  // (below) waits for that copy. The default decides at once.
+  void unscale_check_queue(Tensor& grads, float inv_scale);
   // dst += weight * (src - dst) over fp32 tensors of one size: the moving average of the
   // weights (--ema-decay). Marks dst written.
-  virtual void lerp(Tensor& dst, const Tensor& src, float weight) = 0;
+  void lerp(Tensor& dst, const Tensor& src, float weight);
+
+  // --- the step around the ops: read-backs and the device's queue (not ops, not timed) ------
+  // The figures of the last softmax_xent_queue / the verdict of the last unscale_check_queue,
+  // waiting for them.
+  virtual LossResult queued_loss() { return queued_loss_; }
+  virtual bool queued_overflow() { return queued_overflow_; }
   virtual void synchronize() {}
   // Whether ops are queued to run later (a GPU's stream) rather than computed before they
   // return (the CPU): whether waiting to read a step's figures gains anything.
   virtual bool queues_ops() const { return false; }
-  // GPU: the compute stream (a cudaStream_t) every op is queued on, so a device communicator
-  // can order its work after the backend's with an event; nullptr on the CPU.
-  virtual void* native_stream() { return nullptr; }
+  // The device queue every op goes on, so a device communicator can order its work after the
+  // backend's (core/device_handles.h); nullptr where ops run at once (the CPU).
+  virtual DeviceStream* stream() { return nullptr; }
 
-  // --- captured steps (CUDA Graphs, --cuda-graph) ------------------------------------------
-  // Where can_capture(), the device work of one training step is recorded once, between
-  // begin_capture and end_capture (recording runs nothing), then queued by replay_capture
-  // with one launch. While recording, softmax_xent_queue, sgd_step and unscale_check_queue
-  // take their labels (and mixed targets), learning rate and scales from device memory that
-  // each replay first refills from its StepInputs; every other argument, shape and buffer is
-  // replayed as recorded. abort_capture ends a recording that an error cut short;
-  // drop_capture frees a recorded step.
-  virtual bool can_capture() const { return false; }
-  virtual void begin_capture(int64_t /*batch*/, bool /*mixed*/) {
-    throw Error(str("the ", name(), " backend cannot capture steps (--cuda-graph needs a GPU)"));
-  }
-  virtual void end_capture() {}
-  virtual void abort_capture() {}
-  virtual void replay_capture(const StepInputs& /*in*/) {
-    throw Error(str("the ", name(), " backend has no captured step to replay"));
-  }
-  virtual void drop_capture() {}
-  // Device memory held for the captured step's own tensors (0 when none is captured).
-  virtual size_t capture_reserved_bytes() { return 0; }
+  // --- capabilities a backend may have (nullptr: it has not) ---------------------------------
+  // Recording a step once and replaying it (CUDA Graphs, --cuda-graph).
+  virtual StepCapture* capture() { return nullptr; }
+  // A clock on the device that marks points in its queue, for OpProfiler (the CPU runs its ops
+  // as they are called: the host clock serves).
+  virtual DeviceClock* device_clock() { return nullptr; }
 
-  // --- profiling (ProfiledBackend) ------------------------------------------------------------
-  // Records a timing mark behind the work queued so far (GPU: an event on the compute stream)
-  // and returns its index since the last read, or -1 when the backend has no device clock
-  // (the CPU runs its ops synchronously: the host clock serves).
-  virtual int record_mark() { return -1; }
-  // Waits for the marks recorded since the last call and returns each one's time in ms after
-  // the first; forgets them.
-  virtual std::vector<double> read_marks_ms() { return {}; }
+  // Times every op from now on (nullptr: stop); the profiler must outlive its attachment.
+  void set_profiler(OpProfiler* p) { profiler_ = p; }
+  OpProfiler* profiler() const { return profiler_; }
 
  protected:
+  // The ops, as each backend implements them (see the public functions above).
+  virtual Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) = 0;
+  virtual Tensor cast_impl(const Tensor& t, DType to) = 0;
+  virtual Tensor zeros_impl(const Shape& shape) = 0;
+  virtual void fill_impl(Tensor& t, float value) = 0;
+  virtual void copy_impl(const Tensor& src, Tensor& dst) = 0;
+  virtual Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) = 0;
+  virtual Tensor conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                           const ConvParams& p) = 0;
+  virtual void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                            Tensor& dw) = 0;
+  virtual void conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                             const ConvParams& p, Tensor& acc);
+  virtual Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, float eps, bool relu,
+                                              BnSaved& saved) = 0;
+  virtual Tensor batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float eps, bool relu) = 0;
+  virtual Tensor batchnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                         const Tensor& beta, const BnSaved& saved, float eps,
+                                         bool relu, Tensor& dgamma, Tensor& dbeta) = 0;
+  virtual Tensor batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z,
+                                                       const Tensor& gamma, const Tensor& beta,
+                                                       float eps, BnSaved& saved);
+  virtual Tensor batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
+                                                  const Tensor& gamma, const Tensor& beta,
+                                                  const BnSaved& saved, float eps, Tensor& dgamma,
+                                                  Tensor& dbeta, Tensor& dz);
+  virtual void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var,
+                                             const BnSaved& saved, float momentum, int64_t n) = 0;
+  virtual Tensor relu_forward_impl(const Tensor& x) = 0;
+  virtual Tensor relu_backward_impl(const Tensor& dy, const Tensor& y) = 0;
+  virtual Tensor add_forward_impl(const Tensor& a, const Tensor& b, bool relu) = 0;
+  virtual Tensor add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) = 0;
+  virtual Tensor maxpool_forward_impl(const Tensor& x, const PoolParams& p, Tensor& workspace) = 0;
+  virtual Tensor maxpool_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                                       const PoolParams& p) = 0;
+  virtual Tensor global_avgpool_forward_impl(const Tensor& x) = 0;
+  virtual Tensor global_avgpool_backward_impl(const Tensor& dy, const Tensor& x) = 0;
+  virtual Tensor linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b) = 0;
+  virtual Tensor linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                      Tensor& db, bool need_dx) = 0;
+  virtual LossResult softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                       float grad_scale, Tensor* dlogits, const LabelMix* mix) = 0;
+  virtual void softmax_xent_queue_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                       float grad_scale, Tensor* dlogits, const LabelMix* mix);
+  virtual void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                             const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
+  virtual bool unscale_and_check_impl(Tensor& grads, float inv_scale) = 0;
+  virtual void unscale_check_queue_impl(Tensor& grads, float inv_scale);
+  virtual void lerp_impl(Tensor& dst, const Tensor& src, float weight) = 0;
+
   LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
   bool queued_overflow_ = false;  // unscale_check_queue's verdict where it decides at once
+
+ private:
+  // Runs `run` as op `op`, timed when a profiler is attached (an op composed of others counts
+  // once, as the op that was called); `shape` describes its arguments for the report.
+  template <class Run, class Shape>
+  auto timed(const char* op, Shape&& shape, Run&& run) -> decltype(run());
+  OpProfiler* profiler_ = nullptr;
+  int op_depth_ = 0;  // ops running now (composed ops call others)
 };
 
 struct BackendOptions {

@@ -20,7 +20,7 @@ std::string InputWatch::add(int64_t first_step, int64_t last_step, double wait_s
   if (steps_ < kMinSteps) return "";
   const double share = seconds_ > 0 ? wait_ / seconds_ : 0;
   const std::optional<double> sm = sm_n_ ? std::optional<double>(sm_sum_ / sm_n_) : std::nullopt;
-  const bool bound = share > kWaitShare || (sm && *sm < kLowSmUtil && share > kWaitShareLowGpu);
+  const bool bound = input_bound(share, sm);
   const int64_t from = from_;
   from_ = -1;
   steps_ = 0;

@@ -15,6 +15,11 @@ class InputWatch {
   static constexpr double kWaitShare = 0.10, kWaitShareLowGpu = 0.05, kLowSmUtil = 70.0;
 
   explicit InputWatch(int workers) : workers_(workers) {}
+  // The rule: steps that waited `wait_share` of their time for data are input-bound (the GPU's
+  // SM utilisation, when known, lowers the bar). `spotrain bench` judges its steps by it too.
+  static bool input_bound(double wait_share, std::optional<double> sm_util) {
+    return wait_share > kWaitShare || (sm_util && *sm_util < kLowSmUtil && wait_share > kWaitShareLowGpu);
+  }
   // One progress window: steps first_step..last_step took `seconds`, of which the ranks waited
   // `wait_seconds` (mean over ranks) for their batch. Returns the warning when this window
   // shows the run input-bound for the first time, else "".

@@ -24,11 +24,13 @@ void Tally::sum_over(CommWorker& w, const std::string& what) {
   data_wait = v[3];
 }
 
-Progress::Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& scaler,
-                   Allocator& device_memory, Telemetry& telemetry, int log_every, int workers,
-                   int64_t epochs, int64_t total_steps, int64_t first_step)
+Progress::Progress(CommWorker& worker, MetricsSink& metrics, PrometheusExport* prometheus,
+                   const LossScaler& scaler, Allocator& device_memory, Telemetry& telemetry,
+                   int log_every, int workers, int64_t epochs, int64_t total_steps,
+                   int64_t first_step)
     : worker_(worker),
       metrics_(metrics),
+      prometheus_(prometheus),
       scaler_(scaler),
       memory_(device_memory),
       telemetry_(telemetry),
@@ -54,7 +56,7 @@ std::string clock_hms() {  // "07:54:06" (UTC, as the records' times)
 
 }  // namespace
 
-const nlohmann::json* Progress::step(const StepFacts& s) {
+void Progress::step(const StepFacts& s) {
   // Times from when the step was done, not from when its figures came back (a step later).
   const double done = s.done_at > 0 ? s.done_at : now_seconds();
   window_.add(s.loss, s.batch);
@@ -67,7 +69,6 @@ const nlohmann::json* Progress::step(const StepFacts& s) {
                {"comm_exposed", s.phases->comm_exposed}, {"optimizer", s.phases->optimizer}};
     if (s.phases->captured > 0) phases_["captured_step"] = s.phases->captured;
   }
-  const nlohmann::json* out = nullptr;
   if (s.step % log_every_ == 0 || s.step == total_steps_ || s.epoch_end) {
     window_.sum_over(worker_, "the logged loss");  // the global batch's figures
     const double t = done, secs = std::max(1e-9, t - win_t0_);
@@ -89,17 +90,18 @@ const nlohmann::json* Progress::step(const StepFacts& s) {
                  scaler_.enabled()
                      ? str(" | scale ", scaler_.scale(), " skipped ", scaler_.state().skipped_steps)
                      : std::string()));
-    record_ = {{"epoch", s.epoch + 1}, {"step", s.step}, {"loss", window_.mean_loss()},
+    nlohmann::json record{{"epoch", s.epoch + 1}, {"step", s.step}, {"loss", window_.mean_loss()},
                {"train_top1", window_.accuracy()}, {"lr", s.lr}, {"images_per_sec", ips},
                {"step_seconds", step_s}, {"data_wait_share", wait_share},
                {"memory_bytes", mem}, {"gpu", tel["gpu"]}, {"host", tel["host"]}};
-    if (tel.contains("gpu_status")) record_["gpu_status"] = tel["gpu_status"];
-    if (!phases_.is_null()) record_["phases"] = phases_;
+    if (tel.contains("gpu_status")) record["gpu_status"] = tel["gpu_status"];
+    if (!phases_.is_null()) record["phases"] = phases_;
     if (scaler_.enabled()) {
-      record_["loss_scale"] = scaler_.scale();
-      record_["skipped_steps"] = scaler_.state().skipped_steps;
+      record["loss_scale"] = scaler_.scale();
+      record["skipped_steps"] = scaler_.state().skipped_steps;
     }
-    metrics_.write("step", record_);
+    metrics_.write("step", record);
+    if (prometheus_) prometheus_->progress(record);
     const std::string warning = input_watch_.add(s.step - win_steps_ + 1, s.step,
                                                  window_.data_wait / ranks, secs, telemetry_.sm_util());
     if (!warning.empty()) {
@@ -111,11 +113,9 @@ const nlohmann::json* Progress::step(const StepFacts& s) {
     window_ = Tally{};
     win_t0_ = done;
     win_steps_ = 0;
-    out = &record_;
   }
   step_seconds_ = done - last_step_end_;  // the latest step, not the warm-up average
   last_step_end_ = done;
-  return out;
 }
 
 Tally Progress::end_epoch(double* seconds) {

@@ -1,8 +1,9 @@
 // Progress of a training run: the loss and accuracy tallied per progress window and per
 // epoch (summed over ranks when reported); the progress line every --log-every steps and at
 // epoch ends (wall-clock time, step time, the share of it spent waiting for data, images/s,
-// memory in use, the ETA, fp16's loss scale); its metrics record with the machine's telemetry
-// and one step's phase times; the input-bound check; and the step time the stop policy needs.
+// memory in use, the ETA, fp16's loss scale); its record with the machine's telemetry and one
+// step's phase times, written to the metrics and handed to the --prometheus file; the
+// input-bound check; and the step time the stop policy needs.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +17,7 @@
 #include "observe/input_watch.h"
 #include "engine/loss_scaler.h"
 #include "observe/metrics.h"
+#include "observe/prometheus.h"
 #include "engine/step.h"
 #include "observe/telemetry.h"
 #include "kernels/ops.h"
@@ -49,18 +51,19 @@ struct StepFacts {
 class Progress {
  public:
   // device_memory: the compute device's allocator (its peak per window is reported);
-  // telemetry: sampled with each progress line (every rank samples its own machine).
-  Progress(CommWorker& worker, MetricsSink& metrics, const LossScaler& scaler,
-           Allocator& device_memory, Telemetry& telemetry, int log_every, int workers,
-           int64_t epochs, int64_t total_steps, int64_t first_step);
+  // telemetry: sampled with each progress line (every rank samples its own machine);
+  // prometheus: where the records go besides the metrics (null: nowhere).
+  Progress(CommWorker& worker, MetricsSink& metrics, PrometheusExport* prometheus,
+           const LossScaler& scaler, Allocator& device_memory, Telemetry& telemetry, int log_every,
+           int workers, int64_t epochs, int64_t total_steps, int64_t first_step);
   void start_epoch();
   // Whether step (1-based) should be timed phase by phase (one step per progress window: the
   // phase timing synchronizes a GPU between phases).
   bool due_for_phases(int64_t step) const { return step % log_every_ == 0; }
-  // After a step. When its progress line is due: prints it, writes its metrics record and
-  // returns the record (every rank gets it, with the job's figures and its own telemetry);
-  // otherwise null.
-  const nlohmann::json* step(const StepFacts& s);
+  // After a step. When its progress line is due: prints it and writes its record (every rank
+  // makes it, with the job's figures and its own telemetry; rank 0's metrics and each node's
+  // Prometheus file take it).
+  void step(const StepFacts& s);
   double last_step_seconds() const { return step_seconds_; }
   // The epoch's figures over all ranks, and its seconds.
   Tally end_epoch(double* seconds);
@@ -68,6 +71,7 @@ class Progress {
  private:
   CommWorker& worker_;
   MetricsSink& metrics_;
+  PrometheusExport* prometheus_;
   const LossScaler& scaler_;
   Allocator& memory_;
   Telemetry& telemetry_;
@@ -78,7 +82,6 @@ class Progress {
   int64_t win_steps_ = 0;  // steps in the current window
   double t_start_, win_t0_ = 0, epoch_t0_ = 0, last_step_end_, step_seconds_ = 0;
   nlohmann::json phases_;  // the latest timed step's phases
-  nlohmann::json record_;
 };
 
 }  // namespace spotrain

@@ -1,14 +1,14 @@
 // PrometheusFile (see prometheus.h).
 #include "observe/prometheus.h"
 
-#include <unistd.h>
+#include <sys/stat.h>
 
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
+#include <ctime>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace spotrain {
@@ -81,18 +81,49 @@ void PrometheusFile::write(const std::vector<PromSample>& samples) const {
       std::snprintf(value, sizeof value, "%.17g", s.value);
     text += s.name + (labels.empty() ? "" : "{" + labels + "}") + " " + value + "\n";
   }
-  const std::string tmp = path_ + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  SPOTRAIN_CHECK(f, "cannot write the --prometheus file ", tmp, ": ", std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    std::remove(tmp.c_str());
-    SPOTRAIN_THROW("cannot write the --prometheus file ", tmp, ": ", std::strerror(errno));
+  // Rewritten at every progress line and read only while the run lives: a rename keeps
+  // readers off half a file, and no fsync is paid for a figure the next line replaces.
+  write_file_atomic(path_, text, "the --prometheus file", Durability::visible);
+}
+
+PrometheusExport::PrometheusExport(std::string path, std::string labels, int64_t restarts)
+    : file_(std::make_unique<PrometheusFile>(std::move(path), std::move(labels))), restarts_(restarts) {}
+
+void PrometheusExport::progress(const nlohmann::json& record) {
+  last_ = record;
+  publish(true);
+}
+
+void PrometheusExport::checkpoint(const std::string& path, bool written) {
+  ckpt_started_ = path;
+  if (written) ckpt_done_ = path;
+}
+
+void PrometheusExport::finished() { publish(false); }
+
+void PrometheusExport::publish(bool running) {
+  if (!file_ || !last_.is_object()) return;
+  std::vector<PromSample> s = prom_samples_of_record(last_);
+  s.push_back({"spotrain_running", "1 while the run trains, 0 once it has stopped or ended", "gauge",
+               "", running ? 1.0 : 0.0});
+  s.push_back({"spotrain_last_update_timestamp_seconds",
+               "when this file was written (a stale file: the run is gone)", "gauge", "",
+               double(std::time(nullptr))});
+  if (restarts_ >= 0) {
+    s.push_back({"spotrain_restarts", "processes this run was restarted in (resumes)", "gauge", "",
+                 double(restarts_)});
+    // A background write is known done once its file exists (it is renamed into place).
+    struct stat st {};
+    if (!ckpt_started_.empty() && ::stat(ckpt_started_.c_str(), &st) == 0) ckpt_done_ = ckpt_started_;
+    if (!ckpt_done_.empty() && ::stat(ckpt_done_.c_str(), &st) == 0)
+      s.push_back({"spotrain_last_checkpoint_age_seconds", "seconds since the newest checkpoint was written",
+                   "gauge", "", double(std::time(nullptr) - st.st_mtime)});
   }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    SPOTRAIN_THROW("cannot replace the --prometheus file ", path_, ": ", std::strerror(errno));
+  try {
+    file_->write(s);
+  } catch (const std::exception& e) {  // a monitoring file never stops training
+    std::fprintf(stderr, "warning: %s; --prometheus is off for the rest of this run\n", e.what());
+    file_.reset();
   }
 }
 

@@ -28,10 +28,7 @@ constexpr int kTemperatureGpu = 0;
 constexpr int kClockSm = 1, kClockMem = 2;
 constexpr int kPcieTx = 0, kPcieRx = 1;
 
-DynLib& nvml() {
-  static DynLib lib("NVML (the NVIDIA driver's libnvidia-ml)", {"libnvidia-ml.so.1"});
-  return lib;
-}
+DynLib& nvml() { return nvml_library(); }
 
 template <class F>
 F* nvml_fn(const char* name) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,19 +38,6 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
-}
-
-// Writes `text` to `path` atomically (a temporary file, then rename).
-void write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << text;
-    SPOTRAIN_CHECK(f.good(), "cannot write ", tmp);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  SPOTRAIN_CHECK(!ec, "cannot write ", path, ": ", ec.message());
 }
 
 // The settings as a [train] config file; resume is "auto", so that giving the file back
@@ -95,10 +83,22 @@ RunFolder::RunFolder(const RunConfig& cfg) : dir_(cfg.ckpt_dir) {
                  "); pass a writable --ckpt-dir");
   lock();
   claim(cfg);
+  open_log();
 }
 
 RunFolder::~RunFolder() {
+  if (log_) {
+    log_file() = nullptr;
+    std::fclose(log_);
+  }
   if (lock_fd_ >= 0) ::close(lock_fd_);  // closing drops the flock
+}
+
+void RunFolder::open_log() {
+  log_ = std::fopen(path("train.log").c_str(), "a");
+  SPOTRAIN_CHECK(log_, "cannot write ", path("train.log"), ": ", std::strerror(errno));
+  log_file() = log_;
+  log_to_file(str("spotrain train, settings in ", path("config.toml")));
 }
 
 void RunFolder::lock() {
@@ -200,9 +200,9 @@ void RunFolder::claim(const RunConfig& cfg) {
   }
   if (theirs.empty() || theirs != mine) {
     nlohmann::json j{{"fingerprint", nlohmann::json::parse(mine)}, {"created", utc_time_iso()}};
-    write_file(path("run.json"), j.dump(2) + "\n");
+    write_file_atomic(path("run.json"), j.dump(2) + "\n", "the run's fingerprint");
   }
-  write_file(path("config.toml"), settings_file(cfg));
+  write_file_atomic(path("config.toml"), settings_file(cfg), "the run's settings");
 }
 
 }  // namespace spotrain

@@ -4,8 +4,10 @@
 // holds an exclusive lock on it while it runs (flock: the kernel drops it when the holder
 // dies) and refuses a second process, naming the holder. It never mixes two runs: a folder
 // that holds another run's checkpoints is used only by the same run resuming (--resume), or
-// with --new-run, which moves the old run's files into previous-<time>/ first.
+// with --new-run, which moves the old run's files into previous-<time>/ first. While it is
+// held, the log also goes to the folder's train.log.
 #pragma once
+#include <cstdio>
 #include <string>
 
 #include "run/config.h"
@@ -14,10 +16,10 @@ namespace spotrain {
 
 class RunFolder {
  public:
-  // Creates and locks `cfg.ckpt_dir`, checks that this run may use it, and writes the run's
-  // fingerprint and settings; throws Error saying what to do when it may not.
+  // Creates and locks `cfg.ckpt_dir`, checks that this run may use it, writes the run's
+  // fingerprint and settings and opens train.log; throws Error saying what to do when it may not.
   explicit RunFolder(const RunConfig& cfg);
-  ~RunFolder();  // releases the lock
+  ~RunFolder();  // closes train.log, releases the lock
   RunFolder(const RunFolder&) = delete;
   RunFolder& operator=(const RunFolder&) = delete;
 
@@ -28,8 +30,10 @@ class RunFolder {
   void lock();
   void claim(const RunConfig& cfg);
   void move_aside();
+  void open_log();
   std::string dir_;
   int lock_fd_ = -1;
+  FILE* log_ = nullptr;  // train.log
 };
 
 // What identifies a run: the settings a continuation must share (model, data, seed, ...),

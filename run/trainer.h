@@ -1,31 +1,28 @@
-// The training loop: next batch -> step -> progress and metrics -> checkpoint or stop, epoch
-// by epoch, with evaluation after epochs. The pieces it runs live in their own files: the
-// rank's set-up (session.h), one step (step.h), stopping (stop_policy.h), the checkpoint
-// folder (checkpoints/checkpoint_manager.h), metrics (metrics.h), evaluation (evaluate.h).
+// The training loop: next batch -> step -> progress -> checkpoint or stop, epoch by epoch,
+// with evaluation after epochs. What it runs lives beside it: the parts a rank builds
+// (run/setup.h, engine/session.h), one step (engine/step.h), resume (run/resume.h), the run's
+// checkpoints (run/run_checkpoints.h), stopping (run/stop_policy.h), the run folder
+// (run/run_folder.h), and what reports on the run (observe/).
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "checkpoints/checkpoint_manager.h"
-#include "spot/preempt_notice.h"
-#include "run/ckpt_interval.h"
-#include "run/config.h"
 #include "engine/data.h"
 #include "engine/ema.h"
 #include "engine/evaluate.h"
 #include "engine/lr_schedule.h"
+#include "engine/session.h"
+#include "io/loader.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
-#include "run/run_folder.h"
-#include "engine/session.h"
 #include "observe/telemetry.h"
-#include "io/loader.h"
+#include "run/config.h"
+#include "run/run_checkpoints.h"
+#include "run/run_folder.h"
+#include "spot/preempt_notice.h"
 
 namespace spotrain {
-
-class Progress;
 
 struct TrainResult {
   int64_t steps = 0;
@@ -55,58 +52,35 @@ class Trainer {
   Communicator& comm() { return session_->comm(); }
 
  private:
-  // Where training continues: after --resume, the step and the position in the data.
-  struct Position {
-    int64_t step = 0, epoch = 0, batch_in_epoch = 0;
-  };
-  void check_ranks_agree();
-  // Rank 0 finds and loads the checkpoint and broadcasts the state to every rank (other
-  // nodes need no copy of the file). A checkpoint from another rank count keeps its global
-  // batch: the per-rank --batch-size becomes global / world.
-  Position resume();
-  // Writes ckpt-<step>.h5 (rank 0): in the background, or with `sync` before returning
-  // (every rank then waits at a barrier). Returns the path.
-  std::string write_checkpoint(const Position& at, bool sync);
   // The run's length and learning-rate schedule, from the loader's batches per epoch.
   struct Plan {
     int64_t per_epoch = 0, total_steps = 0, epochs = 0;
     LrSchedule lr;
   };
+  struct Loop;  // what one run() keeps between steps (trainer.cpp)
   Plan plan(int64_t per_epoch) const;
-  io::LoaderOptions loader_options() const;
   void log_start(const Plan& p);
-  void step_hooks(int64_t step, const io::Batch& b);
-  double checkpoint_seconds() const;
-  void measure_checkpoint_cost(double step_s);
-  void set_auto_interval(double stall_s, double write_s);
-  void end_epoch(int64_t epoch, bool last_epoch, Progress& progress, const Plan& p, int64_t step,
-                 TrainResult& res);
+  // Queues the step of batch `b` (the next after `at`) and hands the figures read back so
+  // far to the progress line; returns the position after it.
+  TrainPosition step(Loop& loop, const io::Batch& b, int64_t epoch, double data_wait, TrainPosition at);
+  void end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step, TrainResult& res);
+  // A stop (signal, notice, --max-wall-time) after `at`: a checkpoint, then exit 75.
+  TrainResult stop_early(Loop& loop, const TrainPosition& at, const std::string& why, TrainResult res);
   void report_bad_images(io::Loader& loader, TrainResult& res);
-  // --prometheus: the node's file from a progress record; running = false at the stop or end.
-  void publish(const nlohmann::json& record, bool running);
 
   RunConfig cfg_;
   double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
   std::unique_ptr<Session> session_;
   DataPair data_;
   Training t_;
-  std::unique_ptr<RunFolder> folder_;        // rank 0 with a --ckpt-dir
-  std::unique_ptr<CheckpointManager> ckpt_;  // rank 0 with a --ckpt-dir
-  Tensor snap_params_, snap_momentum_;       // warm host buffers for snapshots
-  std::optional<AutoCheckpointInterval> auto_interval_;  // --ckpt-every auto (rank 0)
-  int64_t writes_seen_ = 0;                  // checkpoint writes its interval was set from
-  double usual_step_s_ = 0, extra_during_write_ = 0;  // step time without a write; extra with one
-  double cost_s_ = 0, write_s_ = 0;          // a checkpoint's cost to training, its write time
-  double auto_logged_s_ = 0;                 // the interval last logged
   std::unique_ptr<WeightEma> ema_;           // --ema-decay
+  std::unique_ptr<RunFolder> folder_;        // rank 0 with a --ckpt-dir
+  std::unique_ptr<RunCheckpoints> checkpoints_;
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host
-  std::unique_ptr<PrometheusFile> prom_;      // --prometheus, the first rank of each node
-  nlohmann::json last_record_;                // the latest progress record (for prom_)
-  std::string ckpt_started_, ckpt_done_;      // newest checkpoint begun, and known written
+  std::unique_ptr<PrometheusExport> prom_;    // --prometheus, the first rank of each node
   std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
   FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
-  FILE* log_file_ = nullptr;    // the run folder's train.log (rank 0)
 };
 
 }  // namespace spotrain

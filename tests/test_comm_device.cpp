@@ -1,7 +1,7 @@
 // The Reducer's device-communicator path, on any machine: every gradient bucket is marked on
 // the training thread (mark_compute) and all-reduced with that mark on the CommWorker thread,
-// in order (checked with a recording communicator); communicator_for_device keeps MPI for
-// CPU ranks; a build without CUDA refuses NCCL with one clear line. NCCL itself on a GPU:
+// in order (checked with a recording communicator); a CPU session keeps the host
+// communicator; a build without CUDA refuses NCCL with one clear line. NCCL itself on a GPU:
 // test_gpu_nccl.cpp.
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include "engine/grad_sync.h"
 #include "core/error.h"
 #include "engine/model.h"
+#include "engine/session.h"
 #include "core/philox.h"
 #include "kernels/ops.h"
 #include "layers/resnet.h"
@@ -36,13 +37,13 @@ class RecordingComm final : public Communicator {
   void barrier() override {}
   std::vector<uint64_t> allgather(uint64_t v) override { return {v, v}; }
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
-  void* mark_compute() override {
+  DeviceEvent* mark_compute() override {
     std::lock_guard<std::mutex> lk(mu);
     marks.push_back(++next);
     mark_threads.push_back(std::this_thread::get_id());
-    return reinterpret_cast<void*>(next);
+    return reinterpret_cast<DeviceEvent*>(next);
   }
-  void allreduce_sum_after(void* mark, void* data, int64_t count, DType dt) override {
+  void allreduce_sum_after(DeviceEvent* mark, void* data, int64_t count, DType dt) override {
     EXPECT_EQ(dt, DType::f32);
     float* p = static_cast<float*>(data);
     for (int64_t i = 0; i < count; ++i) p[i] *= 2;
@@ -102,15 +103,15 @@ TEST(ReducerDevicePath, EveryBucketMarkedOnTheTrainingThreadAndReducedInOrder) {
     ASSERT_EQ(reduced[i], 2 * local[i]) << "element " << i << " was not all-reduced exactly once";
 }
 
-TEST(CommunicatorForDevice, CpuRanksAndSingleRanksKeepTheHostCommunicator) {
-  auto local = make_communicator("local");
-  Communicator* raw = local.get();
-  auto same = communicator_for_device(std::move(local), Device::cpu, nullptr);
-  EXPECT_EQ(same.get(), raw);
-  auto still = communicator_for_device(std::move(same), Device::cuda, nullptr);  // 1 rank
-  EXPECT_EQ(still.get(), raw);
-  EXPECT_FALSE(still->device_buffers());
-  EXPECT_EQ(still->mark_compute(), nullptr);
+TEST(Session, ACpuBackendHasNoDeviceQueueAndKeepsTheHostCommunicator) {
+  SessionOptions so;
+  so.comm = "local";
+  so.device = "cpu";
+  Session s(so);
+  EXPECT_EQ(s.backend().stream(), nullptr);
+  EXPECT_FALSE(s.comm().device_buffers());
+  EXPECT_EQ(s.comm().mark_compute(), nullptr);
+  EXPECT_EQ(s.comm().name(), "local");
 }
 
 #ifndef SPOTRAIN_WITH_CUDA

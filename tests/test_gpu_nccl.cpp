@@ -27,7 +27,7 @@ class NcclOneRank : public ::testing::Test {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
     ASSERT_EQ(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), cudaSuccess);
-    comm_ = make_nccl_communicator(make_communicator("local"), compute_);
+    comm_ = make_nccl_communicator(make_communicator("local"), reinterpret_cast<DeviceStream*>(compute_));
 #else
     GTEST_SKIP() << "no CUDA device (this build has no CUDA backend)";
 #endif
@@ -57,7 +57,7 @@ TEST_F(NcclOneRank, AllReducesAndBroadcastsDeviceBuffersAfterTheComputeStream) {
   // Written on the compute stream; the all-reduce must start after it (one rank: identity).
   ASSERT_EQ(cudaMemcpyAsync(d, want.data(), size_t(n) * 4, cudaMemcpyHostToDevice, compute_),
             cudaSuccess);
-  void* mark = comm_->mark_compute();
+  DeviceEvent* mark = comm_->mark_compute();
   ASSERT_NE(mark, nullptr);
   comm_->allreduce_sum_after(mark, d, n, DType::f32);
   comm_->allreduce_sum(d, n, DType::f32);

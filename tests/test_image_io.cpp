@@ -15,6 +15,7 @@
 #include "core/philox.h"
 #include "image_folder_fixture.h"
 #include "io/image_folder.h"
+#include "io/shards.h"
 #include "io/image_transforms.h"
 #include "io/jpeg.h"
 #include "io/loader.h"

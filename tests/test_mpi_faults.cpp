@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt_state.h"
+#include "scratch_dir.h"
 
 namespace {
 
@@ -150,13 +151,6 @@ TEST(MpiFaults, MismatchedCompressionIsRefused) {
 namespace fs = std::filesystem;
 
 // An empty folder of this name under the temporary directory, for one test's files.
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 std::string resume_args(const fs::path& dir, const std::string& more = "") {
   return std::string(SPOTRAIN_BIN) +
          " train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --epochs 2"

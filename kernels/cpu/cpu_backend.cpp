@@ -56,9 +56,20 @@ std::string CpuBackend::name() const {
   return str("cpu (oneDNN ", v->major, ".", v->minor, ".", v->patch, ", ", threads_, " threads)");
 }
 
+std::string CpuBackend::precision_note(DType compute, bool tf32) const {
+  if (tf32) return "tf32 is a GPU math mode; on the CPU it computes in fp32";
+  if (compute == DType::f16)
+    return "fp16 on the CPU stores fp16 and computes in fp32 (slow; for checking loss scaling). "
+           "bf16 is the fast CPU choice.";
+  if (compute == DType::bf16 && via_f32(compute))
+    return "this processor has no AVX-512, where oneDNN computes bf16: bf16 stores bf16 and "
+           "computes in fp32 (slower than fp32 here)";
+  return "";
+}
+
 // ---- data movement ------------------------------------------------------------------------
 
-Tensor CpuBackend::upload_images(const Tensor& host_nhwc, DType compute) {
+Tensor CpuBackend::upload_images_impl(const Tensor& host_nhwc, DType compute) {
   SPOTRAIN_CHECK(host_nhwc.ndim() == 4 && host_nhwc.layout() == Layout::nhwc &&
                      host_nhwc.dtype() == DType::f32,
                  "upload_images expects an fp32 NHWC batch, got ", host_nhwc.describe());
@@ -102,7 +113,7 @@ float ld_bf16(uint16_t v) { return bf16_to_float(v); }
 float ld_f16(uint16_t v) { return half_to_float(v); }
 }  // namespace
 
-Tensor CpuBackend::cast(const Tensor& t, DType to) {
+Tensor CpuBackend::cast_impl(const Tensor& t, DType to) {
   DType from = t.dtype();
   SPOTRAIN_CHECK((from == DType::f32 || from == DType::bf16 || from == DType::f16) &&
                      (to == DType::f32 || to == DType::bf16 || to == DType::f16),
@@ -159,19 +170,19 @@ Tensor CpuBackend::from_host(const Tensor& t) {
   return out;
 }
 
-Tensor CpuBackend::zeros(const Shape& shape) {
+Tensor CpuBackend::zeros_impl(const Shape& shape) {
   Tensor t(shape, DType::f32, allocator());
   std::memset(t.raw(), 0, t.nbytes());
   return t;
 }
 
-void CpuBackend::fill(Tensor& t, float value) {
+void CpuBackend::fill_impl(Tensor& t, float value) {
   t.mark_written();
   float* p = t.data<float>();
   std::fill(p, p + t.storage_elems(), value);
 }
 
-void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+void CpuBackend::copy_impl(const Tensor& src, Tensor& dst) {
   dst.mark_written();
   SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
                  dst.describe());
@@ -215,7 +226,7 @@ void for_dtype(DType dt, F&& f) {
 }
 }  // namespace
 
-Tensor CpuBackend::relu_forward(const Tensor& x) {
+Tensor CpuBackend::relu_forward_impl(const Tensor& x) {
   Tensor y = alloc_same(allocator(), x);
   int64_t n = x.storage_elems();
   const void* px = x.raw();
@@ -227,7 +238,7 @@ Tensor CpuBackend::relu_forward(const Tensor& x) {
   return y;
 }
 
-Tensor CpuBackend::relu_backward(const Tensor& dy, const Tensor& y) {
+Tensor CpuBackend::relu_backward_impl(const Tensor& dy, const Tensor& y) {
   check_same(dy, y, "relu_backward");
   Tensor dx = alloc_same(allocator(), y);
   const void* g = dy.raw();
@@ -241,7 +252,7 @@ Tensor CpuBackend::relu_backward(const Tensor& dy, const Tensor& y) {
   return dx;
 }
 
-Tensor CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
+Tensor CpuBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu) {
   check_same(a, b, "add");
   Tensor y = alloc_same(allocator(), a);
   const void* pa = a.raw();
@@ -271,7 +282,7 @@ Tensor CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
   return y;
 }
 
-Tensor CpuBackend::add_backward(const Tensor& dy, const Tensor& y, bool relu) {
+Tensor CpuBackend::add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) {
   if (!relu) return dy;
   return relu_backward(dy, y);
 }
@@ -298,7 +309,7 @@ Indexer indexer_of(const Tensor& x) {
 }
 }  // namespace
 
-Tensor CpuBackend::global_avgpool_forward(const Tensor& x) {
+Tensor CpuBackend::global_avgpool_forward_impl(const Tensor& x) {
   int64_t n = x.dim(0), c = x.dim(1);
   Indexer ix = indexer_of(x);
   Tensor y({n, c}, DType::f32, allocator());
@@ -317,7 +328,7 @@ Tensor CpuBackend::global_avgpool_forward(const Tensor& x) {
   return y;
 }
 
-Tensor CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
+Tensor CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& x) {
   int64_t n = x.dim(0), c = x.dim(1);
   Indexer ix = indexer_of(x);
   Tensor dx = alloc_same(allocator(), x);
@@ -338,7 +349,7 @@ Tensor CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
 
 // ---- linear ---------------------------------------------------------------------------------------
 
-Tensor CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   SPOTRAIN_CHECK(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1),
                  "linear: input ", x.describe(), " does not match weights ", w.describe());
   int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
@@ -360,8 +371,8 @@ Tensor CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor
   return y;
 }
 
-Tensor CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                                   Tensor& db, bool need_dx) {
+Tensor CpuBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                        Tensor& db, bool need_dx) {
   int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   const float* g = dy.data<float>();
   const float* px = x.data<float>();
@@ -401,8 +412,8 @@ Tensor CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tens
 
 // ---- loss -----------------------------------------------------------------------------------------
 
-LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                    float grad_scale, Tensor* dlogits, const LabelMix* mix) {
+LossResult CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                         float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   SPOTRAIN_CHECK(logits.ndim() == 2, "softmax_xent: logits must be (N, classes), got ",
                  logits.describe());
   int64_t n = logits.dim(0), m = logits.dim(1);
@@ -425,8 +436,8 @@ LossResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
 
 // ---- optimizer --------------------------------------------------------------------------------------
 
-void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
-                          const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+void CpuBackend::sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                               const std::vector<SgdSegment>& segments, const SgdHyper& h) {
   if (h.skip_on_overflow && queued_overflow_) return;
   params.mark_written();
   float* p = params.data<float>();
@@ -440,7 +451,7 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
   }
 }
 
-void CpuBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
+void CpuBackend::lerp_impl(Tensor& dst, const Tensor& src, float weight) {
   SPOTRAIN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::f32 && src.dtype() == DType::f32,
                  "lerp: fp32 tensors of one size, got ", dst.describe(), " and ", src.describe());
   dst.mark_written();
@@ -451,7 +462,7 @@ void CpuBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
   for (int64_t i = 0; i < n; ++i) d[i] = lerp_value(d[i], s[i], weight);
 }
 
-bool CpuBackend::unscale_and_check(Tensor& grads, float inv_scale) {
+bool CpuBackend::unscale_and_check_impl(Tensor& grads, float inv_scale) {
   float* g = grads.data<float>();
   int64_t n = grads.numel();
   int bad = 0;

@@ -22,55 +22,53 @@ class CpuBackend final : public Backend {
   std::string name() const override;
   Allocator& allocator() override { return Allocator::host(); }
   int threads() const override { return threads_; }
+  std::string precision_note(DType compute, bool tf32) const override;
 
-  Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
-  Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
   void copy_to_host(const Tensor& src, Tensor& host_dst) override;
-  Tensor zeros(const Shape& shape) override;
-  void fill(Tensor& t, float value) override;
-  void copy(const Tensor& src, Tensor& dst) override;
 
-  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) override;
-  Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
-                              const ConvParams& p) override;
-  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
-                               Tensor& dw) override;
-
-  Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 float eps, bool relu, BnSaved& saved) override;
-  Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 const Tensor& running_mean, const Tensor& running_var,
-                                 float eps, bool relu) override;
-  Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
-                            Tensor& dgamma, Tensor& dbeta) override;
-  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
-                                const BnSaved& saved, float momentum, int64_t n) override;
-
-  Tensor relu_forward(const Tensor& x) override;
-  Tensor relu_backward(const Tensor& dy, const Tensor& y) override;
-  Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) override;
-  Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) override;
-
-  Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
-  Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
-                          const PoolParams& p) override;
-  Tensor global_avgpool_forward(const Tensor& x) override;
-  Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) override;
-
-  Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) override;
-  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                         Tensor& db, bool need_dx) override;
-
-  LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
-
-  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
-                const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
-  bool unscale_and_check(Tensor& grads, float inv_scale) override;
-  void lerp(Tensor& dst, const Tensor& src, float weight) override;
+ protected:
+  // The ops (kernels/ops.h): cpu_backend.cpp (data movement, elementwise, linear, loss,
+  // optimizer), cpu_conv.cpp (convolution), cpu_norm_pool.cpp (batch norm, pooling).
+  Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) override;
+  Tensor cast_impl(const Tensor& t, DType to) override;
+  Tensor zeros_impl(const Shape& shape) override;
+  void fill_impl(Tensor& t, float value) override;
+  void copy_impl(const Tensor& src, Tensor& dst) override;
+  Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) override;
+  Tensor conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                   const ConvParams& p) override;
+  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                    Tensor& dw) override;
+  Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      float eps, bool relu, BnSaved& saved) override;
+  Tensor batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& running_mean, const Tensor& running_var,
+                                      float eps, bool relu) override;
+  Tensor batchnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const BnSaved& saved, float eps, bool relu,
+                                 Tensor& dgamma, Tensor& dbeta) override;
+  void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var,
+                                     const BnSaved& saved, float momentum, int64_t n) override;
+  Tensor relu_forward_impl(const Tensor& x) override;
+  Tensor relu_backward_impl(const Tensor& dy, const Tensor& y) override;
+  Tensor add_forward_impl(const Tensor& a, const Tensor& b, bool relu) override;
+  Tensor add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) override;
+  Tensor maxpool_forward_impl(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
+  Tensor maxpool_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                               const PoolParams& p) override;
+  Tensor global_avgpool_forward_impl(const Tensor& x) override;
+  Tensor global_avgpool_backward_impl(const Tensor& dy, const Tensor& x) override;
+  Tensor linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b) override;
+  Tensor linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                              Tensor& db, bool need_dx) override;
+  LossResult softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                               float grad_scale, Tensor* dlogits, const LabelMix* mix) override;
+  void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                     const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  bool unscale_and_check_impl(Tensor& grads, float inv_scale) override;
+  void lerp_impl(Tensor& dst, const Tensor& src, float weight) override;
 
  private:
   struct ConvEntry;

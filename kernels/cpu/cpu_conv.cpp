@@ -76,7 +76,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   return ref;
 }
 
-Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) {
+Tensor CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) {
   SPOTRAIN_CHECK(x.ndim() == 4 && w.ndim() == 4 && x.dim(1) == w.dim(1),
                  "conv2d: input ", x.describe(), " does not match weights ", w.describe());
   if (via_f32(x.dtype())) return cast(conv2d_forward(f32(x), w, p), x.dtype());
@@ -92,8 +92,8 @@ Tensor CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const ConvPa
   return y;
 }
 
-Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
-                                        const ConvParams& p) {
+Tensor CpuBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                             const ConvParams& p) {
   if (via_f32(x.dtype()))
     return cast(conv2d_backward_data(f32(dy), w, f32(x), p), x.dtype());
   auto& e = conv_entry(x, w, p);
@@ -116,8 +116,8 @@ Tensor CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const
   return dx;
 }
 
-void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
-                                         Tensor& dw) {
+void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                                              Tensor& dw) {
   SPOTRAIN_CHECK(dw.dtype() == DType::f32 && dw.ndim() == 4, "conv2d: weight gradient must be fp32 OIHW");
   if (via_f32(x.dtype())) return conv2d_backward_weights(f32(x), f32(dy), p, dw);
   auto& e = conv_entry(x, dw, p);

@@ -29,9 +29,9 @@ CpuBackend::BnEntry& CpuBackend::bn_entry(const Tensor& x, bool relu, float eps)
   return ref;
 }
 
-Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
-                                           const Tensor& beta, float eps, bool relu,
-                                           BnSaved& saved) {
+Tensor CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                                const Tensor& beta, float eps, bool relu,
+                                                BnSaved& saved) {
   SPOTRAIN_CHECK(x.ndim() == 4 && gamma.numel() == x.dim(1), "batchnorm: input ", x.describe(),
                  " has ", x.dim(1), " channels, parameters have ", gamma.numel());
   if (via_f32(x.dtype()))
@@ -56,9 +56,9 @@ Tensor CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma,
   return y;
 }
 
-Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
-                                           const Tensor& beta, const Tensor& running_mean,
-                                           const Tensor& running_var, float eps, bool relu) {
+Tensor CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                                const Tensor& beta, const Tensor& running_mean,
+                                                const Tensor& running_var, float eps, bool relu) {
   if (via_f32(x.dtype()))
     return cast(batchnorm_forward_infer(f32(x), gamma, beta, running_mean, running_var, eps, relu),
                 x.dtype());
@@ -84,9 +84,9 @@ Tensor CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
   return y;
 }
 
-Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                      const Tensor& beta, const BnSaved& saved, float eps,
-                                      bool relu, Tensor& dgamma, Tensor& dbeta) {
+Tensor CpuBackend::batchnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, const BnSaved& saved, float eps,
+                                           bool relu, Tensor& dgamma, Tensor& dbeta) {
   if (via_f32(x.dtype()))
     return cast(batchnorm_backward(f32(dy), f32(x), gamma, beta, saved, eps, relu, dgamma, dbeta),
                 x.dtype());
@@ -117,8 +117,8 @@ Tensor CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const T
   return dx;
 }
 
-void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
-                                          const BnSaved& saved, float momentum, int64_t n) {
+void CpuBackend::batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var,
+                                               const BnSaved& saved, float momentum, int64_t n) {
   float* rm = running_mean.data<float>();
   float* rv = running_var.data<float>();
   const float* m = saved.mean.data<float>();
@@ -128,7 +128,7 @@ void CpuBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_
     bn_running_update(rm[c], rv[c], m[c], v[c], momentum, unbias);
 }
 
-Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) {
+Tensor CpuBackend::maxpool_forward_impl(const Tensor& x, const PoolParams& p, Tensor& workspace) {
   if (via_f32(x.dtype())) return cast(maxpool_forward(f32(x), p, workspace), x.dtype());
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +
                     "," + std::to_string(p.pad);
@@ -156,8 +156,8 @@ Tensor CpuBackend::maxpool_forward(const Tensor& x, const PoolParams& p, Tensor&
   return y;
 }
 
-Tensor CpuBackend::maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
-                                    const PoolParams& p) {
+Tensor CpuBackend::maxpool_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                                         const PoolParams& p) {
   if (via_f32(x.dtype()))
     return cast(maxpool_backward(f32(dy), f32(x), workspace, p), x.dtype());
   std::string key = key_of(x) + "|" + std::to_string(p.k) + "," + std::to_string(p.stride) +

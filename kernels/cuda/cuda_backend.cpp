@@ -1,11 +1,13 @@
 // Entry points of the CUDA backend for the backend factory (kernels/backend_factory.cpp):
-// whether a device is present, and make_cuda_backend. Compiled only into CUDA builds.
+// whether a device is present, and make_cuda_backend; and what the backend says of its device
+// (kernels/device_info.h). Compiled only into CUDA builds.
 #include <cuda_runtime.h>
 
 #include <memory>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/device_info.h"
 #include "kernels/ops.h"
 
 namespace spotrain {
@@ -23,5 +25,9 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
                    e == cudaSuccess ? "none found" : cudaGetErrorString(e), "); use --device cpu");
   return std::make_unique<cuda::CudaBackend>(opt);
 }
+
+std::string cuda::CudaBackend::gpu_pci_bus_id() const { return current_gpu_pci_bus_id(); }
+
+std::string cuda::CudaBackend::device_line() const { return gpu_info_line(gpu_info()); }
 
 }  // namespace spotrain

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/op_profiler.h"
 #include "kernels/ops.h"
+#include "kernels/step_capture.h"
 
 namespace spotrain::cuda {
 
@@ -25,97 +27,99 @@ Allocator* new_device_allocator();
 // memory the DMA engine reads directly.
 Allocator& pinned_host_allocator();
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public StepCapture, public DeviceClock {
  public:
   explicit CudaBackend(const BackendOptions& opt);
   ~CudaBackend() override;
 
   Device device() const override { return Device::cuda; }
   std::string name() const override { return name_; }
+  std::string gpu_pci_bus_id() const override;
+  std::string device_line() const override;
   Allocator& allocator() override {
     return capturing_ ? *graph_pool_ : device_allocator();
   }
 
-  Tensor upload_images(const Tensor& host_nhwc, DType compute) override;
   Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
-  Tensor cast(const Tensor& t, DType to) override;
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
   void copy_to_host(const Tensor& src, Tensor& host_dst) override;
   std::function<void()> copy_to_host_async(const Tensor& src, Tensor& host_dst) override;
-  Tensor zeros(const Shape& shape) override;
-  void fill(Tensor& t, float value) override;
-  void copy(const Tensor& src, Tensor& dst) override;
 
-  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const ConvParams& p) override;
-  Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Tensor& x,
-                              const ConvParams& p) override;
-  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, const ConvParams& p,
-                               Tensor& dw) override;
-  void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
-                                const ConvParams& p, Tensor& acc) override;
-
-  Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 float eps, bool relu, BnSaved& saved) override;
-  Tensor batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                 const Tensor& running_mean, const Tensor& running_var, float eps,
-                                 bool relu) override;
-  Tensor batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
-                            Tensor& dgamma, Tensor& dbeta) override;
-  Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma,
-                                          const Tensor& beta, float eps, BnSaved& saved) override;
-  Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                     const Tensor& beta, const BnSaved& saved, float eps,
-                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz) override;
-  void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
-                                float momentum, int64_t n) override;
-
-  Tensor relu_forward(const Tensor& x) override;
-  Tensor relu_backward(const Tensor& dy, const Tensor& y) override;
-  Tensor add_forward(const Tensor& a, const Tensor& b, bool relu) override;
-  Tensor add_backward(const Tensor& dy, const Tensor& y, bool relu) override;
-
-  Tensor maxpool_forward(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
-  Tensor maxpool_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
-                          const PoolParams& p) override;
-  Tensor global_avgpool_forward(const Tensor& x) override;
-  Tensor global_avgpool_backward(const Tensor& dy, const Tensor& x) override;
-
-  Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) override;
-  Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
-                         bool need_dx) override;
-
-  LossResult softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
-  void softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                          float grad_scale, Tensor* dlogits, const LabelMix* mix = nullptr) override;
   LossResult queued_loss() override;
-
-  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
-                const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
-  bool unscale_and_check(Tensor& grads, float inv_scale) override;
-  void unscale_check_queue(Tensor& grads, float inv_scale) override;
   bool queued_overflow() override;
-  void lerp(Tensor& dst, const Tensor& src, float weight) override;
   void synchronize() override;
   bool queues_ops() const override { return true; }
+  DeviceStream* stream() override { return reinterpret_cast<DeviceStream*>(compute_); }
+  StepCapture* capture() override { return this; }
+  DeviceClock* device_clock() override { return this; }
+  cudaStream_t compute_stream() const { return compute_; }
 
-  // cuda_graph.cpp
-  bool can_capture() const override { return true; }
-  void begin_capture(int64_t batch, bool mixed) override;
-  void end_capture() override;
-  void abort_capture() override;
-  void replay_capture(const StepInputs& in) override;
-  void drop_capture() override;
-  size_t capture_reserved_bytes() override {
+  // StepCapture (cuda_graph.cpp)
+  void begin_recording(int64_t batch, bool mixed) override;
+  void end_recording() override;
+  void abort_recording() override;
+  void replay(const StepInputs& in) override;
+  void drop() override;
+  size_t reserved_bytes() const override {
     return graph_exec_ ? graph_pool_->stats().reserved_bytes : 0;
   }
 
-  void* native_stream() override { return compute_; }
+  // DeviceClock (cuda_core.cpp)
   int record_mark() override;
   std::vector<double> read_marks_ms() override;
-  cudaStream_t compute_stream() const { return compute_; }
+
+ protected:
+  // The ops (kernels/ops.h): cuda_core.cpp (data movement, elementwise, linear, loss,
+  // optimizer), cuda_conv.cpp (convolution), cuda_norm_pool.cpp (batch norm, pooling).
+  Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) override;
+  Tensor cast_impl(const Tensor& t, DType to) override;
+  Tensor zeros_impl(const Shape& shape) override;
+  void fill_impl(Tensor& t, float value) override;
+  void copy_impl(const Tensor& src, Tensor& dst) override;
+  Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) override;
+  Tensor conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                              const ConvParams& p) override;
+  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
+                               Tensor& dw) override;
+  void conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                const ConvParams& p, Tensor& acc) override;
+  Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 float eps, bool relu, BnSaved& saved) override;
+  Tensor batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var, float eps,
+                                 bool relu) override;
+  Tensor batchnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, const BnSaved& saved, float eps, bool relu,
+                            Tensor& dgamma, Tensor& dbeta) override;
+  Tensor batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z, const Tensor& gamma,
+                                          const Tensor& beta, float eps, BnSaved& saved) override;
+  Tensor batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz) override;
+  void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
+                                float momentum, int64_t n) override;
+  Tensor relu_forward_impl(const Tensor& x) override;
+  Tensor relu_backward_impl(const Tensor& dy, const Tensor& y) override;
+  Tensor add_forward_impl(const Tensor& a, const Tensor& b, bool relu) override;
+  Tensor add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) override;
+  Tensor maxpool_forward_impl(const Tensor& x, const PoolParams& p, Tensor& workspace) override;
+  Tensor maxpool_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                          const PoolParams& p) override;
+  Tensor global_avgpool_forward_impl(const Tensor& x) override;
+  Tensor global_avgpool_backward_impl(const Tensor& dy, const Tensor& x) override;
+  Tensor linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b) override;
+  Tensor linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor& db,
+                         bool need_dx) override;
+  LossResult softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix) override;
+  void softmax_xent_queue_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                          float grad_scale, Tensor* dlogits, const LabelMix* mix) override;
+  void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  bool unscale_and_check_impl(Tensor& grads, float inv_scale) override;
+  void unscale_check_queue_impl(Tensor& grads, float inv_scale) override;
+  void lerp_impl(Tensor& dst, const Tensor& src, float weight) override;
 
  private:
   struct ConvEntry;

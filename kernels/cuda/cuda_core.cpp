@@ -1,6 +1,8 @@
-// CUDA backend: set-up, the device allocator, data movement (compute stream, plus a copy
-// stream for image uploads ordered with events), elementwise ops, global pooling, Linear
-// with cuBLAS, the loss, SGD and the overflow check (our kernels, cuda_kernels.cu).
+// CUDA backend: set-up and tear-down, the device allocator, profiling marks, data movement
+// (compute stream, plus a copy stream for image uploads ordered with events), elementwise ops,
+// global pooling, Linear with cuBLAS, the loss, SGD, the overflow check and the weights' moving
+// average (our kernels, cuda_kernels.cu). Convolution is in cuda_conv.cpp, batch norm and max
+// pooling in cuda_norm_pool.cpp, captured steps in cuda_graph.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -54,10 +56,6 @@ void pinned_host_free(void* p, size_t) { (void)cudaFreeHost(p); }
 
 bool float_kind(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
-void check_device(const Tensor& t, const char* op) {
-  SPOTRAIN_CHECK(t.defined() && t.device() == Device::cuda, op, ": expected a CUDA tensor, got ",
-                 t.defined() ? t.describe() : std::string("an undefined tensor"));
-}
 void check_same(const Tensor& a, const Tensor& b, const char* op) {
   SPOTRAIN_CHECK(float_kind(a.dtype()), op, ": unsupported dtype ", a.describe());
   SPOTRAIN_CHECK(a.shape() == b.shape() && a.layout() == b.layout() && a.dtype() == b.dtype() &&
@@ -203,7 +201,7 @@ void* CudaBackend::pinned(size_t bytes) {
 
 // ---- data movement ---------------------------------------------------------------------------
 
-Tensor CudaBackend::upload_images(const Tensor& host, DType compute) {
+Tensor CudaBackend::upload_images_impl(const Tensor& host, DType compute) {
   SPOTRAIN_CHECK(host.ndim() == 4 && host.layout() == Layout::nhwc && host.dtype() == DType::f32 &&
                      host.device() == Device::cpu,
                  "upload_images expects a host fp32 NHWC batch, got ", host.describe());
@@ -294,7 +292,7 @@ void CudaBackend::stage_and_copy(const void* src, void* staging, void* dst, size
   for (cudaError_t s : status) CUDA_CHECK(s);
 }
 
-Tensor CudaBackend::cast(const Tensor& t, DType to) {
+Tensor CudaBackend::cast_impl(const Tensor& t, DType to) {
   check_device(t, "cast");
   SPOTRAIN_CHECK(float_kind(t.dtype()) && float_kind(to), "cast: unsupported conversion ",
                  dtype_name(t.dtype()), " -> ", dtype_name(to));
@@ -372,20 +370,20 @@ Tensor CudaBackend::from_host(const Tensor& t) {
   return out;
 }
 
-Tensor CudaBackend::zeros(const Shape& shape) {
+Tensor CudaBackend::zeros_impl(const Shape& shape) {
   Tensor t(shape, DType::f32, allocator());
   if (t.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), compute_));
   return t;
 }
 
-void CudaBackend::fill(Tensor& t, float value) {
+void CudaBackend::fill_impl(Tensor& t, float value) {
   t.mark_written();
   check_device(t, "fill");
   SPOTRAIN_CHECK(t.dtype() == DType::f32, "fill: fp32 tensors only, got ", t.describe());
   launch_fill_f32(t.data<float>(), value, t.storage_elems(), compute_);
 }
 
-void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+void CudaBackend::copy_impl(const Tensor& src, Tensor& dst) {
   dst.mark_written();
   SPOTRAIN_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch ", src.describe(), " vs ",
                  dst.describe());
@@ -395,7 +393,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 
 // ---- elementwise ------------------------------------------------------------------------------
 
-Tensor CudaBackend::relu_forward(const Tensor& x) {
+Tensor CudaBackend::relu_forward_impl(const Tensor& x) {
   check_device(x, "relu");
   SPOTRAIN_CHECK(float_kind(x.dtype()), "relu: unsupported dtype ", x.describe());
   Tensor y = alloc_like(x);
@@ -403,7 +401,7 @@ Tensor CudaBackend::relu_forward(const Tensor& x) {
   return y;
 }
 
-Tensor CudaBackend::relu_backward(const Tensor& dy, const Tensor& y) {
+Tensor CudaBackend::relu_backward_impl(const Tensor& dy, const Tensor& y) {
   check_device(y, "relu_backward");
   check_same(dy, y, "relu_backward");
   Tensor dx = alloc_like(y);
@@ -411,7 +409,7 @@ Tensor CudaBackend::relu_backward(const Tensor& dy, const Tensor& y) {
   return dx;
 }
 
-Tensor CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
+Tensor CudaBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu) {
   check_device(a, "add");
   check_same(a, b, "add");
   Tensor y = alloc_like(a);
@@ -419,14 +417,14 @@ Tensor CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu) {
   return y;
 }
 
-Tensor CudaBackend::add_backward(const Tensor& dy, const Tensor& y, bool relu) {
+Tensor CudaBackend::add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) {
   if (!relu) return dy;
   return relu_backward(dy, y);
 }
 
 // ---- global average pooling --------------------------------------------------------------------
 
-Tensor CudaBackend::global_avgpool_forward(const Tensor& x) {
+Tensor CudaBackend::global_avgpool_forward_impl(const Tensor& x) {
   check_device(x, "global_avgpool");
   SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && float_kind(x.dtype()),
                  "global_avgpool: expected an NHWC activation, got ", x.describe());
@@ -436,7 +434,7 @@ Tensor CudaBackend::global_avgpool_forward(const Tensor& x) {
   return y;
 }
 
-Tensor CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
+Tensor CudaBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& x) {
   check_device(dy, "global_avgpool_backward");
   SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && dy.dtype() == DType::f32 &&
                      dy.numel() == x.dim(0) * x.dim(1),
@@ -450,7 +448,7 @@ Tensor CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& x) {
 
 // ---- linear (row-major tensors seen by column-major cuBLAS as their transposes) ---------------
 
-Tensor CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_device(x, "linear");
   SPOTRAIN_CHECK(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1) &&
                      x.dtype() == DType::f32 && b.numel() == w.dim(0),
@@ -467,8 +465,8 @@ Tensor CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tenso
   return y;
 }
 
-Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                                    Tensor& db, bool need_dx) {
+Tensor CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                                         Tensor& db, bool need_dx) {
   check_device(dy, "linear_backward");
   int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   SPOTRAIN_CHECK(
@@ -491,14 +489,14 @@ Tensor CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Ten
 
 // ---- loss ---------------------------------------------------------------------------------------
 
-LossResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                                     float grad_scale, Tensor* dlogits, const LabelMix* mix) {
+LossResult CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                          float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   softmax_xent_queue(logits, labels, smoothing, grad_scale, dlogits, mix);
   return queued_loss();
 }
 
-void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels, float smoothing,
-                                     float grad_scale, Tensor* dlogits, const LabelMix* mix) {
+void CudaBackend::softmax_xent_queue_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                          float grad_scale, Tensor* dlogits, const LabelMix* mix) {
   check_device(logits, "softmax_xent");
   SPOTRAIN_CHECK(logits.ndim() == 2 && logits.dtype() == DType::f32,
                  "softmax_xent: logits must be fp32 (N, classes), got ", logits.describe());
@@ -518,7 +516,7 @@ void CudaBackend::softmax_xent_queue(const Tensor& logits, const int32_t* labels
   const int32_t* dev = nullptr;
   if (capturing_) {
     SPOTRAIN_CHECK(n == graph_batch_ && (mix != nullptr) == graph_mixed_,
-                   "internal: the recorded loss does not match begin_capture");
+                   "internal: the recorded loss does not match begin_recording");
     SPOTRAIN_CHECK(loss_host_.defined() && loss_host_.numel() >= 4 * n,
                    "internal: the first step of a batch size was captured");
     graph_classes_ = m;
@@ -574,8 +572,8 @@ LossResult CudaBackend::queued_loss() {
 // ---- optimizer
 // ------------------------------------------------------------------------------------
 
-void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
-                           const std::vector<SgdSegment>& segments, const SgdHyper& h) {
+void CudaBackend::sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                                const std::vector<SgdSegment>& segments, const SgdHyper& h) {
   params.mark_written();
   check_device(params, "sgd_step");
   check_device(grads, "sgd_step");
@@ -611,7 +609,7 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
              graph_scalar(0), compute_);
 }
 
-void CudaBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
+void CudaBackend::lerp_impl(Tensor& dst, const Tensor& src, float weight) {
   check_device(dst, "lerp");
   check_device(src, "lerp");
   SPOTRAIN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::f32 && src.dtype() == DType::f32,
@@ -620,12 +618,12 @@ void CudaBackend::lerp(Tensor& dst, const Tensor& src, float weight) {
   launch_lerp(dst.data<float>(), src.data<float>(), dst.numel(), weight, compute_);
 }
 
-bool CudaBackend::unscale_and_check(Tensor& grads, float inv_scale) {
+bool CudaBackend::unscale_and_check_impl(Tensor& grads, float inv_scale) {
   unscale_check_queue(grads, inv_scale);
   return queued_overflow();  // the caller must know the verdict now
 }
 
-void CudaBackend::unscale_check_queue(Tensor& grads, float inv_scale) {
+void CudaBackend::unscale_check_queue_impl(Tensor& grads, float inv_scale) {
   check_device(grads, "unscale_and_check");
   if (!overflow_flag_.defined()) {
     SPOTRAIN_CHECK(!capturing_, "internal: the first fp16 step was captured");
@@ -648,26 +646,39 @@ bool CudaBackend::queued_overflow() {
   return *static_cast<const int*>(overflow_host_.raw()) != 0;
 }
 
-void CudaBackend::batchnorm_update_running(Tensor& running_mean, Tensor& running_var,
-                                           const BnSaved& saved, float momentum, int64_t n) {
-  check_device(running_mean, "batchnorm_update_running");
-  double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
-  launch_bn_running(running_mean.data<float>(), running_var.data<float>(), saved.mean.data<float>(),
-                    saved.var.data<float>(), int(running_mean.numel()), momentum, unbias, compute_);
-}
-
-Tensor CudaBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma,
-                                            const Tensor& beta, const Tensor& running_mean,
-                                            const Tensor& running_var, float eps, bool relu) {
-  check_device(x, "batchnorm_forward_infer");
-  SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && gamma.numel() == x.dim(1),
-                 "batchnorm: input ", x.describe(), " has ", x.dim(1),
-                 " channels, parameters have ", gamma.numel());
-  Tensor y = alloc_like(x);
-  launch_bn_infer(x.raw(), y.raw(), x.dtype(), x.numel(), int(x.dim(1)), running_mean.data<float>(),
-                  running_var.data<float>(), gamma.data<float>(), beta.data<float>(), eps, relu,
-                  compute_);
-  return y;
+// Here, where the cache entries are complete types.
+CudaBackend::~CudaBackend() {
+  // No throwing here: report and go on.
+  drop();
+  if (graph_in_copied_) CUDA_WARN(cudaEventDestroy(graph_in_copied_));
+  if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
+  if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));
+  for (auto& u : pinned_uploads_) free_events_.push_back(u.copied);
+  pinned_uploads_.clear();  // every copy is done: the sources may go back to the loader
+  for (cudaEvent_t ev : free_events_) CUDA_WARN(cudaEventDestroy(ev));
+  free_events_.clear();
+  for (cudaEvent_t ev : marks_) CUDA_WARN(cudaEventDestroy(ev));
+  marks_.clear();
+  if (loss_ready_) CUDA_WARN(cudaEventDestroy(loss_ready_));
+  if (overflow_ready_) CUDA_WARN(cudaEventDestroy(overflow_ready_));
+  loss_host_ = Tensor();
+  overflow_flag_ = Tensor();
+  overflow_host_ = Tensor();
+  conv_cache_.clear();
+  bn_cache_.clear();
+  weight_copies_.clear();
+  workspace_ = Tensor();
+  sgd_chunks_ = Tensor();
+  if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
+  if (blas_) CUBLAS_WARN(blas::destroy(blas_));
+  if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
+  for (auto& st : staging_) {
+    if (st.host) CUDA_WARN(cudaFreeHost(st.host));
+    if (st.copied) CUDA_WARN(cudaEventDestroy(st.copied));
+  }
+  if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
+  if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
+  if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
 }
 
 }  // namespace spotrain::cuda

@@ -1,10 +1,54 @@
 // Cached cuDNN descriptors and algorithm choices of the CUDA backend, one entry per op and
-// shape. Internal to kernels/cuda/ (the constructor, destructor and ops need them complete).
+// shape, and the small helpers the cuDNN ops share. Internal to kernels/cuda/ (the
+// constructor, destructor and ops need the entries complete).
 #pragma once
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_util.h"
 
+#include <string>
+
 namespace spotrain::cuda {
+
+inline cudnnDataType_t dnn_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      SPOTRAIN_THROW("cuDNN: unsupported dtype ", dtype_name(d));
+  }
+}
+
+inline void check_device(const Tensor& t, const char* op) {
+  SPOTRAIN_CHECK(t.defined() && t.device() == Device::cuda, op, ": expected a CUDA tensor, got ",
+                 t.defined() ? t.describe() : std::string("an undefined tensor"));
+}
+
+inline void check_activation(const Tensor& x, const char* op) {
+  SPOTRAIN_CHECK(
+      x.defined() && x.device() == Device::cuda && x.ndim() == 4 && x.layout() == Layout::nhwc &&
+          (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
+      op, ": expected an NHWC activation on the GPU, got ",
+      x.defined() ? x.describe() : std::string("an undefined tensor"));
+}
+
+inline std::string key_of(const Tensor& t) {
+  std::string k = dtype_name(t.dtype());
+  for (auto d : t.shape()) k += "," + std::to_string(d);
+  return k;
+}
+
+inline cudnnTensorDescriptor_t nhwc_desc(DType dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+  cudnnTensorDescriptor_t d;
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, dnn_dtype(dt), int(n), int(c),
+                                         int(h), int(w)));
+  return d;
+}
+
 
 struct CudaBackend::ConvEntry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;

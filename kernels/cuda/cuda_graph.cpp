@@ -9,9 +9,9 @@
 
 namespace spotrain::cuda {
 
-void CudaBackend::begin_capture(int64_t batch, bool mixed) {
+void CudaBackend::begin_recording(int64_t batch, bool mixed) {
   SPOTRAIN_CHECK(!capturing_ && !graph_exec_, "internal: a step is already captured");
-  SPOTRAIN_CHECK(batch > 0, "internal: begin_capture with an empty batch");
+  SPOTRAIN_CHECK(batch > 0, "internal: begin_recording with an empty batch");
   // Nothing of the eager steps is in flight, and their cached activations go back to the
   // system: the pool takes their place instead of doubling the memory held.
   synchronize();
@@ -32,8 +32,8 @@ void CudaBackend::begin_capture(int64_t batch, bool mixed) {
   capturing_ = true;
 }
 
-void CudaBackend::end_capture() {
-  SPOTRAIN_CHECK(capturing_, "internal: end_capture without begin_capture");
+void CudaBackend::end_recording() {
+  SPOTRAIN_CHECK(capturing_, "internal: end_recording without begin_recording");
   capturing_ = false;
   cudaGraph_t g = nullptr;
   CUDA_CHECK(cudaStreamEndCapture(compute_, &g));
@@ -49,7 +49,7 @@ void CudaBackend::end_capture() {
   loss_rows_ = -1;  // recording ran nothing: no loss is queued until the first replay
 }
 
-void CudaBackend::abort_capture() {
+void CudaBackend::abort_recording() {
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;
@@ -59,8 +59,8 @@ void CudaBackend::abort_capture() {
   graph_refs_.clear();
 }
 
-void CudaBackend::replay_capture(const StepInputs& in) {
-  SPOTRAIN_CHECK(graph_exec_, "internal: replay_capture without a captured step");
+void CudaBackend::replay(const StepInputs& in) {
+  SPOTRAIN_CHECK(graph_exec_, "internal: replay without a captured step");
   SPOTRAIN_CHECK(in.n == graph_batch_ && (in.mix != nullptr) == graph_mixed_,
                  "--cuda-graph: a batch of ", in.n, in.mix ? " with mixed targets" : "",
                  " where the captured step took ", graph_batch_,
@@ -98,8 +98,8 @@ void CudaBackend::replay_capture(const StepInputs& in) {
   if (overflow_ready_) CUDA_CHECK(cudaEventRecord(overflow_ready_, compute_));
 }
 
-void CudaBackend::drop_capture() {
-  abort_capture();
+void CudaBackend::drop() {
+  abort_recording();
   if (graph_exec_) {
     CUDA_WARN(cudaStreamSynchronize(compute_));  // no replay still runs
     CUDA_WARN(cudaGraphExecDestroy(graph_exec_));

@@ -1,6 +1,8 @@
 // `spotrain bench`: training-step throughput on synthetic or real data (warm-up, then timed
 // steps), per-phase breakdown with the data wait, per-rank and total images/s, peak memory,
-// the machine, the cost of a 90-epoch ImageNet run; optional JSON output.
+// the machine, the cost of a 90-epoch ImageNet run; optional JSON output. The session, the
+// training spec and the loader are built by the functions `train` uses (run/setup.h), from a
+// RunConfig made of bench's options.
 #include "tools/spotrain/commands.h"
 
 #include <sys/resource.h>
@@ -9,22 +11,25 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <fstream>
-#include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/philox.h"
 #include "engine/data.h"
 #include "engine/session.h"
-#include "observe/telemetry.h"
 #include "io/loader.h"
 #include "kernels/device_info.h"
-#include "kernels/profiled_backend.h"
+#include "kernels/op_profiler.h"
+#include "kernels/step_capture.h"
+#include "observe/input_watch.h"
+#include "observe/telemetry.h"
+#include "run/setup.h"
 
 namespace spotrain::cli {
 
@@ -53,6 +58,25 @@ struct BenchOptions {
   bool cuda_graph = false;  // steps replayed from one recorded as a CUDA Graph
 };
 
+// The training settings bench's options stand for.
+RunConfig run_config_of(const BenchOptions& o) {
+  RunConfig c;
+  c.model = o.model;
+  c.batch_size = o.batch_size;
+  c.image_size = o.image_size;
+  c.threads = o.threads;
+  c.precision = o.precision;
+  c.grad_checkpoint = o.grad_checkpoint;
+  c.device = o.device;
+  c.data = o.data;
+  c.workers = o.workers;
+  c.prefetch = o.prefetch;
+  c.max_bad_fraction = o.max_bad_fraction;
+  c.seed = o.seed;
+  c.cuda_graph = o.cuda_graph;
+  return c;
+}
+
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   double pos = q * double(v.size() - 1);
@@ -72,6 +96,223 @@ size_t peak_rss_bytes() {
   getrusage(RUSAGE_SELF, &ru);
   return size_t(ru.ru_maxrss) * 1024;
 }
+
+// The timed steps' figures (seconds per step, one entry per timed step).
+struct Timings {
+  std::vector<double> step, forward, backward, optimizer, data, comm, captured;
+  size_t activation_peak = 0;  // bytes a step needed beyond what was alive before it
+  double median(const std::vector<double>& v) const { return percentile(v, 0.5); }
+};
+
+// What the timed steps train on: one synthetic batch uploaded once (it stays on the device in
+// the compute dtype, as NVIDIA's reference scripts do), or the training loader over real data.
+struct BenchInput {
+  std::unique_ptr<io::Loader> loader;
+  Tensor images, device_images;  // synthetic: the host batch and its upload
+  std::vector<int32_t> labels;
+  int num_classes = 0, channels = 0;
+};
+
+BenchInput make_input(const BenchOptions& o, const RunConfig& cfg, Session& session) {
+  BenchInput in;
+  in.num_classes = o.num_classes;
+  in.channels = o.channels;
+  if (o.data != "synthetic") {  // the training loader (decode + RandomResizedCrop + flip), this rank's slice
+    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size, /*with_test=*/false);
+    SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
+    in.loader = std::make_unique<io::Loader>(dp.train, loader_options(cfg, dp, session));
+    in.loader->start_epoch(0);
+    in.num_classes = dp.train->num_classes();
+    in.channels = 3;
+    return in;
+  }
+  in.images = Tensor::host({o.batch_size, in.channels, o.image_size, o.image_size}, DType::f32, Layout::nhwc);
+  Philox rng(o.seed, 0xBE7C);
+  float* px = in.images.data<float>();
+  for (int64_t i = 0; i < in.images.numel(); ++i) px[i] = rng.normal();
+  in.labels.resize(size_t(o.batch_size));
+  for (auto& l : in.labels) l = int32_t(rng.below(uint32_t(in.num_classes)));
+  return in;
+}
+
+// Warm-up, then the timed steps, each logged.
+Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, StepRunner& runner,
+                   Telemetry& telemetry) {
+  Backend& be = session.backend();
+  OpProfiler* prof = session.profiler();
+  if (!in.loader) in.device_images = be.upload_images(in.images, runner.compute_dtype());
+  Timings tm;
+  int64_t epoch = 0;
+  io::Batch batch;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    if (s == o.warmup) telemetry.sample();  // the rates reported cover the timed steps
+    StepTimes t;
+    const size_t before = be.allocator().stats().current_bytes;
+    const size_t peak_before = be.allocator().stats().peak_bytes;
+    be.allocator().reset_peak();
+    double wait = 0;
+    if (in.loader) {  // the time the step waits for its batch is the data phase
+      const double t0 = now_seconds();
+      if (!in.loader->next(batch)) {
+        in.loader->start_epoch(++epoch);
+        SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
+      }
+      wait = now_seconds() - t0;
+    }
+    StepResult r = in.loader ? runner.run(batch.images, batch.labels.data(), 0.01f, 0.f, &t)
+                             : runner.run_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f, &t);
+    t.data += wait;
+    const auto after = be.allocator().stats();
+    // What the step needed beyond what was alive before it: activations, their gradients
+    // and temporaries (the resident weights, gradients and momentum excluded).
+    tm.activation_peak = std::max(tm.activation_peak, after.peak_bytes - before);
+    if (peak_before > after.peak_bytes) be.allocator().restore_peak(peak_before);
+    const double total = t.total();
+    const bool timed = s >= o.warmup;
+    if (prof) prof->collect(timed);
+    log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
+                 fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
+                 fmt_fixed(double(o.batch_size * session.world()) / total, 2), " img/s",
+                 r.overflow ? " (overflow: step skipped)" : ""));
+    if (!timed) continue;
+    tm.step.push_back(total);
+    tm.captured.push_back(t.captured);
+    tm.data.push_back(t.data);
+    tm.forward.push_back(t.forward);
+    tm.backward.push_back(t.backward);
+    tm.optimizer.push_back(t.optimizer);
+    tm.comm.push_back(t.comm_exposed);
+  }
+  return tm;
+}
+
+// Each rank's own rate (its batch over its median step), gathered from every rank.
+std::vector<double> per_rank_rates(Session& session, int64_t batch, double median_step) {
+  std::vector<double> rates(size_t(session.world()), double(batch) / median_step);
+  if (session.world() == 1) return rates;
+  uint64_t bits;
+  std::memcpy(&bits, &rates[0], 8);
+  std::vector<uint64_t> all;
+  session.worker().run("gather of per-rank throughput", [&] { all = session.comm().allgather(bits); });
+  for (size_t r = 0; r < rates.size(); ++r) std::memcpy(&rates[r], &all[r], 8);
+  return rates;
+}
+
+// The timed steps' figures over all ranks, with the machine's.
+struct Summary {
+  double median = 0, p10 = 0, p90 = 0;  // images/s, all ranks
+  std::vector<double> rank_ips;          // each rank's own
+  double data = 0, step = 0;             // median seconds per step
+  bool input_bound = false;
+  AllocatorStats memory;                 // the device's tensors (a captured step's included)
+  size_t captured_bytes = 0, rss = 0;
+  std::string machine_cpu;
+  nlohmann::json telemetry;
+  double imagenet_seconds = 0;           // 90 epochs of ImageNet-1k at the median rate
+};
+
+Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Telemetry& telemetry) {
+  Backend& be = session.backend();
+  Summary s;
+  s.telemetry = telemetry.sample();
+  std::vector<double> ips;
+  for (double t : tm.step) ips.push_back(double(o.batch_size * session.world()) / t);
+  s.median = percentile(ips, 0.5);
+  s.p10 = percentile(ips, 0.1);
+  s.p90 = percentile(ips, 0.9);
+  s.data = tm.median(tm.data);
+  s.step = tm.median(tm.step);
+  s.rank_ips = per_rank_rates(session, o.batch_size, s.step);
+  s.input_bound = InputWatch::input_bound(s.data / s.step, telemetry.sm_util());
+  s.machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
+  s.memory = be.allocator().stats();
+  // A captured step's tensors live in memory of its own, held for the graph.
+  s.captured_bytes = be.capture() ? be.capture()->reserved_bytes() : 0;
+  s.memory.peak_bytes += s.captured_bytes;
+  s.memory.reserved_bytes += s.captured_bytes;
+  s.rss = peak_rss_bytes();
+  s.imagenet_seconds = 90.0 * 1281167.0 / s.median;
+  return s;
+}
+
+void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpProfiler* prof) {
+  auto gib = [](double b) { return fmt_fixed(b / (1 << 30), 3); };
+  std::string per_rank;
+  for (size_t r = 0; r < s.rank_ips.size(); ++r)
+    per_rank += str(r ? ", " : "", "rank ", r, " ", fmt_fixed(s.rank_ips[r], 2));
+  log_info(str("images/s: median ", fmt_fixed(s.median, 2), "  p10 ", fmt_fixed(s.p10, 2), "  p90 ",
+               fmt_fixed(s.p90, 2), "  (", o.steps, " timed steps)"));
+  log_info(str("images/s per rank (median): ", per_rank, "; total ", fmt_fixed(s.median, 2)));
+  log_info(str("phases (median s/step): data ", fmt_fixed(s.data, 4), "  forward ",
+               fmt_fixed(tm.median(tm.forward), 4), "  backward ", fmt_fixed(tm.median(tm.backward), 4),
+               "  comm_exposed ", fmt_fixed(tm.median(tm.comm), 4), "  optimizer ",
+               fmt_fixed(tm.median(tm.optimizer), 4),
+               o.cuda_graph ? str("  captured_step ", fmt_fixed(tm.median(tm.captured), 4),
+                                  " (a replayed CUDA Graph has no phases)")
+                            : std::string()));
+  log_info(str("peak memory: ", gib(double(s.memory.peak_bytes)), " GiB in tensors (",
+               gib(double(s.memory.reserved_bytes)), " GiB reserved), ", gib(double(s.rss)),
+               " GiB process RSS; ", gib(double(tm.activation_peak)), " GiB of it for activations",
+               s.captured_bytes ? str("; ", gib(double(s.captured_bytes)), " GiB held for the captured step")
+                                : std::string()));
+  log_info(str("machine: ", s.machine_cpu, "; ", gpu_info_line(gpu_info())));
+  if (s.input_bound)
+    log_info(str("input-bound: the step waits ", fmt_fixed(100 * s.data / s.step, 1),
+                 "% of its time for data; add loader threads (--workers, now ", o.workers,
+                 ") or read packed shards (spotrain data pack) from faster storage"));
+  if (prof)
+    for (const std::string& line : prof->report()) log_info(line);
+  if (o.price_per_hour > 0)
+    log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(s.imagenet_seconds), ", about $",
+                 fmt_fixed(s.imagenet_seconds / 3600.0 * o.price_per_hour, 2), " at $",
+                 fmt_fixed(o.price_per_hour, 2), "/hour"));
+}
+
+nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summary& s, Session& session,
+                          bool loader, bool captured) {
+  nlohmann::json j{{"model", o.model},
+                   {"batch_size", o.batch_size},
+                   {"image_size", o.image_size},
+                   {"precision", o.precision},
+                   {"data", o.data},
+                   {"workers", loader ? o.workers : 0},
+                   {"images_per_sec_per_rank", s.rank_ips},
+                   {"input_bound", s.input_bound},
+                   {"grad_checkpoint", o.grad_checkpoint},
+                   {"ranks", session.world()},
+                   {"steps", o.steps},
+                   {"images_per_sec", s.median},
+                   {"images_per_sec_p10", s.p10},
+                   {"images_per_sec_p90", s.p90},
+                   {"peak_memory_bytes", s.memory.peak_bytes},
+                   {"peak_rss_bytes", s.rss},
+                   {"peak_activation_bytes", tm.activation_peak},
+                   {"phases",
+                    {{"data", s.data},
+                     {"forward", tm.median(tm.forward)},
+                     {"backward", tm.median(tm.backward)},
+                     {"comm_exposed", tm.median(tm.comm)},
+                     {"optimizer", tm.median(tm.optimizer)},
+                     {"captured_step", tm.median(tm.captured)}}},
+                   {"cuda_graph", captured},
+                   {"machine", {{"cpu", s.machine_cpu}, {"backend", session.backend().name()}}}};
+  for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
+  j["telemetry"] = s.telemetry;  // GPU ("none" without one) and host, over the timed steps
+  if (OpProfiler* prof = session.profiler()) {
+    for (const auto& r : prof->by_op())
+      j["profile"]["ops"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
+                                     {"calls_per_step", r.calls_per_step}});
+    for (const auto& r : prof->by_shape(40))
+      j["profile"]["shapes"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
+                                        {"calls_per_step", r.calls_per_step}});
+  }
+  if (o.price_per_hour > 0)
+    j["imagenet_90_epochs"] = {{"seconds", s.imagenet_seconds},
+                               {"usd", s.imagenet_seconds / 3600.0 * o.price_per_hour},
+                               {"price_per_hour", o.price_per_hour}};
+  return j;
+}
+
 }  // namespace
 
 static int run_bench(BenchOptions o) {
@@ -89,216 +330,29 @@ static int run_bench(BenchOptions o) {
     o.warmup = StepRunner::kEagerBeforeCapture + 1;
   }
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
-  Precision prec = parse_precision(o.precision);
-  SessionOptions so;
-  so.device = o.device;
-  so.backend.threads = o.threads;
-  so.backend.tf32 = prec == Precision::tf32;  // GPU: TF32 tensor cores for fp32 convolutions and Linear
+  const RunConfig cfg = run_config_of(o);
+  parse_precision(cfg.precision);
+  SessionOptions so = session_options(cfg);
   so.profile = o.profile;
   Session session(so);
-  Backend* be = &session.backend();
-  ProfiledBackend* prof = session.profiler();
-  const int world = session.world();
-  // Real data: the training loader (decode + RandomResizedCrop + flip), this rank's slice.
-  std::unique_ptr<io::Loader> loader;
-  int num_classes = o.num_classes, channels = o.channels;
-  if (o.data != "synthetic") {
-    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size, /*with_test=*/false);
-    io::LoaderOptions lo;
-    lo.batch_size = o.batch_size;
-    lo.rank = session.rank();
-    lo.world = world;
-    lo.seed = o.seed;
-    lo.workers = o.workers;
-    lo.prefetch = o.prefetch;
-    lo.image_allocator = &be->host_staging_allocator();  // pinned on CUDA: one async DMA
-    lo.max_bad_fraction = o.max_bad_fraction;
-    SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
-    lo.image = image_transforms_for(*dp.train);
-    loader = std::make_unique<io::Loader>(dp.train, lo);
-    loader->start_epoch(0);
-    num_classes = dp.train->num_classes();
-    channels = 3;
-  }
-  const GpuInfo& gpu = gpu_info();
+  Backend& be = session.backend();
+  BenchInput in = make_input(o, cfg, session);
   // The GPU and host while the timed steps run (sampled over them, as train does per window).
-  Telemetry telemetry(be->device() == Device::cuda ? current_gpu_pci_bus_id() : "");
-  if (be->device() == Device::cuda) log_info(gpu_info_line(gpu));
-  TrainingSpec spec;
-  spec.net.arch = o.model;
-  spec.net.num_classes = num_classes;
-  spec.net.in_channels = channels;
-  spec.net.grad_checkpoint = o.grad_checkpoint;
-  spec.cuda_graph = o.cuda_graph;
-  spec.seed = o.seed;
-  spec.precision = prec;
-  Training tr = session.make_training(spec);
-  Model& model = *tr.model;
-  StepRunner& runner = *tr.runner;
-
-  // Synthetic data: one batch generated once and uploaded once, so it stays on the device
-  // in the compute dtype (as NVIDIA's reference scripts do); steps then move no input data.
-  Tensor images = Tensor::host({o.batch_size, channels, o.image_size, o.image_size}, DType::f32,
-                               Layout::nhwc);
-  Philox rng(o.seed, 0xBE7C);
-  float* px = images.data<float>();
-  for (int64_t i = 0; i < images.numel(); ++i) px[i] = rng.normal();
-  std::vector<int32_t> labels(o.batch_size);
-  for (auto& l : labels) l = int32_t(rng.below(uint32_t(num_classes)));
-  Tensor device_images;
-  if (!loader) device_images = be->upload_images(images, runner.compute_dtype());
-  int64_t epoch = 0;
-  io::Batch batch;
-
-  log_info(str("bench ", o.model, " batch ", o.batch_size, world > 1 ? str(" per rank x ", world, " ranks") : "", " ", o.image_size, "x", o.image_size,
-               "x", channels, " ", o.precision, " on ", be->name(), "; data ", o.data,
-               loader ? str(" (", o.workers, " loader threads)") : std::string(), "; ", model.summary()));
-  std::vector<double> step_s, fwd_s, bwd_s, opt_s, data_s, comm_s, captured_s;
-  size_t act_peak = 0;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    if (s == o.warmup) telemetry.sample();  // the rates below cover the timed steps
-    StepTimes t;
-    size_t before = be->allocator().stats().current_bytes;
-    size_t peak_before = be->allocator().stats().peak_bytes;
-    be->allocator().reset_peak();
-    double wait = 0;
-    const Tensor* x = &images;
-    const int32_t* y = labels.data();
-    if (loader) {  // the time the step waits for its batch is the data phase
-      double t0 = now_seconds();
-      if (!loader->next(batch)) {
-        loader->start_epoch(++epoch);
-        SPOTRAIN_CHECK(loader->next(batch), "bench: the data set yields no batch");
-      }
-      wait = now_seconds() - t0;
-      x = &batch.images;
-      y = batch.labels.data();
-    }
-    StepResult r = loader ? runner.run(*x, y, 0.01f, 0.f, &t)
-                          : runner.run_uploaded(device_images, y, 0.01f, 0.f, &t);
-    t.data += wait;
-    auto after = be->allocator().stats();
-    // What the step needed beyond what was alive before it: activations, their gradients
-    // and temporaries (the resident weights, gradients and momentum excluded).
-    act_peak = std::max(act_peak, after.peak_bytes - before);
-    if (peak_before > after.peak_bytes) be->allocator().restore_peak(peak_before);
-    double total = t.total();
-    bool timed = s >= o.warmup;
-    if (prof) prof->collect(timed);
-    log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
-                 fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
-                 fmt_fixed(double(o.batch_size * world) / total, 2), " img/s",
-                 r.overflow ? " (overflow: step skipped)" : ""));
-    if (!timed) continue;
-    step_s.push_back(total);
-    captured_s.push_back(t.captured);
-    data_s.push_back(t.data);
-    fwd_s.push_back(t.forward);
-    bwd_s.push_back(t.backward);
-    opt_s.push_back(t.optimizer);
-    comm_s.push_back(t.comm_exposed);
-  }
-  const nlohmann::json tel = telemetry.sample();
-  std::vector<double> ips;
-  for (double t : step_s) ips.push_back(double(o.batch_size * world) / t);
-  double med = percentile(ips, 0.5), p10 = percentile(ips, 0.1), p90 = percentile(ips, 0.9);
-  // Each rank's own rate (its batch over its step time), gathered to print them all.
-  std::vector<double> rank_ips(size_t(world), double(o.batch_size) / percentile(step_s, 0.5));
-  if (world > 1) {
-    uint64_t bits;
-    std::memcpy(&bits, &rank_ips[0], 8);
-    std::vector<uint64_t> all;
-    session.worker().run("gather of per-rank throughput",
-                         [&] { all = session.comm().allgather(bits); });
-    for (int r = 0; r < world; ++r) std::memcpy(&rank_ips[size_t(r)], &all[size_t(r)], 8);
-  }
-  std::string per_rank;
-  for (int r = 0; r < world; ++r) per_rank += str(r ? ", " : "", "rank ", r, " ", fmt_fixed(rank_ips[size_t(r)], 2));
-  const double data_med = percentile(data_s, 0.5), step_med = percentile(step_s, 0.5);
-  const bool input_bound = data_med > 0.1 * step_med;
-  const std::string machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
-  auto st = be->allocator().stats();
-  // A captured step's tensors live in memory of its own, held for the graph (not in `st`).
-  const size_t captured_bytes = be->capture_reserved_bytes();
-  st.peak_bytes += captured_bytes;
-  st.reserved_bytes += captured_bytes;
-  size_t rss = peak_rss_bytes();
-  log_info(str("images/s: median ", fmt_fixed(med, 2), "  p10 ", fmt_fixed(p10, 2), "  p90 ",
-               fmt_fixed(p90, 2), "  (", o.steps, " timed steps)"));
-  log_info(str("images/s per rank (median): ", per_rank, "; total ", fmt_fixed(med, 2)));
-  log_info(str("phases (median s/step): data ", fmt_fixed(percentile(data_s, 0.5), 4), "  forward ",
-               fmt_fixed(percentile(fwd_s, 0.5), 4), "  backward ", fmt_fixed(percentile(bwd_s, 0.5), 4),
-               "  comm_exposed ", fmt_fixed(percentile(comm_s, 0.5), 4), "  optimizer ",
-               fmt_fixed(percentile(opt_s, 0.5), 4),
-               o.cuda_graph ? str("  captured_step ", fmt_fixed(percentile(captured_s, 0.5), 4),
-                                  " (a replayed CUDA Graph has no phases)")
-                            : std::string()));
-  log_info(str("peak memory: ", fmt_fixed(double(st.peak_bytes) / (1 << 30), 3),
-               " GiB in tensors (", fmt_fixed(double(st.reserved_bytes) / (1 << 30), 3),
-               " GiB reserved), ", fmt_fixed(double(rss) / (1 << 30), 3), " GiB process RSS; ",
-               fmt_fixed(double(act_peak) / (1 << 30), 3), " GiB of it for activations",
-               captured_bytes ? str("; ", fmt_fixed(double(captured_bytes) / (1 << 30), 3),
-                                    " GiB held for the captured step")
-                              : std::string()));
-  log_info(str("machine: ", machine_cpu, "; ", gpu_info_line(gpu)));
-  if (input_bound)
-    log_info(str("input-bound: the step waits ", fmt_fixed(100 * data_med / step_med, 1),
-                 "% of its time for data (over 10%); add loader threads (--workers, now ", o.workers,
-                 ") or read packed shards (spotrain data pack) from faster storage"));
-  if (prof)
-    for (const std::string& line : prof->report()) log_info(line);
-  if (o.price_per_hour > 0) {
-    double secs = 90.0 * 1281167.0 / med;
-    log_info(str("90-epoch ImageNet at this rate: ", fmt_duration(secs), ", about $",
-                 fmt_fixed(secs / 3600.0 * o.price_per_hour, 2), " at $",
-                 fmt_fixed(o.price_per_hour, 2), "/hour"));
-  }
-  if (!o.json.empty() && session.rank() == 0) {
-    nlohmann::json j{{"model", o.model},
-                     {"batch_size", o.batch_size},
-                     {"image_size", o.image_size},
-                     {"precision", o.precision},
-                     {"data", o.data},
-                     {"workers", loader ? o.workers : 0},
-                     {"images_per_sec_per_rank", rank_ips},
-                     {"input_bound", input_bound},
-                     {"grad_checkpoint", o.grad_checkpoint},
-                     {"ranks", world},
-                     {"steps", o.steps},
-                     {"images_per_sec", med},
-                     {"images_per_sec_p10", p10},
-                     {"images_per_sec_p90", p90},
-                     {"peak_memory_bytes", st.peak_bytes},
-                     {"peak_rss_bytes", rss},
-                     {"peak_activation_bytes", act_peak},
-                     {"phases",
-                      {{"data", percentile(data_s, 0.5)},
-                       {"forward", percentile(fwd_s, 0.5)},
-                       {"backward", percentile(bwd_s, 0.5)},
-                       {"comm_exposed", percentile(comm_s, 0.5)},
-                       {"optimizer", percentile(opt_s, 0.5)},
-                       {"captured_step", percentile(captured_s, 0.5)}}},
-                     {"cuda_graph", runner.captured()},
-                     {"machine", {{"cpu", machine_cpu}, {"backend", be->name()}}}};
-    for (auto& [k, v] : gpu_info_fields(gpu)) j["machine"][k] = v;
-    j["telemetry"] = tel;  // GPU ("none" without one) and host, over the timed steps
-    if (prof) {
-      for (const auto& r : prof->by_op())
-        j["profile"]["ops"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
-                                       {"calls_per_step", r.calls_per_step}});
-      for (const auto& r : prof->by_shape(40))
-        j["profile"]["shapes"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
-                                          {"calls_per_step", r.calls_per_step}});
-    }
-    if (o.price_per_hour > 0) {
-      const double secs = 90.0 * 1281167.0 / med;
-      j["imagenet_90_epochs"] = {{"seconds", secs}, {"usd", secs / 3600.0 * o.price_per_hour},
-                                 {"price_per_hour", o.price_per_hour}};
-    }
-    std::ofstream f(o.json);
-    SPOTRAIN_CHECK(f.good(), "cannot write --json file ", o.json);
-    f << j.dump(2) << "\n";
-  }
+  Telemetry telemetry(be.gpu_pci_bus_id());
+  const std::string device = be.device_line();
+  if (!device.empty()) log_info(device);
+  Training tr = session.make_training(training_spec(cfg, in.num_classes, in.channels));
+  log_info(str("bench ", o.model, " batch ", o.batch_size,
+               session.world() > 1 ? str(" per rank x ", session.world(), " ranks") : "", " ",
+               o.image_size, "x", o.image_size, "x", in.channels, " ", o.precision, " on ", be.name(),
+               "; data ", o.data, in.loader ? str(" (", o.workers, " loader threads)") : std::string(),
+               "; ", tr.model->summary()));
+  const Timings tm = time_steps(o, in, session, *tr.runner, telemetry);
+  const Summary s = summarize(o, tm, session, telemetry);
+  log_summary(o, tm, s, session.profiler());
+  if (!o.json.empty() && session.rank() == 0)
+    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured()).dump(2) + "\n",
+                      "the --json file");
   return 0;
 }
 

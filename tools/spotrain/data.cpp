@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/image_folder.h"
+#include "io/shards.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {

@@ -12,6 +12,7 @@
 
 #include "checkpoints/checkpoint.h"
 #include "engine/checkpoint_state.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/data.h"
@@ -124,13 +125,7 @@ int run_eval(const EvalOptions& o) {
                      {"loss", r.loss},
                      {"backend", be->name()},
                      {"time", spotrain::utc_time_iso()}};
-    const std::string tmp = o.json + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << j.dump(2) << "\n";
-      SPOTRAIN_CHECK(f.good(), "cannot write --json file ", tmp);
-    }
-    SPOTRAIN_CHECK(std::rename(tmp.c_str(), o.json.c_str()) == 0, "cannot write --json file ", o.json);
+    write_file_atomic(o.json, j.dump(2) + "\n", "the --json file");
   }
   return 0;
 }

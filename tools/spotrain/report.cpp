@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tools/spotrain/report_assets.h"
@@ -248,17 +249,6 @@ std::string csv_cell(const json& v) {
   return q + "\"";
 }
 
-void write_atomically(const std::string& path, const std::string& text, const char* what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    f.flush();
-    SPOTRAIN_CHECK(f.good(), "report: cannot write the ", what, " ", tmp);
-  }
-  SPOTRAIN_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "report: cannot write the ", what, " ", path);
-}
-
 void write_csv(const std::vector<Run>& runs, const std::string& path) {
   std::vector<std::string> cols = {"run", "type", "time", "elapsed", "epoch", "step"};
   std::set<std::string> known(cols.begin(), cols.end());
@@ -284,7 +274,7 @@ void write_csv(const std::vector<Run>& runs, const std::string& path) {
     }
     text += "\n";
   }
-  write_atomically(path, text, "--csv file");
+  write_file_atomic(path, text, "the --csv file");
   log_info(str("wrote ", path, ": ", rows.size(), " records, ", cols.size(), " columns"));
 }
 
@@ -323,7 +313,7 @@ int run_report(const ReportOptions& o) {
     std::string page(report_page_template());
     replace_once(page, "/*@CHARTJS@*/", chartjs_source());
     replace_once(page, "/*@DATA@*/", safe);
-    write_atomically(output, page, "report");
+    write_file_atomic(output, page, "the report");
     size_t records = 0;
     for (const Run& r : runs) records += r.records.size();
     log_info(str("wrote ", output, ": ", runs.size(), " run(s), ", records, " records (",

@@ -1,0 +1,30 @@
+// Files replaced whole or not at all: written to PATH.tmp beside PATH, flushed and fsynced,
+// renamed over PATH, then the folder fsynced. A crash, a kill or a full disk leaves the old
+// file or the new one, never half of one; a failure removes the temporary and names the cause.
+// Every writer of a file that someone else reads (checkpoints, `latest`, the run folder's
+// settings, shards' index, Prometheus, reports, eval --json) goes through here.
+#pragma once
+#include <string>
+
+namespace spotrain {
+
+enum class Durability {
+  synced,   // fsync the file and the folder: the new contents survive a power loss
+  visible,  // rename only: readers never see half a file; a crash may keep the old one
+};
+
+// Replaces `path` with `contents`. `what` names the file in errors ("the --prometheus file").
+void write_file_atomic(const std::string& path, const std::string& contents, const std::string& what,
+                       Durability d = Durability::synced);
+
+// For a file another library writes (HDF5): the caller wrote `tmp` in `path`'s folder and closed
+// it; this fsyncs it, renames it to `path` and fsyncs the folder. On failure `tmp` is removed.
+void commit_file(const std::string& tmp, const std::string& path, const std::string& what);
+
+// The temporary name write_file_atomic uses for `path` (PATH.tmp).
+inline std::string temp_path_for(const std::string& path) { return path + ".tmp"; }
+
+// fsync of a file, or of a folder (its entries: a rename made durable).
+void fsync_path(const std::string& path, bool is_dir);
+
+}  // namespace spotrain

@@ -1,0 +1,44 @@
+// Resume (--resume auto|PATH): rank 0 finds and loads the checkpoint, then every rank gets
+// the state by broadcast (other nodes need no copy of the file): parameters, momentum, BN
+// buffers, the moving average, the loss scaler and the position in the data. A checkpoint from
+// another rank count keeps its global batch, which must divide over the new world size.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "checkpoints/training_record.h"
+#include "engine/checkpoint_state.h"
+#include "engine/ema.h"
+#include "engine/session.h"
+#include "observe/metrics.h"
+#include "run/config.h"
+
+namespace spotrain {
+
+// What rank 0 tells every rank after looking for the checkpoint to resume from.
+struct ResumeHeader {
+  int64_t status = 0;  // 0: none found, 1: loaded, -1: failed (rank 0 has the error)
+  int64_t step = 0, epoch = 0, batch_in_epoch = 0;
+  int64_t global_batch = 0, world = 0, sgd_steps = 0;
+  int64_t has_ema = 0;  // rank 0 loaded the weights' moving average (--ema-decay)
+  LossScalerState scaler;
+};
+static_assert(std::is_trivially_copyable<ResumeHeader>::value, "broadcast as bytes");
+
+struct Resumed {
+  bool resumed = false;        // false: no checkpoint (or --resume none): from scratch
+  TrainPosition at;            // where training goes on
+  std::string checkpoint;      // the file resumed from (rank 0; "" elsewhere)
+  int64_t per_rank_batch = 0;  // the checkpoint's global batch over this world
+};
+
+// Loads the state of the checkpoint `cfg.resume` names into `t` (and `ema`, when given) on
+// every rank. Throws Error on every rank when rank 0 cannot load it.
+Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema);
+
+// The metrics' "resume" record: from which step and checkpoint, and how the previous process
+// ended (from the last record it left: a stop, an end, or none, i.e. killed).
+void record_resume(MetricsSink& metrics, const Resumed& r, int world);
+
+}  // namespace spotrain

@@ -1,0 +1,88 @@
+// core/atomic_file.h: a file is replaced whole or not at all. A write leaves the new contents
+// and no temporary; a write that cannot happen throws naming the file and the cause and leaves
+// the old file as it was; commit_file publishes a file written by other means, and removes it
+// when it cannot.
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "scratch_dir.h"
+
+namespace fs = std::filesystem;
+using namespace spotrain;
+
+namespace {
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST(AtomicFile, ReplacesTheContentsAndLeavesNoTemporary) {
+  const fs::path d = fresh_dir("spotrain_atomic_replace");
+  const std::string path = (d / "settings.toml").string();
+  for (Durability dur : {Durability::synced, Durability::visible}) {
+    write_file_atomic(path, "first\n", "the settings", dur);
+    EXPECT_EQ(read(path), "first\n");
+    std::string big(1 << 20, 'x');  // more than one write() may take
+    big += "end";
+    write_file_atomic(path, big, "the settings", dur);
+    EXPECT_EQ(read(path), big);
+    EXPECT_FALSE(fs::exists(temp_path_for(path)));
+  }
+}
+
+TEST(AtomicFile, AFailedWriteNamesTheFileAndKeepsTheOldOne) {
+  // A missing folder fails for any user (root writes into read-only folders).
+  const fs::path d = fresh_dir("spotrain_atomic_fail");
+  const std::string missing = (d / "gone" / "latest").string();
+  try {
+    write_file_atomic(missing, "x", "the checkpoint pointer");
+    FAIL() << "a write into a missing folder must throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the checkpoint pointer"), std::string::npos) << m;
+    EXPECT_NE(m.find(missing), std::string::npos) << m;
+    EXPECT_NE(m.find("No such file"), std::string::npos) << m;
+  }
+  // A rename that cannot happen (the target is a non-empty folder): the old target stays, the
+  // temporary is removed.
+  const fs::path target = d / "busy";
+  fs::create_directories(target / "inside");
+  EXPECT_THROW(write_file_atomic(target.string(), "new", "the report"), Error);
+  EXPECT_TRUE(fs::is_directory(target / "inside"));
+  EXPECT_FALSE(fs::exists(temp_path_for(target.string())));
+}
+
+TEST(AtomicFile, CommitPublishesAWrittenFileOrRemovesIt) {
+  const fs::path d = fresh_dir("spotrain_atomic_commit");
+  const std::string path = (d / "ckpt-00000001.h5").string(), tmp = temp_path_for(path);
+  std::ofstream(tmp) << "contents";
+  commit_file(tmp, path, "the checkpoint");
+  EXPECT_EQ(read(path), "contents");
+  EXPECT_FALSE(fs::exists(tmp));
+  // Nothing to commit: an error naming the temporary.
+  try {
+    commit_file(tmp, path, "the checkpoint");
+    FAIL() << "committing a missing file must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(tmp), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read(path), "contents");  // the published file is untouched
+  // A rename that cannot happen: the temporary goes, the target stays.
+  const fs::path target = d / "busy";
+  fs::create_directories(target / "inside");
+  const std::string tmp2 = temp_path_for(target.string());
+  std::ofstream(tmp2) << "x";
+  EXPECT_THROW(commit_file(tmp2, target.string(), "the checkpoint"), Error);
+  EXPECT_FALSE(fs::exists(tmp2));
+  EXPECT_TRUE(fs::is_directory(target / "inside"));
+}

@@ -1,0 +1,273 @@
+// Residual blocks on the CPU backend: finite differences of the input and
+// the parameters, the tail batch norm's fused Add and ReLU and the first convolution adding into
+// the shortcut's gradient (seen through an OpProfiler), and gradient checkpointing: every mode
+// gives bitwise the same gradients and running statistics as the plain graph.
+// Inputs are fresh Philox draws (never zeros); outputs and gradients are NaN-poisoned first.
+#include "layer_test_util.h"
+
+using namespace spotrain;
+
+namespace {
+
+// ============================================================================================
+// Residual blocks: finite differences of the input and of parameters.
+// ============================================================================================
+
+// Random values for every parameter of a standalone layer graph (gradients poisoned).
+void randomize_params(Layer& l, uint32_t stream) {
+  std::vector<Param*> ps;
+  l.collect_params(ps);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Param* p = ps[i];
+    int64_t n = p->value.numel();
+    uint32_t st = stream + uint32_t(i);
+    switch (p->init) {
+      case Param::Init::kaiming_fan_out:
+        set_param(*p, normals(n, st, std::sqrt(2.f / float(p->fan))));
+        break;
+      case Param::Init::uniform_fan_in:
+        set_param(*p, uniforms(n, st, -0.5f, 0.5f));
+        break;
+      case Param::Init::ones:
+        set_param(*p, uniforms(n, st, 0.5f, 1.5f));
+        break;
+      case Param::Init::zeros:
+        set_param(*p, normals(n, st, 0.3f));
+        break;
+    }
+  }
+}
+
+// A block of resnet20 as build_resnet makes it: stage 0..2, block index.
+std::unique_ptr<Layer> resnet20_block(int stage, int index) {
+  ResNetOptions o;
+  o.arch = "resnet20";
+  auto net = build_resnet(o);
+  auto layers = net->release();  // conv1, bn1, layer1, layer2, layer3, avgpool, fc
+  auto* st = dynamic_cast<Sequential*>(layers.at(size_t(2 + stage)).get());
+  if (!st) return nullptr;
+  auto blocks = st->release();
+  return std::move(blocks.at(size_t(index)));
+}
+
+// A torchvision Bottleneck (v1.5, stride on the 3x3) assembled as resnet.cpp does it.
+std::unique_ptr<Layer> bottleneck(int in, int planes, int stride) {
+  auto main = std::make_unique<Sequential>("b");
+  main->emplace<Conv2d>("b.conv1", in, planes, 1, 1, 0);
+  main->emplace<BatchNorm2d>("b.bn1", planes, true);
+  main->emplace<Conv2d>("b.conv2", planes, planes, 3, stride, 1);
+  main->emplace<BatchNorm2d>("b.bn2", planes, true);
+  main->emplace<Conv2d>("b.conv3", planes, planes * 4, 1, 1, 0);
+  main->emplace<BatchNorm2d>("b.bn3", planes * 4, false);
+  auto sc = std::make_unique<Sequential>("b.downsample");
+  sc->emplace<Conv2d>("b.downsample.0", in, planes * 4, 1, stride, 0);
+  sc->emplace<BatchNorm2d>("b.downsample.1", planes * 4, false);
+  return std::make_unique<Residual>("b", std::move(main), std::move(sc));
+}
+
+struct BlockCase {
+  const char* name;
+  std::function<std::unique_ptr<Layer>()> make;
+  int n, c, h, w;
+};
+
+class ResidualBlockTest : public ::testing::TestWithParam<BlockCase> {};
+
+TEST_P(ResidualBlockTest, FiniteDifferencesOfInputAndParameters) {
+  const BlockCase& bc = GetParam();
+  auto be = cpu_backend();
+  std::unique_ptr<Layer> block = bc.make();
+  ASSERT_TRUE(block);
+  randomize_params(*block, 140);
+  std::vector<Param*> ps;
+  block->collect_params(ps);
+  Shape s{bc.n, bc.c, bc.h, bc.w};
+  Tensor xt = make_tensor(normals(shape_numel(s), 141), s, Layout::blocked);
+  Context ctx = train_ctx(*be);
+  Tensor y = block->forward(xt, ctx);
+  Floats r = normals(y.numel(), 142);
+  poison_pool({xt.storage_elems()});
+  Tensor dxt = block->backward(make_like(r, y), ctx);
+  ASSERT_TRUE(dxt.defined());
+  EXPECT_TRUE(zero_padding(dxt));
+  Vec dx = values(*be, dxt);
+  auto loss = [&] {
+    for (auto* p : ps) p->value.mark_written();  // finite_diff moved a weight
+    return dot(values(*be, block->forward(xt, ctx)), r);
+  };
+  // A step may cross a ReLU kink (the one-sided slopes then disagree): such elements are
+  // skipped, but most must be checked. Steps: 1e-2 for an input element (it moves few
+  // outputs, so fp32 rounding of the loss dominates a smaller step), 1e-3 for a parameter
+  // (it moves a whole channel, so a larger step crosses kinks).
+  int checked = 0, tried = 0;
+  auto check = [&](float& v, double eps, double an, double scale, const std::string& what) {
+    ++tried;
+    Fd fd = finite_diff(loss, v, eps);
+    if (std::fabs(fd.plus - fd.minus) > 0.02 * (std::fabs(an) + scale)) return;  // a kink
+    ++checked;
+    EXPECT_TRUE(fd_agrees(fd.central, an, 1e-2, scale)) << what;
+  };
+  for (int64_t i : pick(shape_numel(s), 8, 143))
+    check(xt.data<float>()[offset_of(xt, i)], 1e-2, dx[size_t(i)], rms(dx),
+          "x[" + std::to_string(i) + "]");
+  for (size_t k = 0; k < ps.size(); ++k) {
+    Param* p = ps[k];
+    Vec g = to_vec(p->grad);
+    for (double v : g) ASSERT_FALSE(std::isnan(v)) << p->name << " gradient not written";
+    for (int64_t i : pick(p->value.numel(), 2, 144 + uint32_t(k)))
+      check(p->value.data<float>()[i], 1e-3, g[size_t(i)], rms(g),
+            p->name + "[" + std::to_string(i) + "]");
+  }
+  EXPECT_GE(checked, tried * 8 / 10) << "too many elements sat on a ReLU kink";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Blocks, ResidualBlockTest,
+    ::testing::Values(
+        BlockCase{"basic_identity", [] { return resnet20_block(0, 0); }, 2, 16, 6, 6},
+        BlockCase{"basic_downsample", [] { return resnet20_block(1, 0); }, 2, 16, 7, 7},
+        BlockCase{"bottleneck_downsample", [] { return bottleneck(8, 4, 2); }, 2, 8, 7, 7},
+        BlockCase{"bottleneck_stride1", [] { return bottleneck(8, 4, 1); }, 2, 8, 5, 5}),
+    [](const ::testing::TestParamInfo<BlockCase>& i) { return std::string(i.param.name); });
+
+// A residual block's last BN takes the shortcut and does Add and ReLU in one backend op
+// (batchnorm_add_relu_*), its first convolution adds its input gradient to the shortcut's
+// (conv2d_backward_data_add), and an attached OpProfiler sees every op of the block, an op
+// composed of others once, without changing a bit of what it computes.
+TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryOp) {
+  auto run = [](Backend& be, std::vector<Vec>* grads) {
+    std::unique_ptr<Layer> block = bottleneck(8, 4, 2);
+    randomize_params(*block, 150);
+    Shape s{2, 8, 7, 7};
+    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::blocked);
+    Context ctx = train_ctx(be);
+    Tensor y = block->forward(x, ctx);
+    Vec out = values(be, y);
+    Tensor dx = block->backward(make_like(normals(y.numel(), 152), y), ctx);
+    std::vector<Param*> ps;
+    block->collect_params(ps);
+    for (Param* p : ps) grads->push_back(to_vec(p->grad));
+    grads->push_back(values(be, dx));
+    return out;
+  };
+  auto plain = cpu_backend();
+  std::vector<Vec> g0, g1;
+  Vec y0 = run(*plain, &g0);
+  auto profiled = cpu_backend();
+  OpProfiler prof(*profiled);
+  Vec y1 = run(*profiled, &g1);
+  prof.collect(true);
+  EXPECT_EQ(y1, y0);
+  EXPECT_EQ(g1, g0);
+  std::map<std::string, double> calls;
+  double total_ms = 0;
+  for (const auto& r : prof.by_op()) {
+    calls[r.name] = r.calls_per_step;
+    total_ms += r.ms_per_step;
+  }
+  EXPECT_GT(total_ms, 0.0) << "the host clock timed nothing";
+  EXPECT_EQ(calls["conv2d_forward"], 4);  // three on the main branch, one on the shortcut
+  EXPECT_EQ(calls["conv2d_backward_weights"], 4);
+  EXPECT_EQ(calls["batchnorm_add_relu_forward"], 1);
+  EXPECT_EQ(calls["batchnorm_add_relu_backward"], 1);
+  EXPECT_EQ(calls.count("add_forward+relu"), 0u) << "the block's Add ran on its own";
+  // The input gradient, main + shortcut: the main branch's first convolution adds its own to
+  // the shortcut's.
+  EXPECT_EQ(calls["conv2d_backward_data_add"], 1);
+  EXPECT_EQ(calls["conv2d_backward_data"], 3);  // conv2, conv3, the shortcut's
+  EXPECT_EQ(calls["add_forward"], 0);
+  EXPECT_FALSE(prof.report().empty());
+}
+
+// ============================================================================================
+// Gradient checkpointing: bitwise the same gradients and running statistics.
+// ============================================================================================
+
+struct StepOutcome {
+  std::vector<std::string> names;
+  std::vector<Floats> logits, grads, buffers;  // per step; buffers after the last step
+  std::vector<double> losses;
+  Floats eval_logits;
+};
+
+Floats host_floats(Backend& be, const Tensor& t) {
+  Tensor h = be.to_host(t);
+  return Floats(h.data<float>(), h.data<float>() + h.numel());
+}
+
+StepOutcome resnet20_steps(Backend& be, const std::string& mode) {
+  ResNetOptions o;
+  o.arch = "resnet20";
+  o.in_channels = 1;
+  o.num_classes = 10;
+  o.grad_checkpoint = mode;
+  Model m(build_resnet(o), be);
+  m.initialize(4242);
+  StepOutcome out;
+  for (auto* p : m.params()) out.names.push_back(p->name);
+  int N = 4;
+  std::vector<int32_t> labels = {3, 7, 0, 9};
+  for (int step = 0; step < 2; ++step) {
+    Tensor x = make_tensor(normals(int64_t(N) * 12 * 12, 170 + uint32_t(step)), {N, 1, 12, 12},
+                           Layout::nhwc);
+    Tensor logits = m.forward(be.upload_images(x), true);
+    Tensor dl;
+    out.losses.push_back(be.softmax_xent(logits, labels.data(), 0.1f, 1.f, &dl).loss);
+    out.logits.push_back(host_floats(be, logits));
+    be.fill(m.flat_grads(), kNaN);  // every gradient must be overwritten
+    m.backward(dl);
+    out.grads.push_back(host_floats(be, m.flat_grads()));
+  }
+  for (auto* b : m.buffers()) {
+    Floats v = host_floats(be, b->value);
+    out.buffers.insert(out.buffers.end(), v);
+  }
+  Tensor x = make_tensor(normals(int64_t(N) * 12 * 12, 180), {N, 1, 12, 12}, Layout::nhwc);
+  out.eval_logits = host_floats(be, m.forward(be.upload_images(x), false));
+  return out;
+}
+
+bool bitwise_equal(const Floats& a, const Floats& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class Checkpointing : public ::testing::TestWithParam<int> {};  // compute threads
+
+TEST_P(Checkpointing, ModesGiveBitwiseIdenticalGradientsAndStatistics) {
+  auto be = cpu_backend(GetParam());
+  StepOutcome ref = resnet20_steps(*be, "none");
+  for (const Floats& g : ref.grads) {
+    size_t nan = size_t(std::count_if(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
+    EXPECT_EQ(nan, 0u) << "gradient elements left unwritten";
+    EXPECT_GT(rms(to_vec(g)), 0.0);
+  }
+  for (const char* mode : {"block", "stage", "every:2"}) {
+    SCOPED_TRACE(mode);
+    StepOutcome got = resnet20_steps(*be, mode);
+    ASSERT_EQ(got.names, ref.names);
+    for (size_t s = 0; s < ref.grads.size(); ++s) {
+      EXPECT_EQ(got.losses[s], ref.losses[s]) << "step " << s;
+      EXPECT_TRUE(bitwise_equal(got.logits[s], ref.logits[s])) << "logits, step " << s;
+      EXPECT_TRUE(bitwise_equal(got.grads[s], ref.grads[s])) << "gradients, step " << s;
+    }
+    ASSERT_EQ(got.buffers.size(), ref.buffers.size());
+    for (size_t b = 0; b < ref.buffers.size(); ++b)
+      EXPECT_TRUE(bitwise_equal(got.buffers[b], ref.buffers[b])) << "buffer " << b;
+    EXPECT_TRUE(bitwise_equal(got.eval_logits, ref.eval_logits)) << "eval logits";
+  }
+  if (GetParam() == 1) return;
+  // Against one thread: the same numbers up to summation order.
+  auto one = cpu_backend(1);
+  StepOutcome single = resnet20_steps(*one, "none");
+  for (size_t s = 0; s < ref.grads.size(); ++s) {
+    EXPECT_TRUE(close(to_vec(ref.logits[s]), to_vec(single.logits[s]), 1e-4)) << "step " << s;
+    EXPECT_TRUE(close(to_vec(ref.grads[s]), to_vec(single.grads[s]), 1e-4)) << "step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "_threads";
+                         });
+
+}  // namespace

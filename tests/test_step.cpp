@@ -1,0 +1,262 @@
+// One training step (engine/step.h, StepRunner) on the CPU backend: an fp16 step that overflows
+// leaves weights and momentum untouched and halves the scale; steps whose figures are read a
+// step late (as on a GPU) equal steps read at once, bit for bit; a loss that is not finite
+// stops at its read-back; the CPU reads each step back at once; a static loss scale is kept
+// end to end, and one that always overflows stops training.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/philox.h"
+#include "engine/loss_scaler.h"
+#include "engine/step.h"
+#include "kernels/ops.h"
+#include "run/trainer.h"
+#include "step_reference.h"
+
+using namespace spotrain;
+
+namespace {
+
+std::vector<float> host_copy(Backend& be, const Tensor& t) {
+  Tensor h = be.to_host(t);
+  const float* p = h.data<float>();
+  return std::vector<float>(p, p + h.numel());
+}
+
+}  // namespace
+
+// ---- one fp16 training step that overflows -------------------------------------------------
+
+namespace {
+
+RunConfig small_fp16_config() {
+  RunConfig cfg;
+  cfg.model = "resnet20";
+  cfg.data = "synthetic";
+  cfg.train_limit = 64;
+  cfg.test_limit = 32;
+  cfg.batch_size = 16;
+  cfg.steps = 1;
+  cfg.precision = "fp16";
+  cfg.ckpt_dir = "";
+  cfg.device = "cpu";
+  cfg.log_every = 1000;
+  cfg.eval_each_epoch = false;
+  return cfg;
+}
+
+struct Batch {
+  Tensor images;  // (N, C, H, W) host fp32 NHWC
+  std::vector<int32_t> labels;
+};
+
+Batch random_batch(int64_t n, uint64_t seed) {
+  Batch b;
+  b.images = Tensor::host({n, 1, 28, 28}, DType::f32, Layout::nhwc);
+  Philox rng(seed);
+  float* p = b.images.data<float>();
+  for (int64_t i = 0; i < b.images.numel(); ++i) p[i] = rng.normal();
+  for (int64_t i = 0; i < n; ++i) b.labels.push_back(int32_t(rng.below(10)));
+  return b;
+}
+
+LossScaler make_scaler(double init_scale) {
+  LossScalerOptions o;
+  o.enabled = true;
+  o.init_scale = init_scale;
+  return LossScaler(o);
+}
+
+}  // namespace
+
+TEST(Fp16Step, OverflowSkipsTheUpdateAndHalvesTheScale) {
+  Trainer t(small_fp16_config());
+  Model& model = t.model();
+  Sgd& sgd = t.optimizer();
+  Backend& be = t.backend();
+  Batch b = random_batch(16, 21);
+
+  // 1. Scale 2^40: the scaled gradient overflows fp16 in the first activation gradient.
+  LossScaler huge = make_scaler(std::ldexp(1.0, 40));
+  std::vector<float> p0 = host_copy(be, model.flat_params()), m0 = host_copy(be, sgd.momentum());
+  StepResult r = StepRunner(model, sgd, huge, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_TRUE(r.overflow);
+  EXPECT_EQ(r.loss_scale, std::ldexp(1.0, 40));
+  EXPECT_TRUE(std::isfinite(r.loss.loss));
+  std::vector<float> p1 = host_copy(be, model.flat_params()), m1 = host_copy(be, sgd.momentum());
+  ASSERT_EQ(p1.size(), p0.size());
+  EXPECT_EQ(std::memcmp(p0.data(), p1.data(), p0.size() * 4), 0) << "params changed on overflow";
+  EXPECT_EQ(std::memcmp(m0.data(), m1.data(), m0.size() * 4), 0) << "momentum changed on overflow";
+  EXPECT_EQ(sgd.steps(), 0);
+  EXPECT_EQ(huge.scale(), std::ldexp(1.0, 39));
+  EXPECT_EQ(huge.state().skipped_steps, 1);
+  EXPECT_EQ(huge.state().consecutive_overflows, 1);
+
+  // 2. Scale 1024: fits; the step is applied.
+  LossScaler fits = make_scaler(1024);
+  r = StepRunner(model, sgd, fits, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(fits.scale(), 1024.0);
+  EXPECT_EQ(fits.state().skipped_steps, 0);
+  EXPECT_EQ(sgd.steps(), 1);
+  std::vector<float> p2 = host_copy(be, model.flat_params()), m2 = host_copy(be, sgd.momentum());
+  EXPECT_NE(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "params did not change";
+  int64_t finite = 0, nonzero = 0;
+  for (float v : m2) {
+    finite += std::isfinite(v);
+    nonzero += v != 0.f;
+  }
+  EXPECT_EQ(finite, int64_t(m2.size()));
+  EXPECT_GT(nonzero, int64_t(m2.size()) / 2);
+
+  // 3. Overflow again, now with non-zero momentum: still bitwise untouched.
+  LossScaler huge2 = make_scaler(std::ldexp(1.0, 40));
+  r = StepRunner(model, sgd, huge2, Precision::fp16).run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_TRUE(r.overflow);
+  std::vector<float> p3 = host_copy(be, model.flat_params()), m3 = host_copy(be, sgd.momentum());
+  EXPECT_EQ(std::memcmp(p2.data(), p3.data(), p2.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(m2.data(), m3.data(), m2.size() * 4), 0);
+  EXPECT_EQ(sgd.steps(), 1);
+  EXPECT_EQ(huge2.scale(), std::ldexp(1.0, 39));
+}
+
+// Steps queued back to back (each one's loss and overflow verdict read during the next, the
+// update skipped on the device) against the step written out with every figure read at once:
+// the same losses, verdicts and scales, and bitwise the same weights, momentum and counts,
+// through a run that both skips and applies steps.
+TEST(Fp16Step, QueuedStepsEqualStepsReadAtOnce) {
+  Trainer a(small_fp16_config()), q(small_fp16_config());
+  ASSERT_EQ(host_copy(a.backend(), a.model().flat_params()),
+            host_copy(q.backend(), q.model().flat_params()));
+  LossScaler sa = bouncing_scaler(), sq = bouncing_scaler();
+  StepRunner runner(q.model(), q.optimizer(), sq, Precision::fp16);
+  runner.defer_read_back(true);  // as on a GPU
+  std::vector<StepResult> ra, rq;
+  const int kSteps = 40;
+  for (int i = 0; i < kSteps; ++i) {
+    Batch b = random_batch(16, 500 + uint64_t(i));
+    ra.push_back(reference_step(a.model(), a.optimizer(), sa, DType::f16, b.images, b.labels.data(),
+                                0.05f, 0.1f));
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f);
+    // Each queue reads back the step before it, and only that one.
+    std::vector<StepResult> got = runner.take_results();
+    EXPECT_EQ(got.size(), i == 0 ? 0u : 1u) << "step " << i;
+    rq.insert(rq.end(), got.begin(), got.end());
+  }
+  runner.settle();
+  for (const StepResult& r : runner.take_results()) rq.push_back(r);
+  EXPECT_TRUE(runner.take_results().empty());
+  ASSERT_EQ(rq.size(), ra.size());
+  const int overflows = expect_same_results(rq, ra);
+  // The run both skipped and applied steps, and overflowed again after growing back.
+  EXPECT_GT(overflows, 2);
+  EXPECT_LT(overflows, kSteps - 10);
+  bool skipped_late = false;
+  for (int i = kSteps / 2; i < kSteps; ++i) skipped_late |= ra[size_t(i)].overflow;
+  EXPECT_TRUE(skipped_late) << "growing back never overflowed again: the test lost its point";
+  EXPECT_EQ(host_copy(q.backend(), q.model().flat_params()),
+            host_copy(a.backend(), a.model().flat_params()));
+  EXPECT_EQ(host_copy(q.backend(), q.optimizer().momentum()),
+            host_copy(a.backend(), a.optimizer().momentum()));
+  EXPECT_EQ(a.optimizer().steps(), kSteps - overflows);
+  EXPECT_EQ(q.optimizer().steps(), a.optimizer().steps());
+  EXPECT_EQ(sq.scale(), sa.scale());
+  EXPECT_EQ(sq.state().skipped_steps, sa.state().skipped_steps);
+  EXPECT_EQ(sq.state().good_steps, sa.state().good_steps);
+}
+
+// A loss that is not finite outside an fp16 overflow stops the run when it is read back: at
+// the next step or at settle(), before a checkpoint could save the weights it left.
+TEST(Fp16Step, NonFiniteLossStopsAtTheReadBack) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer t(cfg);
+  LossScaler off{LossScalerOptions{}};
+  StepRunner runner(t.model(), t.optimizer(), off, Precision::fp32);
+  runner.defer_read_back(true);  // as on a GPU
+  Batch b = random_batch(16, 31);
+  // NaN weights everywhere: the classifier's logits are NaN whatever the ReLUs do upstream
+  // (a NaN pixel alone is zeroed by the first ReLU after batch norm).
+  Tensor& params = t.model().flat_params();
+  ASSERT_EQ(params.device(), Device::cpu);
+  std::fill_n(params.data<float>(), params.numel(), std::numeric_limits<float>::quiet_NaN());
+  params.mark_written();
+  runner.queue(b.images, b.labels.data(), 0.05f, 0.f);  // read back later: no throw yet
+  try {
+    runner.settle();
+    FAIL() << "a NaN loss must stop the run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("loss became"), std::string::npos) << e.what();
+  }
+}
+
+// On the CPU (which computes each op at once) a step's figures are read at the end of its own
+// queue(): the progress line is not a step late.
+TEST(Fp16Step, TheCpuReadsEachStepBackAtOnce) {
+  Trainer t(small_fp16_config());
+  LossScaler s = bouncing_scaler();
+  StepRunner runner(t.model(), t.optimizer(), s, Precision::fp16);
+  for (int i = 0; i < 3; ++i) {
+    Batch b = random_batch(16, 700 + uint64_t(i));
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.f);
+    EXPECT_EQ(runner.take_results().size(), 1u) << "step " << i;
+  }
+}
+
+TEST(Fp16Step, StaticLossScaleIsHonouredEndToEnd) {
+  RunConfig cfg = small_fp16_config();
+  cfg.loss_scale = 128;
+  cfg.steps = 4;
+  Trainer t(cfg);
+  EXPECT_EQ(t.scaler().scale(), 128.0);
+  std::vector<float> p0 = host_copy(t.backend(), t.model().flat_params());
+  TrainResult r = t.run();
+  EXPECT_EQ(r.loss_scale, 128.0);
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_EQ(r.skipped_steps, 0);
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+  EXPECT_EQ(t.optimizer().steps(), 4);
+  std::vector<float> p1 = host_copy(t.backend(), t.model().flat_params());
+  EXPECT_NE(std::memcmp(p0.data(), p1.data(), p0.size() * 4), 0);
+}
+
+TEST(Fp16Step, StaticScaleThatAlwaysOverflowsStopsTraining) {
+  RunConfig cfg = small_fp16_config();
+  cfg.loss_scale = std::ldexp(1.0, 40);
+  cfg.max_overflow_steps = 3;
+  cfg.steps = 10;
+  Trainer t(cfg);
+  std::vector<float> p0 = host_copy(t.backend(), t.model().flat_params());
+  try {
+    t.run();
+    FAIL() << "training must stop after 3 overflowed steps in a row";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("consecutive"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(t.scaler().state().skipped_steps, 3);
+  EXPECT_EQ(t.scaler().scale(), std::ldexp(1.0, 40));  // static: never backed off
+  EXPECT_EQ(t.optimizer().steps(), 0);
+  std::vector<float> p1 = host_copy(t.backend(), t.model().flat_params());
+  EXPECT_EQ(std::memcmp(p0.data(), p1.data(), p0.size() * 4), 0);
+}
+
+TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
+  // The control for the overflow above: it comes from fp16's range, not from the scaler.
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer t(cfg);
+  Batch b = random_batch(16, 21);
+  LossScaler huge = make_scaler(std::ldexp(1.0, 40));
+  StepResult r = StepRunner(t.model(), t.optimizer(), huge, Precision::fp32)
+                     .run(b.images, b.labels.data(), 0.1f, 0.f);
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(huge.scale(), std::ldexp(1.0, 40));
+  EXPECT_EQ(t.optimizer().steps(), 1);
+}
+
+// ---- max pooling index math (kernels/elementwise.h), as the CUDA kernels use it -------------
+
