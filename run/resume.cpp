@@ -14,9 +14,11 @@ ResumeHeader load_on_rank0(const RunConfig& cfg, Training& t, WeightEma* ema, st
   ResumeHeader h;
   path = cfg.resume == "auto" ? newest_good_checkpoint(cfg.ckpt_dir) : cfg.resume;
   if (path.empty()) return h;
-  CheckpointInfo ci = load_training_state(path, *t.model, *t.sgd);
-  SPOTRAIN_CHECK(ci.model == cfg.model, "checkpoint ", path, " is a ", ci.model,
+  // The model first: another model's tensors would be refused one by one, less clearly.
+  const std::string model = read_checkpoint_info(path).model;
+  SPOTRAIN_CHECK(model == cfg.model, "checkpoint ", path, " is a ", model,
                  " checkpoint; this run trains ", cfg.model);
+  CheckpointInfo ci = load_training_state(path, *t.model, *t.sgd);
   const TrainPosition at = position_of(ci);
   h.status = 1;
   h.step = at.step;

@@ -99,10 +99,23 @@ TEST(RandomErasing, ErasesTheBoxToTheMeanAndDrawsDependOnTheSampleOnly) {
   o.p = 1;
   const io::EraseBox a = io::draw_erasing(o, 28, 28, 5, 2, 1234);
   const io::EraseBox b = io::draw_erasing(o, 28, 28, 5, 2, 1234);
+  EXPECT_EQ(a.erase, b.erase);
   EXPECT_EQ(a.top, b.top);
   EXPECT_EQ(a.left, b.left);
   EXPECT_EQ(a.h, b.h);
+  EXPECT_EQ(a.w, b.w);
   ASSERT_TRUE(a.erase);
+  // Other samples and another epoch draw other boxes (the draw depends on them).
+  auto same = [](const io::EraseBox& x, const io::EraseBox& y) {
+    return x.erase == y.erase && x.top == y.top && x.left == y.left && x.h == y.h && x.w == y.w;
+  };
+  int same_sample = 0, same_epoch = 0;
+  for (int64_t id = 0; id < 200; ++id) {
+    same_sample += same(io::draw_erasing(o, 28, 28, 5, 2, id), io::draw_erasing(o, 28, 28, 5, 2, id + 1));
+    same_epoch += same(io::draw_erasing(o, 28, 28, 5, 2, id), io::draw_erasing(o, 28, 28, 5, 3, id));
+  }
+  EXPECT_LT(same_sample, 20) << "boxes hardly depend on the sample";
+  EXPECT_LT(same_epoch, 20) << "boxes hardly depend on the epoch";
   std::vector<float> img(28 * 28 * 3, 1.f);
   io::apply_erasing(img.data(), 28, 28, 3, a);
   int zeros = 0;

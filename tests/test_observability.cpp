@@ -344,6 +344,8 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
       for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
     json check = json::parse(text);
     EXPECT_EQ(check["mode"], mode);
+    ASSERT_TRUE(check.contains("violations") && check["violations"].is_array()) << text;
+    ASSERT_TRUE(check.contains("resources") && check["resources"].is_array()) << text;
     EXPECT_TRUE(check["violations"].empty()) << check["violations"];
     EXPECT_TRUE(check["resources"].empty()) << "the page fetched: " << check["resources"];
     for (const char* id : {"loss", "accuracy", "lr", "throughput", "datawait", "memory"}) {

@@ -427,8 +427,14 @@ TEST(LossScaler, StateRoundTrips) {
   a.update(false);
   a.update(true);
   a.update(false);
+  a.update(true);  // in the middle of a run of overflows
   LossScaler b(dynamic_opts());
   b.set_state(a.state());
+  EXPECT_EQ(b.state().scale, a.state().scale);
+  EXPECT_EQ(b.state().good_steps, a.state().good_steps);
+  EXPECT_EQ(b.state().skipped_steps, a.state().skipped_steps);
+  EXPECT_EQ(b.state().consecutive_overflows, a.state().consecutive_overflows);
+  EXPECT_EQ(a.state().consecutive_overflows, 1);
   for (bool of : {false, false, true, false}) {
     a.update(of);
     b.update(of);
@@ -436,6 +442,7 @@ TEST(LossScaler, StateRoundTrips) {
   EXPECT_EQ(a.scale(), b.scale());
   EXPECT_EQ(a.state().good_steps, b.state().good_steps);
   EXPECT_EQ(a.state().skipped_steps, b.state().skipped_steps);
+  EXPECT_EQ(a.state().consecutive_overflows, b.state().consecutive_overflows);
 }
 
 // ---- unscale + overflow check --------------------------------------------------------------

@@ -101,7 +101,7 @@ TEST(PreemptNotice, AFileNoticeStopsTheRunAndAnUnreachableSourceIsOnlyReported) 
   CommandResult u = run_command(train(d / "run2", "--steps 3 --preempt-notice http://127.0.0.1:9/x "
                                                   "--preempt-poll 0.05"));
   EXPECT_EQ(u.code, 0) << u.out;
-  EXPECT_EQ(std::count(u.out.begin(), u.out.end(), '\n') > 0, true);
+  EXPECT_TRUE(contains(u.out, "step 3/3")) << "the run did not train to its end:\n" << u.out;
   EXPECT_TRUE(contains(u.out, "warning: --preempt-notice http://127.0.0.1:9/x cannot be read")) << u.out;
   size_t first = u.out.find("cannot be read");
   EXPECT_EQ(u.out.find("cannot be read", first + 1), std::string::npos) << "warned more than once";

@@ -258,5 +258,3 @@ TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
   EXPECT_EQ(t.optimizer().steps(), 1);
 }
 
-// ---- max pooling index math (kernels/elementwise.h), as the CUDA kernels use it -------------
-
