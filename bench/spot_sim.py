@@ -10,16 +10,25 @@ powers the host off (every process on it killed, its link cut: no reset sent) an
 back --replace seconds later. Deterministic mode throughout, so the interrupted job must end
 on the same weights as an uninterrupted one (--reference checks, bit for bit, with h5diff).
 
-Reported per run, from the run folder's metrics.jsonl (every step, resume and stop record has
-its wall-clock time):
+Two ways to recover (--recovery): `today` is the shared run folder, restarts that wait for the
+replacement host, and survivors that save nothing (--lost-peer-save 0); `survivors` gives each
+host a disk of its own (node-local: a replaced host comes back with an empty one), the
+survivors of a hard kill save the last step every rank finished, the launcher restarts at once
+on the hosts that remain (HOST_DISCOVERY) and grows the job back when the replacement is up.
+
+Reported per run, from the job's metrics.jsonl (rank 0's, --metrics on shared storage: every
+step, resume, stop and lost-peer record has its wall-clock time):
   goodput          time of the steps that survive to the end / wall time of the job
-  lost per preemption   time of steps trained and then redone after a restart, per preemption
-  restart -> first new step   from the previous attempt's last record to the first new step
+  lost per preemption   steps (and their time) trained and then redone after a restart
+  kill -> first new step   per hard kill: detection (kill -> the survivors' save begins), the
+                   save, restart (the save -> the new process's start record), first step
   checkpoint overhead   training held for checkpoint state copies, as a share of wall time
+  speed vs uninterrupted   (--reference) the uninterrupted run's wall time / this run's
 as a table and one JSON line (--json FILE appends it there too).
 
   bench/spot_sim.py --mtbf 60 --steps 400 --ckpt-every 50 --reference
   bench/spot_sim.py --mtbf 60 --steps 400 --ckpt-every auto          (auto: --mtbf is passed on)
+  bench/spot_sim.py --recovery survivors --grace 0 --mtbf 60 --replace 20 --ckpt-every auto
 """
 import argparse
 import datetime
@@ -64,6 +73,11 @@ def parse_args():
     p.add_argument("--spotrain", default=os.path.join(REPO, "build", "spotrain"))
     p.add_argument("--json", help="append the result's JSON line to this file")
     p.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    p.add_argument("--recovery", choices=("today", "survivors"), default="today",
+                   help="today: shared folder, restarts wait for the replacement, no survivor save; "
+                        "survivors: node-local disks, survivors save, restart on the hosts left, grow back")
+    p.add_argument("--survivor-wait", type=int, default=3,
+                   help="mpirun.sh's SURVIVOR_WAIT (scaled down): Open MPI's SIGCONT-SIGTERM-SIGKILL spacing")
     return p.parse_args()
 
 
@@ -72,9 +86,11 @@ def sh(*cmd, check=True):
 
 
 class Hosts:
-    def __init__(self, n):
+    def __init__(self, n, disk=None):
         self.prefix = "sim%d" % (os.getpid() % 100000)
-        out = subprocess.run([HOSTS_SH, "up", self.prefix, str(n)], capture_output=True, text=True)
+        self.disk = disk  # each host's own disk is mounted here (node-local), or None
+        out = subprocess.run([HOSTS_SH, "up", self.prefix, str(n)] + ([disk] if disk else []),
+                             capture_output=True, text=True)
         if out.returncode == 77:
             sys.exit("spot_sim: cannot make network namespaces here: " + out.stderr.strip())
         if out.returncode != 0:
@@ -90,22 +106,30 @@ class Hosts:
     def __call__(self, what, i):
         sh(HOSTS_SH, what, self.prefix, str(i))
 
+    def disk_of(self, i):  # where host i's disk lies, seen from here
+        return "/tmp/%s-netns/disk-%d" % (self.prefix, i)
+
     def down(self):
         subprocess.run([HOSTS_SH, "down", self.prefix], capture_output=True)
 
 
-def launch(a, hosts, hostfile, run_dir, log_path, restarts):
+def launch(a, hosts, hostfile, run_dir, metrics, log_path, restarts):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                RANKS_PER_NODE="1", THREADS_PER_RANK=str(a.threads), SPOTRAIN=a.spotrain,
                MPI_IFNAME=hosts.net + ".0/24", MAX_RESTARTS=str(restarts),
                # the restart waits for a replaced host (a real cluster's scheduler does)
                RESTART_DELAY=str(int(a.replace) + 1), RESTART_DELAY_MAX=str(int(a.replace) + 1),
-               OOB_KEEPALIVE=a.keepalive,
+               OOB_KEEPALIVE=a.keepalive, SURVIVOR_WAIT=str(a.survivor_wait),
                MPIRUN_ARGS="--mca plm_rsh_agent %s --mca rtc ^hwloc --mca btl tcp,self" % hosts.agent)
+    if a.recovery == "survivors":  # restart on the hosts up, grow back when one returns
+        env.update(HOST_DISCOVERY="%s hosts %s" % (HOSTS_SH, hosts.prefix), MIN_HOSTS="1",
+                   DISCOVERY_INTERVAL="1")
+        hostfile = "-"
     args = [LAUNCHER, hostfile, str(hosts.n), "--model", a.model, "--data", a.data,
             "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--deterministic",
             "--log-every", "1", "--test-limit", "64", "--comm-timeout", "20",
-            "--ckpt-dir", run_dir, "--ckpt-every", a.ckpt_every] + a.train_args.split()
+            "--ckpt-dir", run_dir, "--ckpt-every", a.ckpt_every, "--metrics", metrics,
+            "--lost-peer-save", "0" if a.recovery == "today" else "30"] + a.train_args.split()
     if a.ckpt_every == "auto":
         args += ["--mtbf", "%gs" % a.mtbf]
     log = open(log_path, "w")
@@ -142,7 +166,7 @@ def preempt(a, hosts, job, log_path, events):
         ranks = hosts.pids(host, "spotrain")
         if not ranks:
             continue
-        ev = {"at": time.time(), "host": host, "hard_kill": False}
+        ev = {"at": time.time(), "host": host, "hard_kill": False, "killed": None}
         for pid in ranks if a.grace > 0 else []:  # the notice
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -154,6 +178,7 @@ def preempt(a, hosts, job, log_path, events):
         if hosts.pids(host, "spotrain"):  # still there when the grace ends: reclaimed anyway
             ev["hard_kill"] = True
             killed = time.time()
+            ev["killed"] = killed
             hosts("poweroff", host)
             # The replacement joins once the job has noticed the loss (the launcher's 76), and
             # --replace seconds after the kill at the earliest; the restart waits longer.
@@ -161,7 +186,10 @@ def preempt(a, hosts, job, log_path, events):
                     "mpirun.sh: restart ")[-1]:
                 time.sleep(0.1)
             time.sleep(max(0.0, killed + a.replace - time.time()))
+            if hosts.disk:  # a new instance: a new, empty disk
+                hosts("wipe", host)
             hosts("restore", host)
+            ev["restored"] = time.time()
         events.append(ev)
 
 
@@ -170,10 +198,10 @@ def iso(t):
         tzinfo=datetime.timezone.utc).timestamp()
 
 
-def analyse(run_dir, wall):
+def analyse(metrics, launch_log, wall, events=()):
     """Goodput and the rest from metrics.jsonl (see the module's docstring)."""
-    records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
-    surviving, computed = {}, 0.0
+    records = [json.loads(l) for l in open(metrics) if l.strip()]
+    surviving, computed, redone = {}, 0.0, 0
     seg_prev, seg_first = None, True
     durations = []
     restarts, downtime, startup = 0, [], []
@@ -200,6 +228,7 @@ def analyse(run_dir, wall):
                 seg_first = False
             durations.append(d)
             computed += d
+            redone += r["step"] in surviving
             surviving[r["step"]] = d
         last_time = t
     good = sum(surviving.values())
@@ -207,7 +236,7 @@ def analyse(run_dir, wall):
     held = 0.0
     checkpoints = 0
     auto_interval = None
-    with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
+    with open(launch_log, errors="replace") as f:
         for line in f:
             m = re.search(r"training held ([0-9.]+) s", line)
             if m:
@@ -216,12 +245,42 @@ def analyse(run_dir, wall):
             m = re.search(r"checkpoint interval \(--ckpt-every auto\): ([0-9.]+) s", line)
             if m:
                 auto_interval = float(m.group(1))
+    phases = kill_phases(records, events)
     return {"goodput": good / wall, "wall_s": wall, "step_time_s": good, "lost_s": lost,
+            "redone_steps": redone, "phases": phases,
             "restarts": restarts, "steps": len(surviving),
             "restart_to_first_step_s": sum(downtime) / len(downtime) if downtime else None,
             "startup_s": sum(startup[1:]) / len(startup[1:]) if len(startup) > 1 else None,
             "checkpoints": checkpoints, "checkpoint_held_s": held, "auto_interval_s": auto_interval,
             "checkpoint_overhead": held / wall}
+
+
+def kill_phases(records, events):
+    """Per hard kill: kill -> detection (the survivors' save begins), the save, -> the new
+    process's start record (restart), -> its first step. None where a record is missing."""
+    out = []
+    for ev in events:
+        k = ev.get("killed")
+        if k is None:
+            continue
+        after = [(iso(r["time"]), r) for r in records if iso(r["time"]) > k]
+        lp = next(((t, r) for t, r in after if r["type"] == "lost_peer"), None)
+        start = next(((t, r) for t, r in after if r["type"] == "start"), None)
+        first = next(((t, r) for t, r in after if r["type"] == "step" and start and t > start[0]), None)
+        save_end = lp[0] if lp else None
+        save_s = lp[1].get("save_seconds") if lp else None
+        row = {"detect_s": save_end - save_s - k if lp else None, "save_s": save_s,
+               "restart_s": start[0] - (save_end if lp else k) if start else None,
+               "first_step_s": first[0] - start[0] if first and start else None,
+               "saved": bool(lp and lp[1].get("saved"))}
+        row["kill_to_first_step_s"] = first[0] - k if first else None
+        out.append(row)
+    return out
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def final_checkpoint(run_dir, steps):
@@ -243,19 +302,23 @@ def main():
     if not os.access(a.spotrain, os.X_OK):
         sys.exit("spot_sim: no spotrain binary at %s (build first, or --spotrain)" % a.spotrain)
     work = tempfile.mkdtemp(prefix="spot_sim.")
-    hosts = Hosts(a.hosts)
+    # survivors: each host's own disk at one path (the run folder inside it)
+    hosts = Hosts(a.hosts, os.path.join(work, "disk") if a.recovery == "survivors" else None)
     try:
         hostfile = os.path.join(work, "hosts")
         with open(hostfile, "w") as f:
             for i in range(1, a.hosts + 1):
                 f.write("%s.%d slots=1\n" % (hosts.net, i))
-        run_dir, log_path = os.path.join(work, "run"), os.path.join(work, "launch.log")
+        base = hosts.disk or work
+        run_dir, log_path = os.path.join(base, "run"), os.path.join(work, "launch.log")
+        metrics = os.path.join(work, "metrics.jsonl")
         print("spot_sim: %d hosts, MTBF %g s each, grace %g s, replace %g s; %s on %s, %d steps, "
-              "--ckpt-every %s; log %s" % (a.hosts, a.mtbf, a.grace, a.replace, a.model, a.data,
-                                           a.steps, a.ckpt_every, log_path), flush=True)
+              "--ckpt-every %s, recovery %s; log %s" % (a.hosts, a.mtbf, a.grace, a.replace, a.model,
+                                                        a.data, a.steps, a.ckpt_every, a.recovery,
+                                                        log_path), flush=True)
         events = []
         t0 = time.time()
-        job, log = launch(a, hosts, hostfile, run_dir, log_path, restarts=1000)
+        job, log = launch(a, hosts, hostfile, run_dir, metrics, log_path, restarts=1000)
         market = threading.Thread(target=preempt, args=(a, hosts, job, log_path, events), daemon=True)
         market.start()
         rc = job.wait()
@@ -263,35 +326,52 @@ def main():
         log.close()
         if rc != 0:
             sys.exit("spot_sim: the job failed (exit %d); see %s" % (rc, log_path))
-        res = analyse(run_dir, wall)
+        res = analyse(metrics, log_path, wall, events)
         res.update({"hosts": a.hosts, "mtbf_s": a.mtbf, "grace_s": a.grace, "replace_s": a.replace,
                     "ckpt_every": a.ckpt_every, "model": a.model, "data": a.data,
                     "preemptions": len(events), "hard_kills": sum(e["hard_kill"] for e in events),
-                    "seed": a.seed})
+                    "seed": a.seed, "recovery": a.recovery})
         res["lost_per_preemption_s"] = res["lost_s"] / len(events) if events else 0.0
+        res["lost_steps_per_preemption"] = res["redone_steps"] / len(events) if events else 0.0
+        for k in ("detect_s", "save_s", "restart_s", "first_step_s", "kill_to_first_step_s"):
+            res[k] = mean(p[k] for p in res["phases"])
+        # The final checkpoint: in the run folder, or on any host's disk that holds it.
+        final = final_checkpoint(run_dir, a.steps)
+        if hosts.disk:
+            held = [final_checkpoint(os.path.join(hosts.disk_of(i), "run"), a.steps) for i in range(1, a.hosts + 1)]
+            final = next((f for f in held if os.path.exists(f)), final)
         if a.reference:
-            ref_dir = os.path.join(work, "ref")
+            ref_dir = os.path.join(base, "ref")
+            ref_metrics = os.path.join(work, "ref-metrics.jsonl")
             t1 = time.time()
-            ref, ref_log = launch(a, hosts, hostfile, ref_dir, os.path.join(work, "ref.log"), restarts=0)
+            ref, ref_log = launch(a, hosts, hostfile, ref_dir, ref_metrics, os.path.join(work, "ref.log"), restarts=0)
             if ref.wait() != 0:
                 sys.exit("spot_sim: the reference run failed; see %s" % os.path.join(work, "ref.log"))
             ref_log.close()
             res["reference_wall_s"] = time.time() - t1
-            res["reference_goodput"] = analyse(ref_dir, res["reference_wall_s"])["goodput"]
-            res["bitwise_equal"] = same_weights(final_checkpoint(run_dir, a.steps),
-                                                final_checkpoint(ref_dir, a.steps))
+            res["reference_goodput"] = analyse(ref_metrics, os.path.join(work, "ref.log"), res["reference_wall_s"])["goodput"]
+            res["speed_vs_uninterrupted"] = res["reference_wall_s"] / wall
+            ref_final = final_checkpoint(ref_dir, a.steps)
+            if hosts.disk:
+                ref_final = final_checkpoint(os.path.join(hosts.disk_of(1), "ref"), a.steps)
+            res["bitwise_equal"] = same_weights(final, ref_final)
         rows = [("preemptions (hard kills)", "%d (%d)" % (res["preemptions"], res["hard_kills"])),
                 ("restarts", res["restarts"]),
                 ("wall time", "%.1f s" % wall),
                 ("goodput", "%.3f" % res["goodput"]),
-                ("lost per preemption", "%.2f s" % res["lost_per_preemption_s"]),
+                ("lost per preemption", "%.2f steps, %.2f s" % (res["lost_steps_per_preemption"],
+                                                                res["lost_per_preemption_s"])),
                 ("restart -> first new step", "%.2f s" % res["restart_to_first_step_s"]
                  if res["restart_to_first_step_s"] is not None else "-"),
+                ("hard kill -> first new step", "%s (detect %s, save %s, restart %s, first step %s)" % tuple(
+                    "%.2f s" % res[k] if res[k] is not None else "-"
+                    for k in ("kill_to_first_step_s", "detect_s", "save_s", "restart_s", "first_step_s"))),
                 ("checkpoints, training held", "%d, %.2f s (%.2f%% of wall time)" % (
                     res["checkpoints"], res["checkpoint_held_s"], 100 * res["checkpoint_overhead"]))]
         if a.reference:
             rows.append(("uninterrupted: wall time, goodput", "%.1f s, %.3f" % (
                 res["reference_wall_s"], res["reference_goodput"])))
+            rows.append(("speed vs uninterrupted", "%.3f" % res["speed_vs_uninterrupted"]))
             rows.append(("final weights = uninterrupted run", "yes, bit for bit" if res["bitwise_equal"] else "NO"))
         for k, v in rows:
             print("  %-36s %s" % (k, v))

@@ -16,13 +16,13 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   }
 }
 
-void AsyncCheckpointWriter::submit(std::string path, CheckpointSnapshot snap) {
+void AsyncCheckpointWriter::submit(std::string path, CheckpointSnapshot snap, std::string tmp) {
   wait();
   done_ = false;
-  thread_ = std::thread([this, path = std::move(path), snap = std::move(snap)] {
+  thread_ = std::thread([this, path = std::move(path), snap = std::move(snap), tmp = std::move(tmp)] {
     const double t0 = now_seconds();
     try {
-      write_checkpoint_file(path, snap);
+      write_checkpoint_file(path, snap, tmp);
       finish_checkpoint(path, keep_);
     } catch (...) {
       error_ = std::current_exception();

@@ -20,8 +20,9 @@ class AsyncCheckpointWriter {
 
   // True while a write is in flight.
   bool busy() const { return thread_.joinable() && !done_.load(); }
-  // Starts writing `snap` to `path`; waits first if a write is still in flight.
-  void submit(std::string path, CheckpointSnapshot snap);
+  // Starts writing `snap` to `path` (through the temporary `tmp`; "" = PATH.tmp); waits first
+  // if a write is still in flight.
+  void submit(std::string path, CheckpointSnapshot snap, std::string tmp = "");
   // Waits for the write in flight, if any; rethrows its error.
   void wait();
   // Waits for the write in flight, if any; its error is left for check().

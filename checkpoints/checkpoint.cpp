@@ -134,14 +134,21 @@ void write_delay_hook(int64_t step) {
 }
 }  // namespace
 
-void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap) {
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+  return dir + "/" + name;
+}
+
+void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap,
+                           const std::string& tmp_name) {
   if (snap.wait_copies) snap.wait_copies();
   quiet_hdf5();
   namespace fs = std::filesystem;
   const CheckpointInfo& info = snap.info;
   fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  const std::string tmp = temp_path_for(path);
+  const std::string tmp = tmp_name.empty() ? temp_path_for(path) : tmp_name;
   try {
     H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (file < 0) SPOTRAIN_THROW("cannot create checkpoint ", tmp, ": check the directory is writable");
@@ -361,8 +368,15 @@ void finish_checkpoint(const std::string& path, int keep) {
   verify_checkpoint(path, nullptr);  // the new file is good before anything older goes
   fs::path p(path);
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  write_file_atomic((dir / "latest").string(), p.filename().string() + "\n",
-                    "the checkpoint pointer");
+  std::ifstream current(dir / "latest");
+  std::string named;
+  std::getline(current, named);
+  // Names sort as steps do (ckpt-%08d.h5): a newer one that is there stays `latest`.
+  const bool newer_there = named.rfind("ckpt-", 0) == 0 && named > p.filename().string() &&
+                           fs::exists(dir / named);
+  if (!newer_there)
+    write_file_atomic((dir / "latest").string(), p.filename().string() + "\n",
+                      "the checkpoint pointer");
   if (keep <= 0) return;
   std::error_code ec;
   auto all = list_checkpoints(dir.string());

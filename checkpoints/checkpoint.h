@@ -49,8 +49,12 @@ struct CheckpointSnapshot {
   // calls it first.
   std::function<void()> wait_copies;
 };
-// Writes a snapshot to `path` atomically (PATH.tmp, fsync, rename, fsync of the directory).
-void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap);
+// Writes a snapshot to `path` atomically (PATH.tmp, or `tmp` when given, then fsync, rename,
+// fsync of the directory).
+void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap,
+                           const std::string& tmp = "");
+// "DIR/ckpt-00001234.h5": the name of the checkpoint of `step` in `dir`.
+std::string checkpoint_path(const std::string& dir, int64_t step);
 // Bytes a checkpoint of `elements` fp32 values takes on disk, roughly (with metadata).
 inline int64_t checkpoint_bytes(int64_t elements) { return elements * 4 + (int64_t(1) << 20); }
 // Reads the attributes only. Throws Error naming the file when it is not a readable checkpoint.
@@ -69,8 +73,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // The checkpoint to continue from in `dir`: the one `latest` names when it verifies, else the
 // newest that verifies; unusable ones are reported on stderr and skipped ("" when none is good).
 std::string newest_good_checkpoint(const std::string& dir);
-// After a save: verifies the new file, then atomically points `latest` at it, then removes
-// all but the newest `keep` checkpoints (never the new one).
+// After a save: verifies the new file, then atomically points `latest` at it (unless `latest`
+// names a newer checkpoint that exists: two writers of one folder never move it back), then
+// removes all but the newest `keep` checkpoints (never the new one).
 void finish_checkpoint(const std::string& path, int keep);
 
 }  // namespace spotrain

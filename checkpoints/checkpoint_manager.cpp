@@ -40,6 +40,8 @@ void CheckpointManager::check_folder(int64_t need) {
       log_info(str("removing the unfinished checkpoint ", e.path().string(),
                    " (a write was interrupted)"));
       fs::remove(e.path(), ec);
+    } else if (n.rfind(".survivor-", 0) == 0) {  // a survivor's claim (run/run_checkpoints.h)
+      fs::remove(e.path(), ec);
     }
   }
   std::error_code space_ec;
@@ -60,11 +62,7 @@ void CheckpointManager::check_folder(int64_t need) {
                  policy_.keep, " needs about ", mib(keep_need)));
 }
 
-std::string CheckpointManager::path_for(int64_t step) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
-  return policy_.dir + "/" + name;
-}
+std::string CheckpointManager::path_for(int64_t step) const { return checkpoint_path(policy_.dir, step); }
 
 bool CheckpointManager::due(int64_t step, bool epoch_end) const {
   return epoch_end || (policy_.every_steps > 0 && step % policy_.every_steps == 0) ||
@@ -83,7 +81,7 @@ std::string CheckpointManager::write(int64_t step, const SnapshotFn& snapshot, b
   }
   poll();
   double t0 = now_seconds();
-  writer_.submit(path, snapshot());
+  writer_.submit(path, snapshot(), policy_.writer_tag.empty() ? "" : str(path, ".", policy_.writer_tag, ".tmp"));
   writing_ = path;
   snapshot_seconds_ = now_seconds() - t0;
   last_time_ = now_seconds();

@@ -24,6 +24,9 @@ struct CheckpointPolicy {
   // with an error, true warns and trains on, trying again at the next checkpoint. A write the
   // caller waits for (a stop's, the last) always ends the run when it fails.
   bool continue_on_error = false;
+  // Names this writer's temporary files (PATH.TAG.tmp; "" = PATH.tmp), so that two writers
+  // that turn out to share a folder never write into the same temporary file.
+  std::string writer_tag;
 };
 
 class CheckpointManager {

@@ -1,9 +1,11 @@
 // CommWorker (see comm_worker.h).
 #include "comm/comm_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "core/error.h"
 #include "core/exit_codes.h"
@@ -60,12 +62,27 @@ void CommWorker::loop() {
 
 void CommWorker::wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lk(mu_);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-  if (!done_cv_.wait_until(lk, deadline, [&] { return finished_upto_ >= ticket; })) {
+  using clock = std::chrono::steady_clock;
+  const clock::time_point deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s_));
+  auto done = [&] { return finished_upto_ >= ticket; };
+  while (!done()) {
+    const clock::time_point slice = std::min(deadline, clock::now() + std::chrono::milliseconds(100));
+    if (done_cv_.wait_until(lk, slice, done)) break;
     std::string what = running_;  // the collective that is stuck
-    lk.unlock();
-    fail(what, str("did not finish within --comm-timeout ", timeout_s_,
-                   " s: another rank died or hung (see its log)"));
+    if (clock::now() >= deadline) {
+      lk.unlock();
+      fail(what, str("did not finish within --comm-timeout ", timeout_s_,
+                     " s: another rank died or hung (see its log)"));
+    }
+    if (lost_) {
+      lk.unlock();
+      const bool lost = lost_();
+      if (lost)
+        fail(what, "did not finish long after the launcher began to end the job (a stop or its "
+                   "SIGCONT): a rank was lost", /*runtime_ending=*/true);
+      lk.lock();
+    }
   }
   auto it = errors_.find(ticket);
   if (it != errors_.end()) {
@@ -75,16 +92,26 @@ void CommWorker::wait(uint64_t ticket) {
   }
 }
 
-void CommWorker::fail(const std::string& what, const std::string& why) {
+void CommWorker::fail(const std::string& what, const std::string& why, bool runtime_ending) {
+  // The last words first (the survivors' save: local work), in silence like the wait below.
+  std::string said;
+  if (auto words = std::exchange(last_words_, nullptr)) {  // once, and never from within itself
+    try {
+      said = words();
+    } catch (const std::exception& e) {
+      said = str("after losing a peer: ", e.what());
+    }
+  }
   // A node that stopped answering is the runtime's to report: its end of the job reaches every
   // node, where ours would hang on the lost one. So it gets its detection time first, in
   // silence: a line written now travels over the runtime's connection to mpirun, and a TCP
   // connection with data in flight no longer notices that its peer is gone. A hung rank on a
   // live node the runtime leaves to us.
-  double grace = comm_.runtime_detection_seconds();
+  double grace = runtime_ending ? 0 : comm_.runtime_detection_seconds();
   if (grace > 0) std::this_thread::sleep_for(std::chrono::duration<double>(grace));
   std::fprintf(stderr, "error: rank %d: %s at step %lld %s; aborting the job\n", comm_.rank(),
                what.c_str(), static_cast<long long>(step_), why.c_str());
+  if (!said.empty()) std::fprintf(stderr, "rank %d: %s\n", comm_.rank(), said.c_str());
   std::fflush(stderr);
   comm_.abort(kExitRetryable);  // a peer or the network failed: retrying is the remedy
   std::abort();                  // not reached: abort() ends the job

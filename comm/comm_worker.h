@@ -1,8 +1,10 @@
 // CommWorker: one thread that makes every collective call, in submission order, so
 // gradient buckets are all-reduced while backward goes on, and so every wait has a
-// deadline. A collective that fails or outlives --comm-timeout prints one error line naming
-// this rank, the step and the collective, then aborts the whole job (never a silent hang),
-// after leaving the launcher's runtime its time to notice a lost node and end the job itself.
+// deadline. A collective that fails or outlives --comm-timeout is a lost peer: the rank runs
+// its last words (on_lost_peer: the survivors save the last finished step), prints one error
+// line naming this rank, the step and the collective, then aborts the whole job (never a
+// silent hang), after leaving the launcher's runtime its time to notice a lost node and end
+// the job itself.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -31,6 +33,14 @@ class CommWorker {
   void wait(uint64_t ticket);
   void run(std::string what, std::function<void()> task) { wait(submit(std::move(what), std::move(task))); }
   void set_step(int64_t step) { step_ = step; }
+  // What this rank does once it knows a peer is lost, before the job is aborted; run on the
+  // thread whose wait found the loss, once. It must not make collective calls, nor print (a
+  // line sent now can keep the runtime from noticing a lost node): it returns what to say.
+  void on_lost_peer(std::function<std::string()> last_words) { last_words_ = std::move(last_words); }
+  // Checked about ten times a second while a wait lasts: when it answers true, the wait ends
+  // as a lost peer before --comm-timeout (e.g. a stop was asked for and the collective that
+  // carries it has not finished long after: the launcher is ending a job whose rank died).
+  void watch_for_loss(std::function<bool()> lost) { lost_ = std::move(lost); }
   Communicator& comm() { return comm_; }
   double timeout_seconds() const { return timeout_s_; }
 
@@ -41,10 +51,14 @@ class CommWorker {
     std::function<void()> task;
   };
   void loop();
-  [[noreturn]] void fail(const std::string& what, const std::string& why);
+  // runtime_ending: the launcher's runtime is ending the job already (no time left for it to
+  // notice a lost node).
+  [[noreturn]] void fail(const std::string& what, const std::string& why, bool runtime_ending = false);
 
   Communicator& comm_;
   double timeout_s_;
+  std::function<std::string()> last_words_;
+  std::function<bool()> lost_;
   int64_t step_ = 0;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;

@@ -7,10 +7,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <thread>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -165,9 +167,18 @@ class MpiComm final : public Communicator {
     std::fflush(stdout);
     std::fflush(stderr);
     end_daemon_if_stranded();
+    // MPI_Abort hands the end of the job to Open MPI's runtime. When the runtime is ending it
+    // already (a rank died), the call waits for the runtime's own kill, which comes two
+    // odls_base_sigkill_timeout periods later (after its SIGCONT and its SIGTERM): this rank
+    // leaves by itself well before.
+    std::thread([code] {
+      std::this_thread::sleep_for(std::chrono::seconds(kAbortExitSeconds));
+      std::_Exit(code);
+    }).detach();
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
+  static constexpr int kAbortExitSeconds = 5;
 
  private:
   bool owns_ = false;

@@ -32,14 +32,17 @@ TrainPosition position_of(const CheckpointInfo& info) {
 }
 
 CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
-                                       Tensor* params_buf, Tensor* momentum_buf) {
+                                       Tensor* params_buf, Tensor* momentum_buf,
+                                       const Tensor* bn_stats) {
   Backend& be = model.backend();
   CheckpointSnapshot s;
   s.info = info;
   // The BN buffers first (small, copied at once), then one host copy of each flat buffer,
   // queued without waiting where the backend can; the per-parameter tensors are views.
+  const Tensor stats = be.to_host(bn_stats ? *bn_stats : model.flat_buffers());
   NamedTensors buffers;
-  for (auto* b : model.buffers()) buffers.emplace_back(b->name, be.to_host(b->value));
+  for (auto* b : model.buffers())
+    buffers.emplace_back(b->name, Tensor::view(stats, model.buffer_offset(b), b->value.shape()));
   std::vector<std::function<void()>> waits;
   auto host_copy = [&](const Tensor& src, Tensor* buf) {
     if (!buf) return be.to_host(src);  // to_host always copies

@@ -40,9 +40,12 @@ TrainPosition position_of(const CheckpointInfo& info);
 // `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused
 // buffers must not be in use by a write still in flight. Buffers from the backend's
 // host_staging_allocator() are filled by DMA while training goes on (see wait_copies).
+// The BN statistics come from `bn_stats` (laid out as Model::flat_buffers(): e.g. a copy
+// taken at a step's end) when given, else from the model.
 CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
                                        Tensor* params_buf = nullptr,
-                                       Tensor* momentum_buf = nullptr);
+                                       Tensor* momentum_buf = nullptr,
+                                       const Tensor* bn_stats = nullptr);
 // Bytes a checkpoint of this model takes on disk (parameters, buffers, momentum), roughly.
 int64_t checkpoint_bytes(const Model& model, bool with_momentum);
 // Loads parameters and BN buffers into `model` (shapes must match; names must all exist), from

@@ -9,6 +9,10 @@
 
 namespace spotrain {
 
+// The control slots the run uses: the stop flag (run/stop_policy.h), and rank 0's word that a
+// checkpoint is due after this step where several ranks write copies (run/run_checkpoints.h).
+constexpr int kStopSlot = 0, kCheckpointSlot = 1;
+
 class GradSync final : public GradListener {
  public:
   GradSync(Model& model, CommWorker& worker, const ReducerOptions& opt);

@@ -1,6 +1,7 @@
 // Model (see model.h): flat parameter buffers and initialization.
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -37,7 +38,18 @@ Model::Model(std::unique_ptr<Layer> net, Backend& be) : net_(std::move(net)), be
     p->value = Tensor::view(flat_params_, o, p->value.shape());
     p->grad = Tensor::view(flat_grads_, o, p->grad.shape());
   }
-  for (auto* b : buffers_) b->value = be_.from_host(b->value);
+  int64_t nb = 0;
+  for (auto* b : buffers_) {
+    SPOTRAIN_CHECK(b->value.dtype() == DType::f32, "internal: buffer ", b->name, " is not fp32");
+    buffer_offsets_[b] = nb;
+    nb += (b->value.numel() + 15) / 16 * 16;  // 64-byte aligned starts
+  }
+  Tensor host_buffers = Tensor::host({std::max<int64_t>(nb, 1)});
+  std::memset(host_buffers.raw(), 0, host_buffers.nbytes());
+  for (auto* b : buffers_)
+    std::memcpy(host_buffers.data<float>() + buffer_offsets_[b], b->value.raw(), b->value.nbytes());
+  flat_buffers_ = be_.from_host(host_buffers);
+  for (auto* b : buffers_) b->value = Tensor::view(flat_buffers_, buffer_offsets_[b], b->value.shape());
 }
 
 Param* Model::find_param(const std::string& name) const {

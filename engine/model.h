@@ -1,6 +1,7 @@
 // Model: a layer graph plus its parameters laid out in one flat fp32 buffer (and one flat
 // gradient buffer) in REVERSE layer order, so the optimizer, the all-reduce buckets and
-// checkpoints all see one array and the last layer's gradients come first.
+// checkpoints all see one array and the last layer's gradients come first. The BN buffers
+// (running statistics) are views into one flat buffer too: one copy or broadcast moves them all.
 #pragma once
 #include <map>
 #include <memory>
@@ -44,6 +45,10 @@ class Model {
   // Offset of a parameter in the flat buffers, and its index in params().
   int64_t offset_of(const Param* p) const;
   size_t index_of(const Param* p) const;
+  // (B) fp32: every BN buffer, in forward order, each starting on a 64-byte boundary (zeros
+  // between); buffer_offset(b) says where.
+  Tensor& flat_buffers() { return flat_buffers_; }
+  int64_t buffer_offset(const Buffer* b) const { return buffer_offsets_.at(b); }
   // One line per layer with parameter counts.
   std::string summary() const;
 
@@ -55,7 +60,8 @@ class Model {
   std::map<std::string, Param*> by_name_;
   std::map<const Param*, int64_t> offsets_;
   std::map<const Param*, size_t> index_;
-  Tensor flat_params_, flat_grads_, grad_tail_, grads_and_tail_;
+  std::map<const Buffer*, int64_t> buffer_offsets_;
+  Tensor flat_params_, flat_grads_, grad_tail_, grads_and_tail_, flat_buffers_;
 };
 
 }  // namespace spotrain

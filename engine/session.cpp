@@ -34,13 +34,13 @@ Session::Session(const SessionOptions& opt) {
 
 Session::~Session() = default;
 
-void Session::broadcast_from_rank0(Tensor& t, const std::string& what) {
+void Session::broadcast_from(int root, Tensor& t, const std::string& what) {
   if (world() == 1) return;
-  worker_->run("broadcast of " + what, [&] { comm_->broadcast(t.write_raw(), t.nbytes(), 0); });
+  worker_->run("broadcast of " + what, [&] { comm_->broadcast(t.write_raw(), t.nbytes(), root); });
 }
 
 void Session::broadcast_buffers(Model& model) {
-  for (auto* b : model.buffers()) broadcast_from_rank0(b->value, b->name);
+  broadcast_from_rank0(model.flat_buffers(), "the BN statistics");
 }
 
 std::unique_ptr<Model> Session::make_model(const ResNetOptions& net, uint64_t seed) {

@@ -68,8 +68,10 @@ class Session {
   // The model with its optimizer, loss scaler, gradient sync (several ranks) and step runner.
   Training make_training(const TrainingSpec& spec);
 
-  // Every rank gets rank 0's contents of `t` / of the model's BN buffers (no-ops on one rank).
-  void broadcast_from_rank0(Tensor& t, const std::string& what);
+  // Every rank gets rank 0's (or root's) contents of `t` / of the model's BN buffers (no-ops
+  // on one rank).
+  void broadcast_from_rank0(Tensor& t, const std::string& what) { broadcast_from(0, t, what); }
+  void broadcast_from(int root, Tensor& t, const std::string& what);
   void broadcast_buffers(Model& model);
 
  private:

@@ -67,6 +67,8 @@ void RunConfig::validate() const {
   if (!mtbf.empty()) parse_duration(mtbf);
   SPOTRAIN_CHECK(keep >= 1, "--keep must be at least 1");
   SPOTRAIN_CHECK(ckpt_every_min >= 0, "--ckpt-every-min must not be negative");
+  SPOTRAIN_CHECK(lost_peer_save >= 0 && std::isfinite(lost_peer_save),
+                 "--lost-peer-save must be a number of seconds (0 = off), got ", lost_peer_save);
   if (!max_wall_time.empty()) parse_duration(max_wall_time);
   SPOTRAIN_CHECK(resume != "auto" || !ckpt_dir.empty(), "--resume auto needs a --ckpt-dir");
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);

@@ -122,12 +122,20 @@ enum SettingFlags : unsigned {
   X(std::string, mtbf, "", "--mtbf",                                                              \
     "--ckpt-every auto: mean time between failures of one host, e.g. 6h, 90m", kSettingPlain, "") \
   X(int, keep, 3, "--keep", "checkpoints to keep", kShowDefault, "")                                  \
+  X(std::string, ckpt_storage, "auto", "--ckpt-storage",                                          \
+    "auto (found at start: does every rank see the same --ckpt-dir?), shared (rank 0 writes the " \
+    "one copy) or node-local (the first rank of each node writes a copy on its own disk)",        \
+    kShowDefault, "auto|shared|node-local")                                                       \
   X(double, ckpt_every_min, 0, "--ckpt-every-min", "also write a checkpoint every M minutes",     \
     kSettingPlain, "")                                                                                \
   X(std::string, on_ckpt_error, "stop", "--on-ckpt-error",                                        \
     "a background checkpoint that cannot be written (full disk, read-only folder): stop "        \
     "(exit 1, earlier checkpoints intact) or continue (warn, train on, try again at the next)",   \
     kShowDefault, "stop|continue")                                                                \
+  X(double, lost_peer_save, 30, "--lost-peer-save",                                              \
+    "when a peer is lost (a rank or host killed without notice, a link cut): seconds each "     \
+    "surviving rank may take to save the last step every rank finished before the job ends "    \
+    "(76); 0 = save nothing", kShowDefault, "")                                                  \
   X(std::string, max_wall_time, "", "--max-wall-time",                                            \
     "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain, "")        \
   X(std::string, resume, "none", "--resume",                                                      \

@@ -1,6 +1,9 @@
 // resume_training and record_resume (see resume.h).
 #include "run/resume.h"
 
+#include <filesystem>
+#include <vector>
+
 #include "checkpoints/checkpoint.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -9,11 +12,9 @@ namespace spotrain {
 
 namespace {
 
-// Rank 0: finds and loads the checkpoint; the header says what every rank needs of it.
-ResumeHeader load_on_rank0(const RunConfig& cfg, Training& t, WeightEma* ema, std::string& path) {
+// The holder loads the checkpoint; the header says what every rank needs of it.
+ResumeHeader load_checkpoint(const RunConfig& cfg, Training& t, WeightEma* ema, const std::string& path) {
   ResumeHeader h;
-  path = cfg.resume == "auto" ? newest_good_checkpoint(cfg.ckpt_dir) : cfg.resume;
-  if (path.empty()) return h;
   // The model first: another model's tensors would be refused one by one, less clearly.
   const std::string model = read_checkpoint_info(path).model;
   SPOTRAIN_CHECK(model == cfg.model, "checkpoint ", path, " is a ", model,
@@ -35,17 +36,74 @@ ResumeHeader load_on_rank0(const RunConfig& cfg, Training& t, WeightEma* ema, st
   return h;
 }
 
+// The checkpoint to resume from and the rank that holds it. --resume PATH: rank 0's file.
+// --resume auto: the newest good checkpoint any writer's folder holds (the lowest rank on a
+// tie), so a rank whose disk is new (a replacement host) resumes from another's copy. When no
+// folder holds a good one but some shows that one was written (`latest`, checkpoint files),
+// every copy was lost: that is refused, not trained again from scratch.
+struct Holder {
+  int rank = 0;
+  std::string path;  // on the holder ("" when there is no checkpoint)
+  bool found = false;
+};
+
+Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& storage) {
+  Holder h;
+  if (cfg.resume != "auto") {
+    h.found = true;
+    if (session.rank() == 0) h.path = cfg.resume;
+    return h;
+  }
+  namespace fs = std::filesystem;
+  int64_t step = -1;
+  bool evidence = false;
+  std::string path;
+  if (storage.writer) {
+    path = newest_good_checkpoint(cfg.ckpt_dir);
+    if (!path.empty()) step = read_checkpoint_info(path).global_step;
+    std::error_code ec;
+    evidence = fs::exists(cfg.ckpt_dir + "/latest", ec) || !list_checkpoints(cfg.ckpt_dir).empty();
+  }
+  std::vector<uint64_t> all{(uint64_t(step + 1) << 1) | (evidence ? 1u : 0u)};
+  if (session.world() > 1)
+    session.worker().run("all-gather of the checkpoints each rank holds",
+                         [&] { all = session.comm().allgather(all[0]); });
+  int64_t best = -1;
+  std::string lost;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int64_t s = int64_t(all[r] >> 1) - 1;
+    if (s > best) {
+      best = s;
+      h.rank = int(r);
+    }
+    if (all[r] & 1u) lost += str(lost.empty() ? "" : ", ", r);
+  }
+  if (best < 0) {
+    SPOTRAIN_CHECK(lost.empty(), "--resume auto: no good checkpoint of this run is left in ", cfg.ckpt_dir,
+                   " on any rank, though the folder of rank(s) ", lost, " shows that checkpoints were "
+                   "written (a `latest` pointer or checkpoint files): every copy was lost or is corrupt. "
+                   "Start the run over with --new-run (its files move to previous-<time>/), or resume "
+                   "from a file with --resume PATH");
+    return h;
+  }
+  h.found = true;
+  if (session.rank() == h.rank) h.path = path;
+  return h;
+}
+
 }  // namespace
 
-Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema) {
+Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
+                        const RunStorage& storage) {
   Resumed r;
   r.per_rank_batch = cfg.batch_size;
   if (cfg.resume == "none") return r;
+  const Holder holder = find_holder(cfg, session, storage);
   ResumeHeader h;
-  std::string path, error;
-  if (session.rank() == 0) {
+  std::string error;
+  if (holder.found && session.rank() == holder.rank) {
     try {
-      h = load_on_rank0(cfg, t, ema, path);
+      h = load_checkpoint(cfg, t, ema, holder.path);
     } catch (const std::exception& e) {
       h.status = -1;
       error = e.what();
@@ -53,10 +111,10 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   }
   if (session.world() > 1)
     session.worker().run("broadcast of the resume point",
-                         [&] { session.comm().broadcast(&h, sizeof h, 0); });
+                         [&] { session.comm().broadcast(&h, sizeof h, holder.rank); });
   if (h.status < 0) {
-    if (session.rank() == 0) throw Error(error);
-    SPOTRAIN_THROW("rank 0 could not load the checkpoint to resume from (its error says why)");
+    if (session.rank() == holder.rank) throw Error(error);
+    SPOTRAIN_THROW("rank ", holder.rank, " could not load the checkpoint to resume from (its error says why)");
   }
   if (h.status == 0) {
     log_info(str("--resume ", cfg.resume, ": no checkpoint in ", cfg.ckpt_dir,
@@ -73,25 +131,34 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
                  r.per_rank_batch, " keeps its global batch of ", h.global_batch,
                  " (--batch-size ", cfg.batch_size, " is overridden)"));
   Model& model = *t.model;
-  if (world > 1) {  // every rank continues from rank 0's state
-    session.broadcast_from_rank0(model.flat_params(), "the checkpoint's parameters");
-    session.broadcast_from_rank0(t.sgd->momentum(), "the checkpoint's momentum");
-    session.broadcast_buffers(model);
+  const int root = holder.rank;
+  if (world > 1) {  // every rank continues from the holder's state
+    session.broadcast_from(root, model.flat_params(), "the checkpoint's parameters");
+    session.broadcast_from(root, t.sgd->momentum(), "the checkpoint's momentum");
+    session.broadcast_from(root, model.flat_buffers(), "the checkpoint's BN statistics");
     t.sgd->set_steps(h.sgd_steps);
   }
   if (ema && !h.has_ema) {  // a checkpoint from a run without the average: it starts here
     ema->restart();
     log_info("the checkpoint holds no moving average of the weights: --ema-decay starts from its weights");
   } else if (ema && world > 1) {
-    session.broadcast_from_rank0(ema->params(), "the checkpoint's moving average");
-    for (Tensor& b : ema->buffers()) session.broadcast_from_rank0(b, "the moving average's statistics");
+    session.broadcast_from(root, ema->params(), "the checkpoint's moving average");
+    for (Tensor& b : ema->buffers()) session.broadcast_from(root, b, "the moving average's statistics");
   }
   t.scaler->set_state(h.scaler);
   r.resumed = true;
   r.at = TrainPosition{h.step, h.epoch, h.batch_in_epoch};
-  r.checkpoint = path;
-  log_info(str("resumed from ", session.rank() == 0 ? path : std::string("rank 0's checkpoint"),
-               ": step ", r.at.step, ", epoch ", r.at.epoch + 1, ", batch ", r.at.batch_in_epoch));
+  r.holder = root;
+  // Every rank learns the file's name (a rank with a copy of its own may well hold it too).
+  std::string name = session.rank() == root ? std::filesystem::path(holder.path).filename().string() : "";
+  name.resize(64);
+  if (world > 1)
+    session.worker().run("broadcast of the checkpoint's name", [&] { session.comm().broadcast(name.data(), name.size(), root); });
+  name = name.c_str();
+  r.checkpoint = session.rank() == root ? holder.path : name;
+  log_info(str("resumed from ", session.rank() == root ? holder.path : name,
+               root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"), ": step ",
+               r.at.step, ", epoch ", r.at.epoch + 1, ", batch ", r.at.batch_in_epoch));
   return r;
 }
 

@@ -1,7 +1,8 @@
-// Resume (--resume auto|PATH): rank 0 finds and loads the checkpoint, then every rank gets
-// the state by broadcast (other nodes need no copy of the file): parameters, momentum, BN
-// buffers, the moving average, the loss scaler and the position in the data. A checkpoint from
-// another rank count keeps its global batch, which must divide over the new world size.
+// Resume (--resume auto|PATH): the rank holding the newest checkpoint (rank 0, or on node-local
+// disks any writer of a copy) loads it, then every rank gets the state by broadcast (other
+// nodes need no copy of the file): parameters, momentum, BN buffers, the moving average, the
+// loss scaler and the position in the data. A checkpoint from another rank count keeps its
+// global batch, which must divide over the new world size.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,6 +14,7 @@
 #include "engine/session.h"
 #include "observe/metrics.h"
 #include "run/config.h"
+#include "run/storage.h"
 
 namespace spotrain {
 
@@ -29,13 +31,17 @@ static_assert(std::is_trivially_copyable<ResumeHeader>::value, "broadcast as byt
 struct Resumed {
   bool resumed = false;        // false: no checkpoint (or --resume none): from scratch
   TrainPosition at;            // where training goes on
-  std::string checkpoint;      // the file resumed from (rank 0; "" elsewhere)
+  std::string checkpoint;      // the file resumed from (the holder: its path; elsewhere its name)
+  int holder = 0;              // the rank whose checkpoint every rank took
   int64_t per_rank_batch = 0;  // the checkpoint's global batch over this world
 };
 
 // Loads the state of the checkpoint `cfg.resume` names into `t` (and `ema`, when given) on
-// every rank. Throws Error on every rank when rank 0 cannot load it.
-Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema);
+// every rank: --resume PATH rank 0's file; --resume auto the newest good checkpoint that any
+// writer of `storage` holds in its folder, broadcast by its holder. Throws Error on every rank
+// when the holder cannot load it, or when every copy of the run's checkpoints was lost.
+Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
+                        const RunStorage& storage);
 
 // The metrics' "resume" record: from which step and checkpoint, and how the previous process
 // ended (from the last record it left: a stop, an end, or none, i.e. killed).

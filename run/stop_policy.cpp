@@ -10,12 +10,30 @@
 
 namespace spotrain {
 
-constexpr int kStopSlot = 0;  // GradSync control slot of the stop flag
 
-StopPolicy::StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync)
-    : wall_text_(max_wall_time), started_at_(started_at), sync_(sync) {
+StopPolicy::StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync,
+                       CommWorker* worker)
+    : wall_text_(max_wall_time), started_at_(started_at), sync_(sync), worker_(worker) {
   if (!max_wall_time.empty()) wall_limit_ = parse_duration(max_wall_time);
   install_stop_handlers();
+  if (worker_ && worker_->comm().size() > 1)
+    worker_->watch_for_loss([this] {
+      // A stop asked for, or the launcher's first signal of a job's end (spot/preemption.h).
+      const double now = now_seconds(), stop = stop_requested_at(), cont = continue_signal_at();
+      return (stop > 0 && now - stop > loss_seconds_after_stop()) ||
+             (cont > 0 && now - cont > loss_seconds_after_continue());
+    });
+}
+
+StopPolicy::~StopPolicy() {
+  if (worker_) worker_->watch_for_loss(nullptr);
+}
+
+double StopPolicy::loss_seconds_after_stop() const {
+  return std::max(kMinAfterStop, 3 * step_seconds_);
+}
+double StopPolicy::loss_seconds_after_continue() const {
+  return std::max(kMinAfterContinue, 2 * step_seconds_);
 }
 
 // Whether --max-wall-time leaves no room for two more steps and a checkpoint.

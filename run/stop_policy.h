@@ -3,9 +3,13 @@
 // sets its flag before a step; the flags travel with the step's last gradient bucket (the
 // GradSync control slot), so every rank learns of every flag at no extra round trip and all
 // stop after the same step. Also says once what a stop costs, so launchers allow for it.
+// With several ranks it also tells the collectives a peer is lost when a stop was asked for
+// (or the launcher sent SIGCONT, its first word of a job's end) and the step's collective is
+// still unfinished long after: the launcher is ending a job whose rank died, which never joins.
 #pragma once
 #include <string>
 
+#include "comm/comm_worker.h"
 #include "engine/grad_sync.h"
 
 namespace spotrain {
@@ -13,8 +17,19 @@ namespace spotrain {
 class StopPolicy {
  public:
   // max_wall_time: as --max-wall-time ("" = none), counted from started_at; sync: nullptr
-  // on one rank.
-  StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync);
+  // on one rank; worker: watched for a lost peer (with several ranks), until destroyed.
+  StopPolicy(const std::string& max_wall_time, double started_at, GradSync* sync,
+             CommWorker* worker = nullptr);
+  ~StopPolicy();
+  StopPolicy(const StopPolicy&) = delete;
+  StopPolicy& operator=(const StopPolicy&) = delete;
+  // How long after a stop request an unfinished collective means a lost peer: three steps,
+  // and at least kMinAfterStop (ranks that are alive all reach the stop's step by then); after
+  // the launcher's SIGCONT two steps, at least kMinAfterContinue (its SIGKILL follows soon:
+  // mpirun.sh's SURVIVOR_WAIT).
+  double loss_seconds_after_stop() const;
+  double loss_seconds_after_continue() const;
+  static constexpr double kMinAfterStop = 10, kMinAfterContinue = 2;
   // Before a step: this rank's reason to stop ("" = none), sent to the other ranks.
   void before_step();
   // After a step of `step_seconds`, with a checkpoint costing `checkpoint_seconds` to write
@@ -26,6 +41,7 @@ class StopPolicy {
   std::string wall_text_;
   double wall_limit_ = 0, started_at_;
   GradSync* sync_;
+  CommWorker* worker_;
   std::string reason_;  // this rank's, set before the step
   double step_seconds_ = 0, checkpoint_seconds_ = 0;
   bool cost_logged_ = false;

@@ -34,12 +34,15 @@ std::unique_ptr<PrometheusExport> make_prometheus(const RunConfig& cfg, Session&
 }
 
 // The metrics' "start" record: where and how the run ran (backend, ranks, GPU and CUDA
-// library versions, every setting).
-void write_start_record(MetricsSink& metrics, Session& session, const RunConfig& cfg) {
+// library versions, every setting, where the checkpoints are kept).
+void write_start_record(MetricsSink& metrics, Session& session, const RunConfig& cfg,
+                        const RunStorage& storage) {
   if (!metrics.enabled()) return;
   nlohmann::json j{{"backend", session.backend().name()}, {"ranks", session.world()},
                    {"comm", session.comm().name()}, {"precision", cfg.precision},
                    {"config", nlohmann::json::parse(cfg.to_json())}};
+  if (!cfg.ckpt_dir.empty())
+    j["storage"] = {{"shared", storage.shared}, {"writers", storage.writers}, {"rank", session.rank()}};
   for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
   metrics.write("start", j);
 }
@@ -101,7 +104,7 @@ class PendingFigures {
 struct Trainer::Loop {
   Loop(Trainer& tr, const Plan& plan, int64_t first_step)
       : p(plan),
-        stop(tr.cfg_.max_wall_time, tr.created_, tr.t_.sync.get()),
+        stop(tr.cfg_.max_wall_time, tr.created_, tr.t_.sync.get(), &tr.session_->worker()),
         progress(tr.session_->worker(), *tr.metrics_, tr.prom_.get(), *tr.t_.scaler,
                  tr.session_->backend().allocator(), *tr.telemetry_, tr.cfg_.log_every,
                  tr.cfg_.workers, plan.epochs, plan.total_steps, first_step),
@@ -129,12 +132,19 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   if (!note.empty()) log_info("note: " + note);
   t_ = session_->make_training(spec);
   if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(*t_.model, cfg_.ema_decay);
-  // The run folder once the data and the model are known good: locked, refused when it holds
-  // another run, its train.log the log's copy.
-  if (!cfg_.ckpt_dir.empty() && session_->rank() == 0) folder_ = std::make_unique<RunFolder>(cfg_);
-  checkpoints_ = std::make_unique<RunCheckpoints>(cfg_, *session_, t_, ema_.get(), *data_.train);
+  // The run folder once the data and the model are known good, on each rank that writes a copy
+  // of the checkpoints (rank 0 alone where every rank sees the same folder): locked, refused
+  // when it holds another run, its train.log the log's copy.
+  if (!cfg_.ckpt_dir.empty()) {
+    storage_ = find_storage(cfg_.ckpt_dir, cfg_.ckpt_storage, *session_);
+    log_info(str("run folder ", cfg_.ckpt_dir, ": ", storage_.describe(session_->world())));
+    if (storage_.writer) folder_ = std::make_unique<RunFolder>(cfg_);
+  }
+  checkpoints_ = std::make_unique<RunCheckpoints>(cfg_, *session_, t_, ema_.get(), *data_.train, storage_);
   sample_log_ = open_sample_log(*session_);
-  metrics_ = std::make_unique<MetricsSink>(cfg_.metrics_path(), session_->rank() == 0);
+  // The metrics: rank 0's, and in each copy of the run folder its writer's.
+  const bool in_folder = cfg_.metrics == "auto" && storage_.writer;
+  metrics_ = std::make_unique<MetricsSink>(cfg_.metrics_path(), session_->rank() == 0 || in_folder);
   telemetry_ = std::make_unique<Telemetry>(session_->backend().gpu_pci_bus_id());
   prom_ = make_prometheus(cfg_, *session_, *metrics_);
   checkpoints_->report_to(metrics_.get(), prom_.get());
@@ -143,7 +153,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
     log_info(str("watching for preemption notices: ", cfg_.preempt_notice, " every ",
                  cfg_.preempt_poll, " s"));
   }
-  write_start_record(*metrics_, *session_, cfg_);
+  write_start_record(*metrics_, *session_, cfg_, storage_);
 }
 
 Trainer::~Trainer() {
@@ -197,6 +207,8 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
   inject_fault(session_->rank(), at.step + 1);  // SPOTRAIN_FAULT (core/test_hooks.h)
   if (sample_log_) log_samples(sample_log_, at.step + 1, b);
   loop.stop.before_step();
+  checkpoints_->before_step(TrainPosition{at.step + 1, epoch, b.batch_index + 1},
+                            b.batch_index + 1 == loop.p.per_epoch, loop.p.total_steps);
   PendingFigures::Step& s = loop.pending.add();
   s.timed = loop.progress.due_for_phases(at.step + 1);
   const LabelMix mix{b.labels_b.data(), b.lam.data()};
@@ -204,6 +216,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
                    b.lam.empty() ? nullptr : &mix);
   if (ema_) ema_->update();
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};
+  checkpoints_->step_done(at);  // before any other collective: what a survivor would save
   s.facts.step = at.step;
   s.facts.epoch = epoch;
   s.facts.lr = lr;
@@ -216,7 +229,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
 }
 
 TrainResult Trainer::run() {
-  const Resumed resumed = resume_training(cfg_, *session_, t_, ema_.get());
+  const Resumed resumed = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
   cfg_.batch_size = resumed.per_rank_batch;  // a checkpoint of another world keeps its global batch
   checkpoints_->set_per_rank_batch(cfg_.batch_size);
   if (resumed.resumed && prom_) prom_->checkpoint(resumed.checkpoint, true);

@@ -20,6 +20,7 @@
 #include "run/config.h"
 #include "run/run_checkpoints.h"
 #include "run/run_folder.h"
+#include "run/storage.h"
 #include "spot/preempt_notice.h"
 
 namespace spotrain {
@@ -74,7 +75,8 @@ class Trainer {
   DataPair data_;
   Training t_;
   std::unique_ptr<WeightEma> ema_;           // --ema-decay
-  std::unique_ptr<RunFolder> folder_;        // rank 0 with a --ckpt-dir
+  RunStorage storage_;                       // where the checkpoints are kept (--ckpt-dir)
+  std::unique_ptr<RunFolder> folder_;        // each writer of a copy (rank 0 where shared)
   std::unique_ptr<RunCheckpoints> checkpoints_;
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host

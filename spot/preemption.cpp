@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
+#include <ctime>
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -12,7 +14,28 @@ namespace spotrain {
 namespace {
 std::atomic<int> g_stop{0};  // lock-free: safe in a signal handler and across threads
 static_assert(std::atomic<int>::is_always_lock_free, "the stop flag is set in a signal handler");
-extern "C" void on_stop_signal(int) { g_stop = 1; }
+// When the first stop came: CLOCK_MONOTONIC nanoseconds (steady_clock's, so now_seconds()'s).
+std::atomic<int64_t> g_stop_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "set in a signal handler");
+
+void mark_stop() {  // async-signal-safe
+  if (g_stop_ns.load() == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t expected = 0;
+    g_stop_ns.compare_exchange_strong(expected, int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec);
+  }
+  g_stop = 1;
+}
+
+extern "C" void on_stop_signal(int) { mark_stop(); }
+
+std::atomic<int64_t> g_cont_ns{0};
+extern "C" void on_continue_signal(int) {  // async-signal-safe
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  g_cont_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 }  // namespace
 
 void install_stop_handlers() {
@@ -21,10 +44,19 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  struct sigaction cont {};
+  cont.sa_handler = on_continue_signal;  // the process continues as by default
+  sigemptyset(&cont.sa_mask);
+  cont.sa_flags = SA_RESTART;
+  sigaction(SIGCONT, &cont, nullptr);
 }
 
+double continue_signal_at() { return double(g_cont_ns.load()) * 1e-9; }
+
 bool stop_requested() { return g_stop != 0; }
-void request_stop() { g_stop = 1; }
+void request_stop() { mark_stop(); }
+
+double stop_requested_at() { return double(g_stop_ns.load()) * 1e-9; }
 
 namespace {
 std::mutex g_reason_mu;
@@ -36,7 +68,7 @@ void request_stop(const std::string& reason) {
     std::lock_guard<std::mutex> lk(g_reason_mu);
     if (g_reason.empty()) g_reason = reason;
   }
-  g_stop = 1;
+  mark_stop();
 }
 
 std::string stop_reason() {

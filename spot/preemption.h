@@ -1,6 +1,7 @@
 // Preemption: SIGTERM, SIGINT and SIGUSR1 only set a flag; the Trainer reads it at each step
 // boundary (ranks agree on it), writes a checkpoint and exits with kExitResumable (75), so a
-// wrapper or scheduler knows to requeue the job with --resume auto.
+// wrapper or scheduler knows to requeue the job with --resume auto. SIGCONT is noted (when
+// it came) and otherwise left alone.
 #pragma once
 
 #include <string>
@@ -16,5 +17,11 @@ void request_stop();  // what the handlers do; also for tests
 void request_stop(const std::string& reason);
 // Why the stop was requested: the reason given, else "a signal".
 std::string stop_reason();
+// When the first stop was requested, on now_seconds()'s clock (core/clock.h); 0 when none was.
+double stop_requested_at();
+// When this process last got SIGCONT (0: never). Not a stop: Open MPI's runtime ends a job
+// whose rank died by signalling the others SIGCONT, then SIGTERM, then SIGKILL, each
+// odls_base_sigkill_timeout apart; the first is the earliest word a survivor gets of it.
+double continue_signal_at();
 
 }  // namespace spotrain

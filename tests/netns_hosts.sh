@@ -2,9 +2,15 @@
 # Several "hosts" on one machine for the multi-host tests: network namespaces on a private
 # bridge, reachable from the launcher (this namespace) on a private /24, and an rsh agent that
 # Open MPI uses to start its daemons "on" a host (ip netns exec instead of ssh).
-#   netns_hosts.sh up PREFIX N       make bridge PREFIX-br and namespaces PREFIX-1..N, hosts
+#   netns_hosts.sh up PREFIX N [DISK]  make bridge PREFIX-br and namespaces PREFIX-1..N, hosts
 #                                    NET.1..NET.N (NET.254 is the launcher); prints the agent's
-#                                    path, then NET; exit 77 when namespaces cannot be made here
+#                                    path, then NET; exit 77 when namespaces cannot be made here.
+#                                    With DISK (a path): each host sees a disk of its own there
+#                                    (a private mount namespace; /tmp/PREFIX-netns/disk-I),
+#                                    as node-local NVMe
+#   netns_hosts.sh wipe PREFIX I     empty host I's disk (a replacement instance's new disk)
+#   netns_hosts.sh hosts PREFIX      the addresses of the hosts whose link is up, one a line
+#                                    (a host-discovery command for mpirun.sh)
 #   netns_hosts.sh cut PREFIX I      cut host I's link (no packet in or out, no reset sent)
 #   netns_hosts.sh poweroff PREFIX I cut host I's link and SIGKILL everything running on it
 #   netns_hosts.sh restore PREFIX I  the host's link back up
@@ -20,6 +26,7 @@ ns_pids() { ip netns pids "$prefix-$1" 2>/dev/null || true; }
 case "$cmd" in
   up)
     n=${3:?number of hosts}
+    disk=${4:-}
     command -v ip >/dev/null || { echo "no 'ip' command (Debian: iproute2)" >&2; exit 77; }
     [[ $(id -u) -eq 0 ]] || { echo "network namespaces need root" >&2; exit 77; }
     "$0" down "$prefix" >/dev/null 2>&1 || true
@@ -38,8 +45,17 @@ case "$cmd" in
       ip -n "$ns" addr add "$net.$i/24" dev eth0
       ip -n "$ns" link set eth0 up
       ip -n "$ns" link set lo up
-      echo "$net.$i $ns $prefix-v$i" >> "$dir/map"
+      echo "$net.$i $ns $prefix-v$i $i" >> "$dir/map"
+      if [[ -n "$disk" ]]; then mkdir -p "$dir/disk-$i"; fi
     done
+    if [[ -n "$disk" ]]; then
+      mkdir -p "$disk"
+      echo "$disk" > "$dir/disk"
+      # Each host's commands run with its own disk mounted at $disk.
+      run='ip netns exec "$2" unshare -m --propagation private /bin/sh -c '"'"'mount --bind "$1" "$2" && exec /bin/sh -c "$3"'"'"' sh '"$dir"'/disk-$4 '"$disk"' "$1"'
+    else
+      run='ip netns exec "$2" /bin/sh -c "$1"'
+    fi
     # The rsh agent: `agent [options] HOST command...` runs the command in HOST's namespace.
     # It stays here, on the launcher, as ssh does; and as ssh to a host that went away
     # without a reset, it does not return while the host's link is down.
@@ -47,9 +63,9 @@ case "$cmd" in
 #!/bin/sh
 while [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
-set -- "\$*" \$(awk -v h="\$host" '\$1 == h { print \$2, \$3 }' $dir/map)
+set -- "\$*" \$(awk -v h="\$host" '\$1 == h { print \$2, \$3, \$4 }' $dir/map)
 [ -n "\${2:-}" ] || { echo "agent: unknown host \$host" >&2; exit 1; }
-ip netns exec "\$2" /bin/sh -c "\$1"
+$run
 rc=\$?
 while ip link show "\$3" 2>/dev/null | grep -q 'state DOWN'; do sleep 1; done
 exit \$rc
@@ -64,6 +80,12 @@ AGENT
     for pid in $(ns_pids "$3"); do kill -9 "$pid" 2>/dev/null || true; done
     ;;
   restore) ip link set "$prefix-v${3:?host}" up ;;
+  wipe) [[ -d "$dir/disk-${3:?host}" ]] && find "$dir/disk-$3" -mindepth 1 -delete ;;
+  hosts)
+    while read -r addr ns veth i; do
+      ip link show "$veth" 2>/dev/null | grep -q 'state DOWN' || echo "$addr"
+    done < "$dir/map"
+    ;;
   pids) for pid in $(ns_pids "${3:?host}"); do echo "$pid $(cat /proc/$pid/comm 2>/dev/null)"; done ;;
   down)
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix-[0-9]*$" || true); do

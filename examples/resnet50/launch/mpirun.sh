@@ -4,8 +4,10 @@
 #
 #   examples/resnet50/launch/mpirun.sh HOSTFILE NP [spotrain train arguments...]
 #
-#   HOSTFILE  Open MPI hostfile, one node a line: `node01 slots=8` (see hosts.example)
-#   NP        total number of ranks (at most nodes x RANKS_PER_NODE)
+#   HOSTFILE  Open MPI hostfile, one node a line: `node01 slots=8` (see hosts.example); `-`
+#             with HOST_DISCOVERY
+#   NP        total number of ranks (at most nodes x RANKS_PER_NODE); with HOST_DISCOVERY the
+#             most ranks: each start takes min(NP, hosts up x RANKS_PER_NODE)
 #
 # Settings (environment variables):
 #   RANKS_PER_NODE    ranks started on each node (default 1). GPU ranks: the GPUs per node.
@@ -23,6 +25,20 @@
 #   MPIRUN_ARGS       extra mpirun arguments, split on spaces (e.g. "--mca btl ^openib")
 #   EXTRA_ENV         names of extra environment variables to forward, split on spaces
 #   DRY_RUN=1         print the command and stop
+#   HOST_DISCOVERY    a command that prints the hosts that are up, one a line (`node01`, or
+#                     `node01 slots=8`: the slots are RANKS_PER_NODE's), as Horovod's
+#                     --host-discovery-script. Each start and restart runs on the hosts it lists
+#                     then: a restart after a lost host needs no replacement, it goes on at once
+#                     on the hosts that remain (no RESTART_DELAY). The job's global batch must
+#                     divide over every rank count it may get (spotrain refuses one that does not).
+#   MIN_HOSTS         with HOST_DISCOVERY: fewer hosts up than this (default 1) and the script
+#                     waits, asking again after RESTART_DELAY, doubled up to RESTART_DELAY_MAX,
+#                     for at most HOST_WAIT_MAX seconds (default 3600; then it exits 76)
+#   DISCOVERY_INTERVAL  with HOST_DISCOVERY: seconds between the questions while the job runs
+#                     (default 60; 0 = never). When the command lists more hosts than the job
+#                     runs on, the job is stopped at an agreed step with a checkpoint (as by
+#                     SIGUSR1) and started again on all of them: it grows back. Such a restart
+#                     does not count against MAX_RESTARTS.
 #   MAX_RESTARTS      restart the job up to this many times (default 0) when it ends resumably:
 #                     75 (stopped with a checkpoint by spotrain itself, e.g. --max-wall-time or
 #                     a signal to a rank) or 76 (a peer was lost: a rank or node died, a link
@@ -37,6 +53,12 @@
 #                     and the lost node's daemon wait on each other. Such an end exits 76.
 #                     A rank whose --comm-timeout fires first leaves the runtime that long
 #                     (+ 2 s) before it aborts (docs/MULTI_NODE.md, "When a node is lost").
+#   SURVIVOR_WAIT     once a rank has died, Open MPI signals the others SIGCONT, then SIGTERM,
+#                     then SIGKILL, this many seconds apart (odls_base_sigkill_timeout; default
+#                     10, Open MPI's own 1), and mpirun returns after the last. Between the
+#                     first and the last the survivors save the last step every rank finished
+#                     (they notice 2 steps, at least 2 s, after the SIGCONT; the save takes
+#                     about a checkpoint's write): keep 2 x SURVIVOR_WAIT above that.
 #
 # SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
 # write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow
@@ -68,8 +90,11 @@ HOSTFILE=$1
 NP=$2
 shift 2
 
-[[ -e "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' does not exist; write one line per node, e.g. 'node01 slots=8' (see examples/resnet50/launch/hosts.example)"
-[[ -f "$HOSTFILE" && -r "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' is not a readable file"
+HOST_DISCOVERY=${HOST_DISCOVERY:-}
+if [[ -z "$HOST_DISCOVERY" ]]; then
+  [[ -e "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' does not exist; write one line per node, e.g. 'node01 slots=8' (see examples/resnet50/launch/hosts.example)"
+  [[ -f "$HOSTFILE" && -r "$HOSTFILE" ]] || die "hostfile '$HOSTFILE' is not a readable file"
+fi
 [[ "$NP" =~ ^[1-9][0-9]*$ ]] || die "NP must be a positive number of ranks, got '$NP'"
 
 RANKS_PER_NODE=${RANKS_PER_NODE:-1}
@@ -81,11 +106,32 @@ BIND_TO=${BIND_TO:-none}
 [[ "$BIND_TO" == none || "$BIND_TO" == core ]] || die "BIND_TO must be none or core, got '$BIND_TO'"
 [[ "$BIND_TO" == none || -n "$THREADS_PER_RANK" ]] || die "BIND_TO=core needs THREADS_PER_RANK (cores per rank)"
 
-# Nodes in the hostfile: lines that are not blank or comments.
-NODES=$(grep -cvE '^[[:space:]]*(#|$)' "$HOSTFILE" || true)
-((NODES > 0)) || die "hostfile '$HOSTFILE' lists no nodes"
-((NP <= NODES * RANKS_PER_NODE)) ||
-  die "NP=$NP ranks do not fit on $NODES node(s) x RANKS_PER_NODE=$RANKS_PER_NODE; add nodes or raise RANKS_PER_NODE"
+MIN_HOSTS=${MIN_HOSTS:-1}
+[[ "$MIN_HOSTS" =~ ^[1-9][0-9]*$ ]] || die "MIN_HOSTS must be a positive number, got '$MIN_HOSTS'"
+HOST_WAIT_MAX=${HOST_WAIT_MAX:-3600}
+[[ "$HOST_WAIT_MAX" =~ ^[0-9]+$ ]] || die "HOST_WAIT_MAX must be a number of seconds, got '$HOST_WAIT_MAX'"
+DISCOVERY_INTERVAL=${DISCOVERY_INTERVAL:-60}
+[[ "$DISCOVERY_INTERVAL" =~ ^[0-9]+$ ]] || die "DISCOVERY_INTERVAL must be a number of seconds, got '$DISCOVERY_INTERVAL'"
+
+# The hosts HOST_DISCOVERY lists now, one name a line (its slots are RANKS_PER_NODE's).
+discover() {
+  local out
+  out=$(bash -c "$HOST_DISCOVERY" 2>/dev/null) || return 1
+  grep -vE '^[[:space:]]*(#|$)' <<<"$out" | awk '{print $1}' | sort -u
+}
+if [[ -n "$HOST_DISCOVERY" ]]; then
+  hostfile_dir=$(mktemp -d)
+  trap 'rm -rf "$hostfile_dir"' EXIT
+  HOSTFILE="$hostfile_dir/hosts"
+  discover >/dev/null || die "HOST_DISCOVERY '$HOST_DISCOVERY' failed; it must print the hosts that are up, one a line"
+  NODES=0
+else
+  # Nodes in the hostfile: lines that are not blank or comments.
+  NODES=$(grep -cvE '^[[:space:]]*(#|$)' "$HOSTFILE" || true)
+  ((NODES > 0)) || die "hostfile '$HOSTFILE' lists no nodes"
+  ((NP <= NODES * RANKS_PER_NODE)) ||
+    die "NP=$NP ranks do not fit on $NODES node(s) x RANKS_PER_NODE=$RANKS_PER_NODE; add nodes or raise RANKS_PER_NODE"
+fi
 
 if [[ -z "${SPOTRAIN:-}" ]]; then
   repo=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -108,7 +154,7 @@ elif ((RANKS_PER_NODE > 1 && !user_threads)); then
        "will start one compute thread per core of its node (oversubscribed on CPU ranks)" >&2
 fi
 
-cmd=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP")
+cmd=()  # mpirun's own options; the hostfile and the rank count come first, per start
 if [[ "$BIND_TO" == core ]]; then
   cmd+=(--map-by "ppr:${RANKS_PER_NODE}:node:PE=${THREADS_PER_RANK}" --bind-to core)
 else
@@ -122,6 +168,9 @@ read -r ka_time ka_intvl ka_probes <<<"${OOB_KEEPALIVE:-5 2 3}"
   die "OOB_KEEPALIVE must be three numbers (TIME INTERVAL PROBES), got '${OOB_KEEPALIVE:-}'"
 cmd+=(--mca oob_tcp_keepalive_time "$ka_time" --mca oob_tcp_keepalive_intvl "$ka_intvl"
       --mca oob_tcp_keepalive_probes "$ka_probes")
+SURVIVOR_WAIT=${SURVIVOR_WAIT:-10}
+[[ "$SURVIVOR_WAIT" =~ ^[0-9]+$ ]] || die "SURVIVOR_WAIT must be a number of seconds, got '$SURVIVOR_WAIT'"
+cmd+=(--mca odls_base_sigkill_timeout "$SURVIVOR_WAIT")
 if [[ -n "${MPI_IFNAME:-}" ]]; then
   cmd+=(--mca btl_tcp_if_include "$MPI_IFNAME" --mca oob_tcp_if_include "$MPI_IFNAME")
 fi
@@ -135,10 +184,43 @@ if [[ -n "${MPIRUN_ARGS:-}" ]]; then
 fi
 cmd+=("$SPOTRAIN" train ${args[@]+"${args[@]}"})
 
-printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP" "$NODES" "$HOSTFILE"
-printf ' %q' "${cmd[@]}"
-printf '\n'
-[[ "${DRY_RUN:-0}" == 1 ]] && exit 0
+# With HOST_DISCOVERY: the hostfile of the hosts up now and the ranks they take (waiting, with
+# a bounded back-off, while fewer than MIN_HOSTS are up). Sets HOSTS_NOW and NP_NOW.
+HOSTS_NOW=$NODES
+NP_NOW=$NP
+pick_hosts() {
+  [[ -n "$HOST_DISCOVERY" ]] || return 0
+  local waited=0 wait_s=${RESTART_DELAY:-10} hosts n
+  while :; do
+    hosts=$(discover || true)
+    n=$(grep -c . <<<"$hosts" || true)
+    ((n >= MIN_HOSTS)) && break
+    if ((waited >= HOST_WAIT_MAX)); then
+      echo "mpirun.sh: $n host(s) up after ${waited} s, fewer than MIN_HOSTS=$MIN_HOSTS; giving up" >&2
+      exit 76
+    fi
+    echo "mpirun.sh: $n host(s) up, fewer than MIN_HOSTS=$MIN_HOSTS; asking again in ${wait_s} s" >&2
+    sleep "$wait_s" &
+    wait $! || true
+    ((stop_asked == 0)) || exit 75
+    waited=$((waited + wait_s))
+    wait_s=$((wait_s * 2 > ${RESTART_DELAY_MAX:-300} ? ${RESTART_DELAY_MAX:-300} : wait_s * 2))
+  done
+  awk -v s="$RANKS_PER_NODE" '{print $1 " slots=" s}' <<<"$hosts" >"$HOSTFILE"
+  HOSTS_NOW=$n
+  NP_NOW=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
+}
+launch_cmd() { full=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP_NOW" "${cmd[@]}"); }
+
+stop_asked=0
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  pick_hosts
+  launch_cmd
+  printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
+  printf ' %q' "${full[@]}"
+  printf '\n'
+  exit 0
+fi
 
 # Preemption. A scheduler's stop (scancel, a pod deletion, Ctrl-C) signals this script, the
 # launcher. Open MPI's mpirun meets SIGTERM or SIGINT by killing the ranks (SIGKILL about a
@@ -152,19 +234,54 @@ delay=${RESTART_DELAY:-10}
 [[ "$delay" =~ ^[0-9]+$ ]] || die "RESTART_DELAY must be a number of seconds, got '$delay'"
 delay_max=${RESTART_DELAY_MAX:-300}
 [[ "$delay_max" =~ ^[0-9]+$ ]] || die "RESTART_DELAY_MAX must be a number of seconds, got '$delay_max'"
-stop_asked=0
 mpirun_pid=
+poller_pid=
 forward_stop() {
   stop_asked=1
   signalled=1
   [[ -n "$mpirun_pid" ]] && kill -USR1 "$mpirun_pid" 2>/dev/null || true
 }
+# A poller's word that more hosts are up than the job runs on: the agreed stop, then a start
+# on all of them.
+grow=0
+grow_now() {
+  signalled=1
+  grow=1
+  [[ -n "$mpirun_pid" ]] && kill -USR1 "$mpirun_pid" 2>/dev/null || true
+}
 trap forward_stop TERM INT USR1
+trap grow_now USR2
+start_poller() {
+  [[ -n "$HOST_DISCOVERY" && "$DISCOVERY_INTERVAL" -gt 0 ]] || return 0
+  local me=$$ now=$HOSTS_NOW
+  (
+    trap - TERM INT USR1 USR2
+    while sleep "$DISCOVERY_INTERVAL"; do
+      n=$(discover | grep -c . || true)
+      if ((n > now)); then
+        echo "mpirun.sh: $n hosts are up, the job runs on $now: growing it at an agreed step" >&2
+        kill -USR2 "$me"
+        exit 0
+      fi
+    done
+  ) &
+  poller_pid=$!
+}
+stop_poller() {
+  [[ -n "$poller_pid" ]] && kill "$poller_pid" 2>/dev/null || true
+  poller_pid=
+}
 restarts=0
 while :; do
-  "${cmd[@]}" &
+  pick_hosts
+  launch_cmd
+  printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
+  printf ' %q' "${full[@]}"
+  printf '\n'
+  "${full[@]}" &
   mpirun_pid=$!
   ((stop_asked)) && kill -USR1 "$mpirun_pid" 2>/dev/null  # a stop that came while starting
+  start_poller
   while :; do
     signalled=0
     rc=0
@@ -172,16 +289,32 @@ while :; do
     ((signalled)) || break  # a trapped signal cut the wait short: mpirun still runs
   done
   mpirun_pid=
-  # Open MPI's "lost communication with a remote daemon" (205): a node is gone, as 76.
-  ((rc == 205)) && rc=76
-  # Restart only what a restart can mend, and never what this script was asked to stop.
-  ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts < MAX_RESTARTS)) || break
-  restarts=$((restarts + 1))
-  echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s with --resume auto" >&2
-  sleep "$delay" &
-  wait $! || true
-  ((stop_asked == 0)) || break
-  delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
+  stop_poller
+  # Open MPI's "lost communication with a remote daemon" (205): a node is gone; a rank killed
+  # without notice (137: SIGKILL, a reclaimed instance): both a lost peer, as 76.
+  ((rc == 205 || rc == 137)) && rc=76
+  if ((grow && rc == 75 && stop_asked == 0)); then
+    # Stopped to grow: at once, on the hosts up now, not counted as a restart.
+    grow=0
+    what="to grow"
+    echo "mpirun.sh: the job stopped to grow; starting it again on the hosts up now with --resume auto" >&2
+  else
+    what=$((restarts + 1))
+    grow=0
+    # Restart only what a restart can mend, and never what this script was asked to stop.
+    ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts < MAX_RESTARTS)) || break
+    restarts=$((restarts + 1))
+    if [[ -n "$HOST_DISCOVERY" ]]; then
+      # On the hosts that remain, at once (pick_hosts waits while too few are up).
+      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS on the hosts up now with --resume auto" >&2
+    else
+      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s with --resume auto" >&2
+      sleep "$delay" &
+      wait $! || true
+      ((stop_asked == 0)) || break
+      delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
+    fi
+  fi
   # The same command, resuming: any --resume given is replaced by --resume auto, and a
   # --new-run is dropped (it would move this run's checkpoints aside).
   new=()
@@ -193,8 +326,6 @@ while :; do
     new+=("$a")
   done
   cmd=("${new[@]}" --resume auto)
-  printf 'mpirun.sh: restart %d:\n+' "$restarts"
-  printf ' %q' "${cmd[@]}"
-  printf '\n'
+  printf 'mpirun.sh: restart %s:\n' "$what"
 done
 exit "$rc"
