@@ -5,7 +5,11 @@
 //    the launcher restarts the job, and it ends bit for bit where an uninterrupted run does;
 //  - a link cut for good, and a host powered off, end the whole job with 76 within the bound
 //    (--comm-timeout + 30 s), with no process left on any host; after the host returns the
-//    restart resumes and finishes.
+//    restart resumes and finishes;
+//  - on node-local disks (a disk per host), a host powered off with no checkpoint since the
+//    start: the survivor saves the last finished step on its disk, the launcher restarts at
+//    once on the host that remains (HOST_DISCOVERY), and when the host is back, with a new
+//    empty disk, the job grows onto it at an agreed step and ends with a copy on both disks.
 // Skipped, with the reason, where network namespaces cannot be made (not root, no
 // CAP_NET_ADMIN, no iproute2). The measured times are printed for docs/MULTI_NODE.md.
 #include <gtest/gtest.h>
@@ -46,7 +50,7 @@ class MultiHost : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("spotrain_multihost_" + test);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    CommandResult up = run_command(kHosts + " up " + prefix_ + " 2");
+    CommandResult up = run_command(kHosts + " up " + prefix_ + " 2 " + disk());
     if (up.code == 77) GTEST_SKIP() << "network namespaces cannot be made here: " << up.out;
     ASSERT_EQ(up.code, 0) << up.out;
     std::istringstream lines(up.out);
@@ -58,16 +62,20 @@ class MultiHost : public ::testing::Test {
   void TearDown() override {
     if (up_) run_command(kHosts + " down " + prefix_);
   }
+  // A path each host sees its own disk at ("" = none: one folder for all).
+  virtual std::string disk() const { return ""; }
 
   // The launcher on the two hosts, one rank each (rank 0 on host 1, rank 1 on host 2), with
   // the environment `env` (MAX_RESTARTS, ...) and spotrain train arguments `args`. rtc ^hwloc:
   // Open MPI's daemons otherwise share a hwloc topology segment that namespaces break.
-  std::string launcher(const std::string& env, const std::string& args) const {
+  // hostfile: the launcher's HOSTFILE argument ("" = the two hosts; "-" with HOST_DISCOVERY).
+  std::string launcher(const std::string& env, const std::string& args, const std::string& hostfile = "") const {
     return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + env +
            " RANKS_PER_NODE=1 THREADS_PER_RANK=1 MPIRUN=" + MPIEXEC_EXECUTABLE + " SPOTRAIN=" +
            SPOTRAIN_BIN + " MPI_IFNAME=" + net_ + ".0/24 MPIRUN_ARGS='--mca plm_rsh_agent " +
            agent_ + " --mca rtc ^hwloc --mca btl tcp,self' " + SPOTRAIN_SOURCE_DIR +
-           "/examples/resnet50/launch/mpirun.sh " + (dir_ / "hosts").string() + " 2 " + args;
+           "/examples/resnet50/launch/mpirun.sh " +
+           (hostfile.empty() ? (dir_ / "hosts").string() : hostfile) + " 2 " + args;
   }
   std::string hosts(const std::string& what, int host) const {
     return kHosts + " " + what + " " + prefix_ + " " + std::to_string(host);
@@ -191,6 +199,52 @@ TEST_F(MultiHost, ALinkCutEndsTheJobWithinTheBoundAndTheRestartResumes) { lose_h
 // is reset): the launcher's side ends the job the same way.
 TEST_F(MultiHost, AHostPoweredOffEndsTheJobWithinTheBoundAndTheRestartResumes) {
   lose_host_2("poweroff");
+}
+
+}  // namespace
+
+namespace {
+
+class MultiHostLocalDisks : public MultiHost {
+ protected:
+  std::string disk() const override { return (dir_ / "disk").string(); }
+  fs::path disk_of(int host) const { return "/tmp/" + prefix_ + "-netns/disk-" + std::to_string(host); }
+};
+
+TEST_F(MultiHostLocalDisks, APoweredOffHostsSurvivorSavesTheJobGoesOnWithoutItAndGrowsBack) {
+  const fs::path run = dir_ / "disk" / "run";
+  const std::string env = "HOST_DISCOVERY='" + kHosts + " hosts " + prefix_ +
+                          "' MIN_HOSTS=1 DISCOVERY_INTERVAL=1 MAX_RESTARTS=2 SURVIVOR_WAIT=3";
+  CommandResult r = scenario(
+      launcher(env, train_args(run, "--steps 120 --comm-timeout 60"), "-"),
+      "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("poweroff", 2) + "\n"
+      "wait_for 'on the hosts up now with --resume auto' || exit 1\n"
+      "echo restarted_after=$(since $t0)\n"
+      "wait_for 'resumed from' || exit 1\n" +
+          hosts("wipe", 2) + "\n" + hosts("restore", 2) + "\n"  // a new instance, a new disk
+      "wait_for 'the job stopped to grow' || exit 1\n");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("rank 0: saved the last step every rank finished, step (\\d+), to "
+                                                     "(\\S+) in [0-9.]+ s \\(verified\\)"))) << r.out;
+  const int64_t saved = std::stoll(m[1]);
+  EXPECT_GE(saved, 5) << "the survivor saved an older step than the last it logged:\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + m[2].str() + ": step " + std::to_string(saved)))
+      << "the restart on the host that remains did not take the survivor's save:\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "mpirun.sh: 1 rank(s) on 1 node(s)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "growing it at an agreed step")) << r.out;
+  const size_t grown = r.out.find("mpirun.sh: restart to grow:");
+  ASSERT_NE(grown, std::string::npos) << r.out;
+  const std::string after = r.out.substr(grown);
+  EXPECT_TRUE(contains(after, "data parallel over 2 ranks")) << "the job did not grow back:\n" << after;
+  EXPECT_TRUE(contains(after, "resumed from " + run.string())) << after;
+  for (int host : {1, 2}) {
+    const std::string last = (disk_of(host) / "run" / "ckpt-00000120.h5").string();
+    EXPECT_EQ(run_command(std::string(SPOTRAIN_BIN) + " ckpt verify " + last).code, 0)
+        << "host " << host << "'s disk lacks the final checkpoint";
+  }
+  std::cout << "measured: host powered off -> restart on the host that remains " << figure(r.out, "restarted_after")
+            << " s\n";
 }
 
 }  // namespace
