@@ -5,24 +5,28 @@
 # matters. Prints one table row per run; the JSON lines go to OUT (default spot_sweep.jsonl).
 #   [SEEDS="1 2 3"] bench/spot_sweep.sh ["MTBFS"] ["INTERVALS"] [extra spot_sim.py arguments...]
 # SEEDS: failure processes to run each cell under (default 1); a run sees only a few failures,
-# so compare means over seeds.
-# default MTBFS "20 40 80" (seconds per host), INTERVALS "5 20 auto" (steps or auto); ResNet-18
+# so compare means over seeds. RECOVERIES: spot_sim.py's --recovery values to run each cell
+# under, e.g. "today survivors" (default today). JOB: the job's spot_sim.py arguments (default
+# ResNet-18 on synthetic data, batch 8, 200 steps).
+# default MTBFS "20 40 80" (seconds per host), INTERVALS "5 20 auto" (steps or auto)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mtbfs=${1:-20 40 80}
 intervals=${2:-5 20 auto}
 shift $(($# > 2 ? 2 : $#))
 out=${OUT:-spot_sweep.jsonl}
-printf '%-6s %-9s %-5s %7s %9s %12s %9s %10s %s\n' mtbf interval seed goodput wall_s preemptions lost_s ckpts bitwise
+job=${JOB:---model resnet18 --data synthetic --batch-size 8 --steps 200 --train-args "--train-limit 100000 --lr 0.001"}
+printf '%-9s %-6s %-9s %-5s %7s %9s %12s %9s %8s %10s %s\n' recovery mtbf interval seed goodput wall_s preemptions lost_s lost_st kill2step bitwise
 for seed in ${SEEDS:-1}; do
 for m in $mtbfs; do
   for i in $intervals; do
-    line=$(python3 bench/spot_sim.py --mtbf "$m" --grace 0 --ckpt-every "$i" --json "$out" --seed "$seed" \
-             --model resnet18 --data synthetic --batch-size 8 --steps 200 \
-             --train-args "--train-limit 100000 --lr 0.001" "$@" | tail -1)
-    python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("%-6g %-9s %-5d %7.3f %9.1f %12d %9.2f %10d %s" % (
-      r["mtbf_s"], r["ckpt_every"], r["seed"], r["goodput"], r["wall_s"], r["preemptions"], r["lost_s"],
-      r["checkpoints"], r.get("bitwise_equal", "-")))' "$line"
+    for rec in ${RECOVERIES:-today}; do
+      line=$(eval python3 bench/spot_sim.py --recovery "$rec" --mtbf "$m" --grace 0 --ckpt-every "$i" \
+               --json "$out" --seed "$seed" "$job" '"$@"' | tail -1)
+      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); k=r.get("kill_to_first_step_s"); print("%-9s %-6g %-9s %-5d %7.3f %9.1f %12d %9.2f %8.2f %10s %s" % (
+        r["recovery"], r["mtbf_s"], r["ckpt_every"], r["seed"], r["goodput"], r["wall_s"], r["preemptions"], r["lost_s"],
+        r["lost_steps_per_preemption"], "%.1f" % k if k is not None else "-", r.get("bitwise_equal", "-")))' "$line"
+    done
   done
 done
 done

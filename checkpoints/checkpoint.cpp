@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -148,7 +149,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
   const CheckpointInfo& info = snap.info;
   fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  const std::string tmp = tmp_name.empty() ? temp_path_for(path) : tmp_name;
+  const std::string tmp = tmp_name.empty() ? path + ".tmp" : tmp_name;  // the writer's own
   try {
     H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (file < 0) SPOTRAIN_THROW("cannot create checkpoint ", tmp, ": check the directory is writable");
@@ -201,6 +202,16 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
     std::error_code ec;
     fs::remove(tmp, ec);  // never leave a half file behind; older checkpoints are untouched
     throw;
+  }
+  // Read back whole before it takes its name: a file under a checkpoint's name was verified
+  // once, so a reader in another process (a resume, another writer's scan) never meets a bad one.
+  try {
+    verify_checkpoint(tmp, nullptr);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    SPOTRAIN_THROW("the checkpoint written for ", path, " does not read back (", e.what(),
+                   "); the checkpoints before it are untouched");
   }
   commit_file(tmp, path, "the checkpoint");
 }
@@ -337,20 +348,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 std::string newest_good_checkpoint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  // `latest` first: it names the newest checkpoint that was verified and published.
-  std::ifstream lf(fs::path(dir) / "latest");
-  std::string name;
-  if (lf && std::getline(lf, name) && !name.empty()) {
-    std::string path = (fs::path(dir) / name).string();
-    try {
-      verify_checkpoint(path, nullptr);
-      return path;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "warning: %s/latest names an unusable checkpoint: %s; looking for the "
-                   "newest good one\n", dir.c_str(), e.what());
-    }
-  }
+  // The newest file that verifies. Not `latest` first: with several writers of one folder, or
+  // copies on several disks, a newer good file can be there that `latest` does not name yet.
   for (auto& path : list_checkpoints(dir)) {
     try {
       verify_checkpoint(path, nullptr);
@@ -363,11 +362,30 @@ std::string newest_good_checkpoint(const std::string& dir) {
   return "";
 }
 
+int move_checkpoints_after(const std::string& dir, int64_t step, const std::string& to) {
+  namespace fs = std::filesystem;
+  const std::string after = fs::path(checkpoint_path(dir, step)).filename().string();
+  int moved = 0;
+  for (auto& path : list_checkpoints(dir)) {
+    const fs::path p(path);
+    if (p.filename().string() <= after) break;  // newest first; names sort as steps do
+    std::error_code ec;
+    fs::create_directories(fs::path(dir) / to, ec);
+    fs::rename(p, fs::path(dir) / to / p.filename(), ec);
+    SPOTRAIN_CHECK(!ec, "cannot move ", path, " to ", dir, "/", to, ": ", ec.message());
+    ++moved;
+  }
+  return moved;
+}
+
 void finish_checkpoint(const std::string& path, int keep) {
   namespace fs = std::filesystem;
-  verify_checkpoint(path, nullptr);  // the new file is good before anything older goes
   fs::path p(path);
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  // Two writers in this process (the background writer, a survivor's save) compare and move
+  // `latest` one at a time; other processes' writes land whole (write_file_atomic).
+  static std::mutex latest_mu;
+  std::lock_guard<std::mutex> lock(latest_mu);
   std::ifstream current(dir / "latest");
   std::string named;
   std::getline(current, named);

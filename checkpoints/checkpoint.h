@@ -49,8 +49,9 @@ struct CheckpointSnapshot {
   // calls it first.
   std::function<void()> wait_copies;
 };
-// Writes a snapshot to `path` atomically (PATH.tmp, or `tmp` when given, then fsync, rename,
-// fsync of the directory).
+// Writes a snapshot to `path` atomically: to PATH.tmp (or `tmp` when given), fsync, read back
+// and verified whole, then renamed and the directory fsynced. Throws, leaving no file, when any
+// of it fails.
 void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& snap,
                            const std::string& tmp = "");
 // "DIR/ckpt-00001234.h5": the name of the checkpoint of `step` in `dir`.
@@ -70,12 +71,16 @@ bool checkpoint_has_group(const std::string& path, const std::string& group);
 void verify_checkpoint(const std::string& path, CheckpointInfo* info);
 // The ckpt-*.h5 files in `dir`, newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
-// The checkpoint to continue from in `dir`: the one `latest` names when it verifies, else the
-// newest that verifies; unusable ones are reported on stderr and skipped ("" when none is good).
+// The checkpoint to continue from in `dir`: the newest that verifies (`latest` may not name it
+// yet where several write the folder); unusable ones are reported on stderr and skipped ("" when
+// none is good).
 std::string newest_good_checkpoint(const std::string& dir);
-// After a save: verifies the new file, then atomically points `latest` at it (unless `latest`
-// names a newer checkpoint that exists: two writers of one folder never move it back), then
-// removes all but the newest `keep` checkpoints (never the new one).
+// Moves the checkpoints of `dir` past `step` into `dir`/`to` (made when needed), oldest
+// last; returns how many moved. Throws Error when one cannot be moved.
+int move_checkpoints_after(const std::string& dir, int64_t step, const std::string& to);
+// After a save (write_checkpoint_file verified it): atomically points `latest` at it (unless
+// `latest` names a newer checkpoint that exists: two writers of one folder never move it back),
+// then removes all but the newest `keep` checkpoints (never the new one).
 void finish_checkpoint(const std::string& path, int keep);
 
 }  // namespace spotrain

@@ -36,7 +36,10 @@ void CheckpointManager::check_folder(int64_t need) {
   // Half-written files of a process killed mid-write: never valid, safe to remove.
   for (auto& e : fs::directory_iterator(dir, ec)) {
     std::string n = e.path().filename().string();
-    if (n.rfind("ckpt-", 0) == 0 && e.path().extension() == ".tmp") {
+    const bool tmp = e.path().extension() == ".tmp";
+    if (tmp && n.rfind("latest.", 0) == 0) {  // a pointer's write that was cut short
+      fs::remove(e.path(), ec);
+    } else if (tmp && n.rfind("ckpt-", 0) == 0) {
       log_info(str("removing the unfinished checkpoint ", e.path().string(),
                    " (a write was interrupted)"));
       fs::remove(e.path(), ec);

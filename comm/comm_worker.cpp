@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/exit_codes.h"
 
@@ -55,12 +56,14 @@ void CommWorker::loop() {
       std::lock_guard<std::mutex> lk(mu_);
       if (!err.empty()) errors_[job.id] = job.what + ": " + err;
       finished_upto_ = job.id;
+      last_finished_ = now_seconds();
     }
     done_cv_.notify_all();
   }
 }
 
 void CommWorker::wait(uint64_t ticket) {
+  const double started = now_seconds();
   std::unique_lock<std::mutex> lk(mu_);
   using clock = std::chrono::steady_clock;
   const clock::time_point deadline =
@@ -76,8 +79,9 @@ void CommWorker::wait(uint64_t ticket) {
                      " s: another rank died or hung (see its log)"));
     }
     if (lost_) {
+      const double last = last_finished_;
       lk.unlock();
-      const bool lost = lost_();
+      const bool lost = lost_(started, last);
       if (lost)
         fail(what, "did not finish long after the launcher began to end the job (a stop or its "
                    "SIGCONT): a rank was lost", /*runtime_ending=*/true);

@@ -37,10 +37,13 @@ class CommWorker {
   // thread whose wait found the loss, once. It must not make collective calls, nor print (a
   // line sent now can keep the runtime from noticing a lost node): it returns what to say.
   void on_lost_peer(std::function<std::string()> last_words) { last_words_ = std::move(last_words); }
-  // Checked about ten times a second while a wait lasts: when it answers true, the wait ends
-  // as a lost peer before --comm-timeout (e.g. a stop was asked for and the collective that
-  // carries it has not finished long after: the launcher is ending a job whose rank died).
-  void watch_for_loss(std::function<bool()> lost) { lost_ = std::move(lost); }
+  // Checked about ten times a second while a wait lasts, with when the wait began and when the
+  // last collective finished (now_seconds()): when it answers true, the wait ends as a lost
+  // peer before --comm-timeout (e.g. the launcher signalled the end of a job whose rank died,
+  // and nothing has finished since).
+  void watch_for_loss(std::function<bool(double wait_started, double last_finished)> lost) {
+    lost_ = std::move(lost);
+  }
   Communicator& comm() { return comm_; }
   double timeout_seconds() const { return timeout_s_; }
 
@@ -58,7 +61,8 @@ class CommWorker {
   Communicator& comm_;
   double timeout_s_;
   std::function<std::string()> last_words_;
-  std::function<bool()> lost_;
+  std::function<bool(double, double)> lost_;
+  double last_finished_ = 0;  // when a task last finished (now_seconds())
   int64_t step_ = 0;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;

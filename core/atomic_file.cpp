@@ -4,9 +4,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -43,6 +46,11 @@ void fsync_path(const std::string& path, bool is_dir) {
   const int err = errno;
   ::close(fd);
   if (r != 0) SPOTRAIN_THROW("fsync of ", path, " failed: ", std::strerror(err));
+}
+
+std::string temp_path_for(const std::string& path) {
+  static std::atomic<uint64_t> next{0};
+  return path + "." + std::to_string(::getpid()) + "-" + std::to_string(next++) + ".tmp";
 }
 
 void write_file_atomic(const std::string& path, const std::string& contents, const std::string& what,

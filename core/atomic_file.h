@@ -1,4 +1,4 @@
-// Files replaced whole or not at all: written to PATH.tmp beside PATH, flushed and fsynced,
+// Files replaced whole or not at all: written to a temporary beside PATH, flushed and fsynced,
 // renamed over PATH, then the folder fsynced. A crash, a kill or a full disk leaves the old
 // file or the new one, never half of one; a failure removes the temporary and names the cause.
 // Every writer of a file that someone else reads (checkpoints, `latest`, the run folder's
@@ -21,8 +21,10 @@ void write_file_atomic(const std::string& path, const std::string& contents, con
 // it; this fsyncs it, renames it to `path` and fsyncs the folder. On failure `tmp` is removed.
 void commit_file(const std::string& tmp, const std::string& path, const std::string& what);
 
-// The temporary name write_file_atomic uses for `path` (PATH.tmp).
-inline std::string temp_path_for(const std::string& path) { return path + ".tmp"; }
+// A temporary name for `path` no other write uses, "PATH.<pid>-<n>.tmp": two processes (or
+// threads) replacing one file at once (several writers of a shared `latest`) never write
+// into each other's temporary; the last rename wins whole.
+std::string temp_path_for(const std::string& path);
 
 // fsync of a file, or of a folder (its entries: a rename made durable).
 void fsync_path(const std::string& path, bool is_dir);

@@ -34,6 +34,7 @@ void WeightEma::swap() {
   };
   exchange(model_.flat_params(), params_);
   for (size_t i = 0; i < buffers_.size(); ++i) exchange(model_.buffers()[i]->value, buffers_[i]);
+  swapped_ = !swapped_;
 }
 
 }  // namespace spotrain

@@ -22,6 +22,8 @@ class WeightEma {
   void update();
   // Exchanges the model's weights and statistics with the averages (call again to undo).
   void swap();
+  // Whether the averages are in the model now (between two swaps).
+  bool swapped() const { return swapped_; }
   // The averages: flat parameters (as Model::flat_params) and one tensor per BN buffer.
   Tensor& params() { return params_; }
   std::vector<Tensor>& buffers() { return buffers_; }
@@ -29,6 +31,7 @@ class WeightEma {
  private:
   Model& model_;
   double decay_;
+  bool swapped_ = false;
   Tensor params_;
   std::vector<Tensor> buffers_;
 };

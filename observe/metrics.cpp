@@ -11,6 +11,30 @@
 
 namespace spotrain {
 
+namespace {
+
+// Opens `path` to append, on a line of its own: a process killed mid-line left a torn record.
+FILE* open_for_append(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "a+");
+  SPOTRAIN_CHECK(f, "cannot write metrics file ", path, ": ", std::strerror(errno));
+  if (std::fseek(f, -1, SEEK_END) == 0 && std::fgetc(f) != '\n') {
+    std::fseek(f, 0, SEEK_END);  // a read and a write need a seek between them
+    std::fputc('\n', f);
+  }
+  std::fseek(f, 0, SEEK_END);
+  return f;
+}
+
+void put_record(FILE* f, const char* type, double elapsed, nlohmann::json fields) {
+  nlohmann::json j{{"type", type}, {"time", utc_time_iso()}, {"elapsed", elapsed}};
+  j.update(fields);
+  // Text from outside (a notice's body) may be invalid UTF-8: replaced, never an error.
+  std::fprintf(f, "%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(f);
+}
+
+}  // namespace
+
 MetricsSink::MetricsSink(const std::string& path, bool enabled) : started_(now_seconds()) {
   if (path.empty() || !enabled) return;
   {  // the last record the file holds (a torn last line is skipped)
@@ -22,14 +46,7 @@ MetricsSink::MetricsSink(const std::string& path, bool enabled) : started_(now_s
       if (j.is_object() && j.value("type", "") == "start") ++previous_starts_;
     }
   }
-  f_ = std::fopen(path.c_str(), "a+");
-  SPOTRAIN_CHECK(f_, "cannot write metrics file ", path, ": ", std::strerror(errno));
-  // A process killed mid-line left a torn record: start on a line of our own.
-  if (std::fseek(f_, -1, SEEK_END) == 0 && std::fgetc(f_) != '\n') {
-    std::fseek(f_, 0, SEEK_END);  // a read and a write need a seek between them
-    std::fputc('\n', f_);
-  }
-  std::fseek(f_, 0, SEEK_END);
+  f_ = open_for_append(path);
 }
 
 MetricsSink::~MetricsSink() {
@@ -38,11 +55,13 @@ MetricsSink::~MetricsSink() {
 
 void MetricsSink::write(const char* type, nlohmann::json fields) {
   if (!f_) return;
-  nlohmann::json j{{"type", type}, {"time", utc_time_iso()}, {"elapsed", now_seconds() - started_}};
-  j.update(fields);
-  // Text from outside (a notice's body) may be invalid UTF-8: replaced, never an error.
-  std::fprintf(f_, "%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(f_);
+  put_record(f_, type, now_seconds() - started_, std::move(fields));
+}
+
+void MetricsSink::append(const std::string& path, const char* type, nlohmann::json fields) {
+  FILE* f = open_for_append(path);
+  put_record(f, type, 0, std::move(fields));
+  std::fclose(f);
 }
 
 }  // namespace spotrain

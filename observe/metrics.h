@@ -26,6 +26,9 @@ class MetricsSink {
   bool enabled() const { return f_ != nullptr; }
   // Writes one record with "type": type and the given fields.
   void write(const char* type, nlohmann::json fields);
+  // Appends one record to `path` without reading the file first (a rank with no sink of its
+  // own that must report at once, e.g. a survivor of a lost peer). Throws when it cannot.
+  static void append(const std::string& path, const char* type, nlohmann::json fields);
 
  private:
   FILE* f_ = nullptr;

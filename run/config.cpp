@@ -70,7 +70,7 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(lost_peer_save >= 0 && std::isfinite(lost_peer_save),
                  "--lost-peer-save must be a number of seconds (0 = off), got ", lost_peer_save);
   if (!max_wall_time.empty()) parse_duration(max_wall_time);
-  SPOTRAIN_CHECK(resume != "auto" || !ckpt_dir.empty(), "--resume auto needs a --ckpt-dir");
+  SPOTRAIN_CHECK(!resume_from_folder() || !ckpt_dir.empty(), "--resume ", resume, " needs a --ckpt-dir");
   SPOTRAIN_CHECK(comm_timeout > 0, "--comm-timeout must be positive, got ", comm_timeout);
   SPOTRAIN_CHECK(loss_scale >= 0, "--loss-scale must not be negative, got ", loss_scale);
   SPOTRAIN_CHECK(max_overflow_steps > 0, "--max-overflow-steps must be positive");

@@ -139,7 +139,9 @@ enum SettingFlags : unsigned {
   X(std::string, max_wall_time, "", "--max-wall-time",                                            \
     "stop with a checkpoint (exit 75) before this much time, e.g. 8h, 90m", kSettingPlain, "")        \
   X(std::string, resume, "none", "--resume",                                                      \
-    "none | auto (newest checkpoint in --ckpt-dir) | PATH of a checkpoint", kShowDefault, "")   \
+    "none | auto (the newest checkpoint in --ckpt-dir, or from scratch when there is none) | "    \
+    "latest (as auto, but refuse to start without one: for restarts) | PATH of a checkpoint "   \
+    "(checkpoints after it in --ckpt-dir move to abandoned-<time>/)", kShowDefault, "")   \
   X(std::string, preempt_notice, "", "--preempt-notice",                                         \
     "stop with a checkpoint (exit 75) when the cloud gives notice of a reclaim: "                \
     "aws|gcp|azure|http://HOST/PATH|file:PATH", kPerNode, "")                                     \
@@ -160,6 +162,8 @@ struct RunConfig {
   std::string to_json() const;
   // The metrics file this run writes ("" = none): --metrics, with auto resolved.
   std::string metrics_path() const;
+  // --resume auto or latest: the checkpoint is looked for in --ckpt-dir (not a named file).
+  bool resume_from_folder() const { return resume == "auto" || resume == "latest"; }
   // --ckpt-every as a number of steps: 0 for none or auto, -1 when it is neither a number nor auto.
   int64_t ckpt_every_steps() const;
 };

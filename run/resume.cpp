@@ -37,7 +37,7 @@ ResumeHeader load_checkpoint(const RunConfig& cfg, Training& t, WeightEma* ema, 
 }
 
 // The checkpoint to resume from and the rank that holds it. --resume PATH: rank 0's file.
-// --resume auto: the newest good checkpoint any writer's folder holds (the lowest rank on a
+// --resume auto|latest: the newest good checkpoint any writer's folder holds (the lowest rank on a
 // tie), so a rank whose disk is new (a replacement host) resumes from another's copy. When no
 // folder holds a good one but some shows that one was written (`latest`, checkpoint files),
 // every copy was lost: that is refused, not trained again from scratch.
@@ -49,7 +49,7 @@ struct Holder {
 
 Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& storage) {
   Holder h;
-  if (cfg.resume != "auto") {
+  if (!cfg.resume_from_folder()) {
     h.found = true;
     if (session.rank() == 0) h.path = cfg.resume;
     return h;
@@ -79,6 +79,10 @@ Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& sto
     if (all[r] & 1u) lost += str(lost.empty() ? "" : ", ", r);
   }
   if (best < 0) {
+    SPOTRAIN_CHECK(cfg.resume != "latest", "--resume latest: no checkpoint of this run in ",
+                   cfg.ckpt_dir, " on any rank (a restart after one was written must find it: ",
+                   "were the disks that held it replaced?). Pass --resume auto to start from "
+                   "scratch when there is none");
     SPOTRAIN_CHECK(lost.empty(), "--resume auto: no good checkpoint of this run is left in ", cfg.ckpt_dir,
                    " on any rank, though the folder of rank(s) ", lost, " shows that checkpoints were "
                    "written (a `latest` pointer or checkpoint files): every copy was lost or is corrupt. "
@@ -147,6 +151,7 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   }
   t.scaler->set_state(h.scaler);
   r.resumed = true;
+  r.from_named_file = !cfg.resume_from_folder();
   r.at = TrainPosition{h.step, h.epoch, h.batch_in_epoch};
   r.holder = root;
   // Every rank learns the file's name (a rank with a copy of its own may well hold it too).

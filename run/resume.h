@@ -33,13 +33,15 @@ struct Resumed {
   TrainPosition at;            // where training goes on
   std::string checkpoint;      // the file resumed from (the holder: its path; elsewhere its name)
   int holder = 0;              // the rank whose checkpoint every rank took
+  bool from_named_file = false;  // --resume PATH (not auto or latest)
   int64_t per_rank_batch = 0;  // the checkpoint's global batch over this world
 };
 
 // Loads the state of the checkpoint `cfg.resume` names into `t` (and `ema`, when given) on
-// every rank: --resume PATH rank 0's file; --resume auto the newest good checkpoint that any
-// writer of `storage` holds in its folder, broadcast by its holder. Throws Error on every rank
-// when the holder cannot load it, or when every copy of the run's checkpoints was lost.
+// every rank: --resume PATH rank 0's file; --resume auto or latest the newest good checkpoint
+// that any writer of `storage` holds in its folder, broadcast by its holder. Throws Error on
+// every rank when the holder cannot load it, when every copy of the run's checkpoints was
+// lost, or with --resume latest when there is none (auto then starts from scratch).
 Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
                         const RunStorage& storage);
 

@@ -74,6 +74,30 @@ void RunCheckpoints::report_to(MetricsSink* metrics, PrometheusExport* prometheu
   prometheus_ = prometheus;
 }
 
+void RunCheckpoints::after_resume(const TrainPosition& at, bool from_named_file) {
+  if (!manager_) return;
+  if (from_named_file) {
+    std::string stamp = utc_time_iso();
+    std::replace(stamp.begin(), stamp.end(), ':', '-');
+    const std::string to = "abandoned-" + stamp;
+    const int moved = move_checkpoints_after(cfg_.ckpt_dir, at.step, to);
+    if (moved > 0)
+      log_info(str("resumed from step ", at.step, ": the ", moved, " checkpoint(s) after it in ",
+                   cfg_.ckpt_dir, " moved to ", cfg_.ckpt_dir, "/", to, "/"));
+  }
+  if (!copies_) return;
+  const std::string mine = checkpoint_path(cfg_.ckpt_dir, at.step);
+  try {
+    verify_checkpoint(mine, nullptr);
+    return;  // this disk holds it
+  } catch (const std::exception&) {
+  }
+  // Every rank holds the resumed state (its BN statistics included): a snapshot of our own.
+  const std::string path = manager_->write(at.step, [&] { return snapshot(at); }, /*sync=*/false);
+  if (!path.empty())
+    log_info(str("this rank's folder lacked the checkpoint resumed from: writing its copy ", path));
+}
+
 CheckpointSnapshot RunCheckpoints::snapshot(const TrainPosition& at, bool warm, const Tensor* bn_stats) {
   RunIdentity run;
   run.config_json = cfg_.to_json();
@@ -152,6 +176,9 @@ std::string RunCheckpoints::save_on_lost_peer() {
   const TrainPosition at = done_;
   try {
     t_.runner->settle();  // the optimizer and loss-scaler state of that step
+    // Lost during the moving average's evaluation: the model's own weights back first (the
+    // evaluation's EmaSwap never gets to it: the job ends from here).
+    if (ema_ && ema_->swapped()) ema_->swap();
   } catch (const std::exception& e) {
     return str("step ", at.step, " cannot be saved: ", e.what());
   }
@@ -203,19 +230,16 @@ std::string RunCheckpoints::save_on_lost_peer() {
   else
     said = str("could not save step ", at.step, " within --lost-peer-save ", cfg_.lost_peer_save,
                " s; the checkpoints before it are untouched");
-  // The folder's metrics say so too (its writer's sink, or the file itself where this rank has
-  // none: one survivor per folder gets here).
+  // The metrics say so too (this rank's sink, or the file itself where this rank has none: one
+  // survivor per folder gets here).
   try {
-    std::unique_ptr<MetricsSink> own;
-    MetricsSink* sink = metrics_ && metrics_->enabled() ? metrics_ : nullptr;
-    if (!sink && cfg_.metrics == "auto" && !cfg_.metrics_path().empty()) {
-      own = std::make_unique<MetricsSink>(cfg_.metrics_path(), true);
-      sink = own.get();
-    }
-    if (sink)
-      sink->write("lost_peer", {{"step", at.step}, {"rank", session_.rank()}, {"saved", done->load() == 1},
-                                {"checkpoint", done->load() == 1 ? path : std::string()},
-                                {"save_seconds", took}, {"message", said}});
+    nlohmann::json record{{"step", at.step}, {"rank", session_.rank()}, {"saved", done->load() == 1},
+                          {"checkpoint", done->load() == 1 ? path : std::string()},
+                          {"save_seconds", took}, {"message", said}};
+    if (metrics_ && metrics_->enabled())
+      metrics_->write("lost_peer", std::move(record));
+    else if (!cfg_.metrics_path().empty())
+      MetricsSink::append(cfg_.metrics_path(), "lost_peer", std::move(record));
   } catch (const std::exception&) {  // the record is a report: the save stands without it
   }
   return said;

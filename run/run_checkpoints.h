@@ -38,6 +38,12 @@ class RunCheckpoints {
   void report_to(MetricsSink* metrics, PrometheusExport* prometheus);
   // After a resume that changed the per-rank batch: checkpoints record the new one.
   void set_per_rank_batch(int64_t b) { cfg_.batch_size = b; }
+  // After a resume from `at` (every rank calls it; writers act): a resume from a named file
+  // (--resume PATH) moves this writer's checkpoints past it to abandoned-<time>/ (the run
+  // goes on from there; a later --resume auto must not jump back onto them); where there are
+  // copies, a writer whose folder lacks `at` (a replacement host's empty disk) writes it at
+  // once in the background, so the run is held on every disk again before its next checkpoint.
+  void after_resume(const TrainPosition& at, bool from_named_file);
 
   // Writes a checkpoint of `at` (every writer, each into its folder: rank 0 alone where the
   // folder is shared): in the background, or with `sync` verified before returning, every

@@ -17,11 +17,16 @@ StopPolicy::StopPolicy(const std::string& max_wall_time, double started_at, Grad
   if (!max_wall_time.empty()) wall_limit_ = parse_duration(max_wall_time);
   install_stop_handlers();
   if (worker_ && worker_->comm().size() > 1)
-    worker_->watch_for_loss([this] {
-      // A stop asked for, or the launcher's first signal of a job's end (spot/preemption.h).
-      const double now = now_seconds(), stop = stop_requested_at(), cont = continue_signal_at();
-      return (stop > 0 && now - stop > loss_seconds_after_stop()) ||
-             (cont > 0 && now - cont > loss_seconds_after_continue());
+    worker_->watch_for_loss([this](double wait_started, double last_finished) {
+      // A stop asked for, or the launcher's first signal of a job's end (spot/preemption.h),
+      // that came after the last collective finished, and this wait stuck long past it: a
+      // signal that collectives finished after (a stop's own step, an old SIGCONT) says nothing.
+      const double now = now_seconds();
+      auto stuck_since = [&](double signal, double limit) {
+        return signal > last_finished && now - std::max(signal, wait_started) > limit;
+      };
+      return stuck_since(continue_signal_at(), kAfterContinue) ||
+             stuck_since(stop_requested_at(), loss_seconds_after_stop());
     });
 }
 
@@ -31,9 +36,6 @@ StopPolicy::~StopPolicy() {
 
 double StopPolicy::loss_seconds_after_stop() const {
   return std::max(kMinAfterStop, 3 * step_seconds_);
-}
-double StopPolicy::loss_seconds_after_continue() const {
-  return std::max(kMinAfterContinue, 2 * step_seconds_);
 }
 
 // Whether --max-wall-time leaves no room for two more steps and a checkpoint.

@@ -4,8 +4,9 @@
 // GradSync control slot), so every rank learns of every flag at no extra round trip and all
 // stop after the same step. Also says once what a stop costs, so launchers allow for it.
 // With several ranks it also tells the collectives a peer is lost when a stop was asked for
-// (or the launcher sent SIGCONT, its first word of a job's end) and the step's collective is
-// still unfinished long after: the launcher is ending a job whose rank died, which never joins.
+// (or the launcher sent SIGCONT, its first word of a job's end), no collective has finished
+// since, and the one waited for is still unfinished long after: the launcher is ending a job
+// whose rank died, which never joins.
 #pragma once
 #include <string>
 
@@ -24,12 +25,11 @@ class StopPolicy {
   StopPolicy(const StopPolicy&) = delete;
   StopPolicy& operator=(const StopPolicy&) = delete;
   // How long after a stop request an unfinished collective means a lost peer: three steps,
-  // and at least kMinAfterStop (ranks that are alive all reach the stop's step by then); after
-  // the launcher's SIGCONT two steps, at least kMinAfterContinue (its SIGKILL follows soon:
-  // mpirun.sh's SURVIVOR_WAIT).
+  // and at least kMinAfterStop (ranks that are alive all reach the stop's step by then). After
+  // the launcher's SIGCONT, kAfterContinue: the launcher is ending the job (its SIGKILL follows
+  // 2 x mpirun.sh's SURVIVOR_WAIT after it), so only a collective about to finish is waited for.
   double loss_seconds_after_stop() const;
-  double loss_seconds_after_continue() const;
-  static constexpr double kMinAfterStop = 10, kMinAfterContinue = 2;
+  static constexpr double kMinAfterStop = 10, kAfterContinue = 1;
   // Before a step: this rank's reason to stop ("" = none), sent to the other ranks.
   void before_step();
   // After a step of `step_seconds`, with a checkpoint costing `checkpoint_seconds` to write

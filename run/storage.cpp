@@ -52,8 +52,9 @@ RunStorage find_storage(const std::string& dir, const std::string& mode, Session
   // The lowest rank whose token this rank sees: the writer of its folder (-1: a failure).
   int64_t lowest = -1;
   if (error.empty()) {
-    for (auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string n = e.path().filename().string();
+    // Never a throw between the barrier and the all-gather: the other ranks would wait on us.
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
       if (n.rfind(prefix, 0) != 0) continue;
       const int64_t r = std::atoll(n.c_str() + prefix.size());
       if (lowest < 0 || r < lowest) lowest = r;

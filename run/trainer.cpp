@@ -232,7 +232,10 @@ TrainResult Trainer::run() {
   const Resumed resumed = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
   cfg_.batch_size = resumed.per_rank_batch;  // a checkpoint of another world keeps its global batch
   checkpoints_->set_per_rank_batch(cfg_.batch_size);
-  if (resumed.resumed && prom_) prom_->checkpoint(resumed.checkpoint, true);
+  if (resumed.resumed) {
+    checkpoints_->after_resume(resumed.at, resumed.from_named_file);
+    if (prom_) prom_->checkpoint(resumed.checkpoint, true);
+  }
   record_resume(*metrics_, resumed, session_->world());
   io::Loader loader(data_.train, loader_options(cfg_, data_, *session_));
   const Plan p = plan(loader.batches_per_epoch());

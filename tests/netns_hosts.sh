@@ -18,7 +18,7 @@
 #   netns_hosts.sh down PREFIX       kill what runs on the hosts, remove them and the bridge
 # Traffic stays inside: the bridge has no uplink and forwarding is not touched.
 set -euo pipefail
-cmd=${1:?up|cut|poweroff|restore|pids|down} prefix=${2:?prefix}
+cmd=${1:?up|wipe|hosts|cut|poweroff|restore|pids|down} prefix=${2:?prefix}
 [[ "$prefix" =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "PREFIX: 1-8 lower-case letters and digits" >&2; exit 2; }
 net="10.213.$(( $(printf '%s' "$prefix" | cksum | cut -d' ' -f1) % 200 + 20 ))"
 dir=/tmp/$prefix-netns
@@ -80,7 +80,9 @@ AGENT
     for pid in $(ns_pids "$3"); do kill -9 "$pid" 2>/dev/null || true; done
     ;;
   restore) ip link set "$prefix-v${3:?host}" up ;;
-  wipe) [[ -d "$dir/disk-${3:?host}" ]] && find "$dir/disk-$3" -mindepth 1 -delete ;;
+  wipe)
+    [[ -d "$dir/disk-${3:?host}" ]] || { echo "netns_hosts.sh: host $3 of $prefix has no disk (made by 'up PREFIX N DISK')" >&2; exit 1; }
+    find "$dir/disk-$3" -mindepth 1 -delete ;;
   hosts)
     while read -r addr ns veth i; do
       ip link show "$veth" 2>/dev/null | grep -q 'state DOWN' || echo "$addr"

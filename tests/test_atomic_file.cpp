@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -36,7 +39,7 @@ TEST(AtomicFile, ReplacesTheContentsAndLeavesNoTemporary) {
     big += "end";
     write_file_atomic(path, big, "the settings", dur);
     EXPECT_EQ(read(path), big);
-    EXPECT_FALSE(fs::exists(temp_path_for(path)));
+    EXPECT_TRUE(temporaries_in(d).empty());
   }
 }
 
@@ -59,7 +62,31 @@ TEST(AtomicFile, AFailedWriteNamesTheFileAndKeepsTheOldOne) {
   fs::create_directories(target / "inside");
   EXPECT_THROW(write_file_atomic(target.string(), "new", "the report"), Error);
   EXPECT_TRUE(fs::is_directory(target / "inside"));
-  EXPECT_FALSE(fs::exists(temp_path_for(target.string())));
+  EXPECT_TRUE(temporaries_in(d).empty());
+}
+
+TEST(AtomicFile, WritersOfOneFileAtOnceNeverShareATemporary) {
+  const fs::path d = fresh_dir("spotrain_atomic_concurrent");
+  const std::string path = (d / "latest").string();
+  EXPECT_NE(temp_path_for(path), temp_path_for(path));
+  // Threads replacing one file together: each rename publishes a whole file of one writer.
+  std::vector<std::thread> writers;
+  std::atomic<int> failed{0};
+  for (int w = 0; w < 4; ++w)
+    writers.emplace_back([&, w] {
+      const std::string mine = std::string(4096, char('a' + w)) + "\n";
+      for (int i = 0; i < 200; ++i) try {
+          write_file_atomic(path, mine, "the checkpoint pointer", Durability::visible);
+        } catch (const std::exception&) {
+          ++failed;
+        }
+    });
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  const std::string got = read(path);
+  ASSERT_EQ(got.size(), 4097u);
+  EXPECT_EQ(got.find_first_not_of(got[0]), 4096u) << "one writer's contents, whole";
+  EXPECT_TRUE(temporaries_in(d).empty());
 }
 
 TEST(AtomicFile, CommitPublishesAWrittenFileOrRemovesIt) {

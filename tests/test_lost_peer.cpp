@@ -3,7 +3,8 @@
 // finished saved and verified by a survivor, and the job resumes on the rank that remains; a
 // kill during that save leaves no file that verifies with the wrong contents. Node-local disks
 // (a mount namespace per rank, tests/rank_disk.sh): every checkpoint is on every rank's disk, a
-// rank 0 with an empty disk resumes from another's copy and the run ends bitwise equal to an
+// rank 0 with an empty disk resumes from another's copy (and writes its own copy of it at once)
+// and the run ends bitwise equal to an
 // uninterrupted one; two of three disks lost lose nothing, all of them lost is refused until
 // --new-run. Each launch runs under `timeout`.
 #include <gtest/gtest.h>
@@ -171,6 +172,9 @@ TEST(NodeLocal, EveryCheckpointIsOnEachDiskAndAnEmptyRank0DiskResumesFromACopy) 
   ASSERT_EQ(b.code, 0) << b.out;
   EXPECT_TRUE(contains(b.out, "resumed from " + fs::path(ckpt(mount, stop)).filename().string() + " (rank 1's copy)"))
       << b.out;
+  // The empty disk holds the run again at once, not only from the next checkpoint on.
+  EXPECT_TRUE(contains(b.out, "this rank's folder lacked the checkpoint resumed from: writing its copy " +
+                                  ckpt(mount, stop))) << b.out;
   CkptState want = load_ckpt_state(ckpt(d / "ref-disks" / "disk-0", 10));
   for (const char* disk : {"disk-0", "disk-1"}) {
     CkptState got = load_ckpt_state(ckpt(d / "disks" / disk, 10));

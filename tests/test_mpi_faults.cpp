@@ -320,9 +320,10 @@ TEST(LauncherStop, SigtermDuringABackgroundWriteGivesTheAgreedStop) {
 
 }  // namespace
 
-// MAX_RESTARTS: the launcher reruns a job that stopped itself (75) with --resume auto, and the
-// run folder's metrics record the resume; a job that keeps losing a peer (76) is retried at
-// most MAX_RESTARTS times and the launcher then gives up with 76.
+// MAX_RESTARTS: the launcher reruns a job that stopped itself (75) with --resume latest (it
+// showed a checkpoint), and the run folder's metrics record the resume; a job that keeps
+// losing a peer (76) is retried at most MAX_RESTARTS times and the launcher then gives up
+// with 76.
 std::string restart_args(const fs::path& ckpt, const std::string& more = "") {
   return " --model resnet20 --data synthetic --train-limit 256 --test-limit 32 --steps 6"
          " --batch-size 16 --log-every 1 --ckpt-every 2 --ckpt-dir " + ckpt.string() + " " + more;
@@ -338,6 +339,9 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
   for (int s : {2, 4, 5})
     EXPECT_TRUE(contains(r.out, "stopped by a signal after step " + std::to_string(s))) << r.out;
   EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 3 of 3")) << r.out;
+  // The job showed its checkpoints: the restarts must find one, never start over.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\+ [^\\n]* train [^\\n]*--resume latest"))) << r.out;
+  EXPECT_FALSE(std::regex_search(r.out, std::regex("\\+ [^\\n]* train [^\\n]*--resume auto"))) << r.out;
   EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000005.h5").string())) << r.out;
   // The run folder's metrics: one history across the four processes, in order. Each stop is
   // followed by a resume from that stop's step and checkpoint, every step is recorded exactly

@@ -1,6 +1,7 @@
 // The run folder is the job: one lock per folder (a second process is refused, a lock left by
 // a killed process is not), another run's folder is refused unless resumed or moved aside
-// with --new-run, `latest` is read first and falls back past a corrupt file, the metrics
+// with --new-run, the newest good checkpoint is resumed from (past a corrupt one; a resume
+// from a named one sets the newer ones aside), --resume latest never starts over, the metrics
 // history stays whole and continuous across three restarts (and the folder's config.toml
 // restarts the run), and config files and choices are checked strictly.
 #include <gtest/gtest.h>
@@ -13,7 +14,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <vector>
 #include <set>
 #include <string>
 #include <thread>
@@ -127,26 +130,55 @@ TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {
   EXPECT_TRUE(contains(more.out, "resumed from " + (d / "ckpt-00000002.h5").string())) << more.out;
 }
 
-TEST(RunFolder, LatestIsReadFirstAndACorruptOneFallsBack) {
+TEST(RunFolder, TheNewestGoodCheckpointIsUsedAndANamedResumeSetsTheNewerOnesAside) {
   fs::path d = fresh_dir("spotrain_run_latest");
   ASSERT_EQ(spotrain(train(d, "--steps 4 --ckpt-every 2")).code, 0);
   std::string latest;
   std::getline(std::ifstream(d / "latest"), latest);
   ASSERT_EQ(latest, "ckpt-00000004.h5");
-  // `latest` names the checkpoint to use, even when a newer-looking file is there.
-  fs::copy_file(d / "ckpt-00000002.h5", d / "ckpt-00000009.h5");
+  // `latest` lagging behind (another writer of the folder has not moved it yet): the newest
+  // file that verifies is the one to continue from.
   std::ofstream(d / "latest") << "ckpt-00000002.h5\n";
   CommandResult r = spotrain("eval --ckpt " + d.string() + " --data synthetic --test-limit 32 --threads 1");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "ckpt-00000002.h5 (resnet20, step 2)")) << r.out;
-  fs::remove(d / "ckpt-00000009.h5");
-  // `latest` naming a corrupt file: reported, and the newest good checkpoint used.
-  std::ofstream(d / "latest") << "ckpt-00000004.h5\n";
+  EXPECT_TRUE(contains(r.out, "ckpt-00000004.h5 (resnet20, step 4)")) << r.out;
+  // The newest corrupt: reported, and the good one before it used.
   fs::resize_file(d / "ckpt-00000004.h5", fs::file_size(d / "ckpt-00000004.h5") / 2);
   r = spotrain(train(d, "--steps 6 --ckpt-every 2 --resume auto"));
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "latest names an unusable checkpoint")) << r.out;
+  EXPECT_TRUE(contains(r.out, "skipping unusable checkpoint")) << r.out;
   EXPECT_TRUE(contains(r.out, "resumed from " + (d / "ckpt-00000002.h5").string())) << r.out;
+  // Back to a named checkpoint (say, to train on from before a divergence): the ones after it
+  // move aside, so that a later --resume auto continues this branch, not the abandoned one.
+  r = spotrain(train(d, "--steps 4 --ckpt-every 3 --resume " + (d / "ckpt-00000002.h5").string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "the 2 checkpoint(s) after it in " + d.string() + " moved to")) << r.out;
+  std::vector<std::string> aside;
+  for (auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().rfind("abandoned-", 0) == 0)
+      for (auto& f : fs::directory_iterator(e.path())) aside.push_back(f.path().filename().string());
+  std::sort(aside.begin(), aside.end());
+  EXPECT_EQ(aside, (std::vector<std::string>{"ckpt-00000004.h5", "ckpt-00000006.h5"}));
+  r = spotrain(train(d, "--steps 5 --ckpt-every 3 --resume auto"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "ckpt-00000004.h5").string() + ": step 4")) << r.out;
+}
+
+// --resume latest (what a launcher passes once a checkpoint was written) never starts over:
+// with no checkpoint in the folder it is an error; auto starts from scratch.
+TEST(RunFolder, ResumeLatestRefusesToStartOverWhereAutoStartsFromScratch) {
+  fs::path d = fresh_dir("spotrain_run_resume_latest");
+  CommandResult r = spotrain(train(d, "--steps 2 --resume latest"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--resume latest: no checkpoint of this run in " + d.string())) << r.out;
+  EXPECT_FALSE(fs::exists(d / "ckpt-00000002.h5")) << "it trained anyway";
+  r = spotrain(train(d, "--steps 2 --resume auto"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "starting from scratch")) << r.out;
+  r = spotrain(train(d, "--steps 3 --resume latest"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from " + (d / "ckpt-00000002.h5").string())) << r.out;
+  EXPECT_NE(spotrain("train --data synthetic --resume latest").code, 0) << "latest needs a --ckpt-dir";
 }
 
 TEST(RunFolder, MetricsStayWholeAcrossThreeRestartsAndConfigTomlRestartsTheRun) {

@@ -176,6 +176,9 @@ json page_data(const Run& r, double price_per_hour) {
     } else if (type == "resume") {
       events.push_back({{"kind", "resume"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
                         {"text", "resumed; before: " + rec.value("previous", std::string("?"))}});
+    } else if (type == "lost_peer") {
+      events.push_back({{"kind", "lost_peer"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
+                        {"text", "a peer was lost: " + rec.value("message", std::string())}});
     } else if (type == "warning") {
       ++warnings;
       events.push_back({{"kind", "warning"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
@@ -192,6 +195,7 @@ json page_data(const Run& r, double price_per_hour) {
   json summary = {
       {"status", end.value("type", "") == "end" ? "finished"
                  : end.value("type", "") == "stop" ? "stopped (" + end.value("reason", std::string("?")) + ")"
+                 : end.value("type", "") == "lost_peer" ? "lost a peer (" + end.value("message", std::string("?")) + ")"
                                                     : "running, or ended without a record"},
       {"steps", last_step},
       {"processes", processes},

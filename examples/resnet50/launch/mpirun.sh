@@ -42,7 +42,9 @@
 #   MAX_RESTARTS      restart the job up to this many times (default 0) when it ends resumably:
 #                     75 (stopped with a checkpoint by spotrain itself, e.g. --max-wall-time or
 #                     a signal to a rank) or 76 (a peer was lost: a rank or node died, a link
-#                     broke); each restart adds --resume auto. Not after a stop signal to this
+#                     broke); each restart adds --resume auto, or --resume latest once the job
+#                     has shown a checkpoint exists (a restart then refuses to start over
+#                     when no disk holds one any more). Not after a stop signal to this
 #                     script, not after a success or any other error.
 #   RESTART_DELAY     seconds before the first restart (default 10), doubled each time up to
 #                     RESTART_DELAY_MAX (default 300)
@@ -55,10 +57,10 @@
 #                     (+ 2 s) before it aborts (docs/MULTI_NODE.md, "When a node is lost").
 #   SURVIVOR_WAIT     once a rank has died, Open MPI signals the others SIGCONT, then SIGTERM,
 #                     then SIGKILL, this many seconds apart (odls_base_sigkill_timeout; default
-#                     10, Open MPI's own 1), and mpirun returns after the last. Between the
+#                     5, Open MPI's own 1), and mpirun returns after the last. Between the
 #                     first and the last the survivors save the last step every rank finished
-#                     (they notice 2 steps, at least 2 s, after the SIGCONT; the save takes
-#                     about a checkpoint's write): keep 2 x SURVIVOR_WAIT above that.
+#                     (they notice 1 s after the SIGCONT; the save takes about a checkpoint's
+#                     write): keep 2 x SURVIVOR_WAIT above that.
 #
 # SIGTERM, SIGINT or SIGUSR1 to this script stops the job resumably: the ranks finish the step,
 # write and verify a checkpoint, and the script exits 75 (resume with --resume auto). Allow
@@ -119,10 +121,10 @@ discover() {
   out=$(bash -c "$HOST_DISCOVERY" 2>/dev/null) || return 1
   grep -vE '^[[:space:]]*(#|$)' <<<"$out" | awk '{print $1}' | sort -u
 }
+state_dir=$(mktemp -d)  # the discovered hostfile, the job's output pipes, what it showed
+trap 'rm -rf "$state_dir"' EXIT
 if [[ -n "$HOST_DISCOVERY" ]]; then
-  hostfile_dir=$(mktemp -d)
-  trap 'rm -rf "$hostfile_dir"' EXIT
-  HOSTFILE="$hostfile_dir/hosts"
+  HOSTFILE="$state_dir/hosts"
   discover >/dev/null || die "HOST_DISCOVERY '$HOST_DISCOVERY' failed; it must print the hosts that are up, one a line"
   NODES=0
 else
@@ -168,7 +170,7 @@ read -r ka_time ka_intvl ka_probes <<<"${OOB_KEEPALIVE:-5 2 3}"
   die "OOB_KEEPALIVE must be three numbers (TIME INTERVAL PROBES), got '${OOB_KEEPALIVE:-}'"
 cmd+=(--mca oob_tcp_keepalive_time "$ka_time" --mca oob_tcp_keepalive_intvl "$ka_intvl"
       --mca oob_tcp_keepalive_probes "$ka_probes")
-SURVIVOR_WAIT=${SURVIVOR_WAIT:-10}
+SURVIVOR_WAIT=${SURVIVOR_WAIT:-5}
 [[ "$SURVIVOR_WAIT" =~ ^[0-9]+$ ]] || die "SURVIVOR_WAIT must be a number of seconds, got '$SURVIVOR_WAIT'"
 cmd+=(--mca odls_base_sigkill_timeout "$SURVIVOR_WAIT")
 if [[ -n "${MPI_IFNAME:-}" ]]; then
@@ -191,6 +193,7 @@ NP_NOW=$NP
 pick_hosts() {
   [[ -n "$HOST_DISCOVERY" ]] || return 0
   local waited=0 wait_s=${RESTART_DELAY:-10} hosts n
+  ((wait_s > 0)) || wait_s=1
   while :; do
     hosts=$(discover || true)
     n=$(grep -c . <<<"$hosts" || true)
@@ -253,13 +256,15 @@ trap forward_stop TERM INT USR1
 trap grow_now USR2
 start_poller() {
   [[ -n "$HOST_DISCOVERY" && "$DISCOVERY_INTERVAL" -gt 0 ]] || return 0
-  local me=$$ now=$HOSTS_NOW
+  local me=$$ now=$HOSTS_NOW ranks=$NP_NOW
   (
     trap - TERM INT USR1 USR2
     while sleep "$DISCOVERY_INTERVAL"; do
-      n=$(discover | grep -c . || true)
-      if ((n > now)); then
-        echo "mpirun.sh: $n hosts are up, the job runs on $now: growing it at an agreed step" >&2
+      n=$( (discover || true) | grep -c . || true)
+      # Grow only when the hosts up would take more ranks (NP caps them).
+      more=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
+      if ((more > ranks)); then
+        echo "mpirun.sh: $n hosts are up, the job runs on $now: growing it to $more rank(s) at an agreed step" >&2
         kill -USR2 "$me"
         exit 0
       fi
@@ -271,6 +276,23 @@ stop_poller() {
   [[ -n "$poller_pid" ]] && kill "$poller_pid" 2>/dev/null || true
   poller_pid=
 }
+# The job's output passes through here, each stream as it was, to note whether it showed that a
+# checkpoint of the run exists (written, saved by a survivor, resumed from). Once one has, the
+# restarts pass --resume latest, which refuses to start over when no rank's disk holds one any
+# more (node-local disks all replaced) instead of training again from scratch.
+seen_ckpt="$state_dir/seen-checkpoint"
+watch_output() {
+  trap '' TERM INT USR1 USR2  # forward to the end: the job's last lines say what it saved
+  local line
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    printf '%s\n' "$line"
+    case $line in
+      *"checkpoint written: "* | *"saved the last step every rank finished"* | *"resumed from "*)
+        [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
+    esac
+  done
+}
+mkfifo "$state_dir/out" "$state_dir/err"
 restarts=0
 while :; do
   pick_hosts
@@ -278,7 +300,11 @@ while :; do
   printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
   printf ' %q' "${full[@]}"
   printf '\n'
-  "${full[@]}" &
+  watch_output <"$state_dir/out" &
+  watch_out=$!
+  watch_output <"$state_dir/err" >&2 &
+  watch_err=$!
+  "${full[@]}" >"$state_dir/out" 2>"$state_dir/err" &
   mpirun_pid=$!
   ((stop_asked)) && kill -USR1 "$mpirun_pid" 2>/dev/null  # a stop that came while starting
   start_poller
@@ -290,6 +316,11 @@ while :; do
   done
   mpirun_pid=
   stop_poller
+  # The job's last lines, once whatever else held its output let go (2 s at most).
+  for _ in $(seq 20); do
+    kill -0 "$watch_out" 2>/dev/null || kill -0 "$watch_err" 2>/dev/null || break
+    sleep 0.1
+  done
   # Open MPI's "lost communication with a remote daemon" (205): a node is gone; a rank killed
   # without notice (137: SIGKILL, a reclaimed instance): both a lost peer, as 76.
   ((rc == 205 || rc == 137)) && rc=76
@@ -297,7 +328,7 @@ while :; do
     # Stopped to grow: at once, on the hosts up now, not counted as a restart.
     grow=0
     what="to grow"
-    echo "mpirun.sh: the job stopped to grow; starting it again on the hosts up now with --resume auto" >&2
+    echo "mpirun.sh: the job stopped to grow; starting it again on the hosts up now" >&2
   else
     what=$((restarts + 1))
     grow=0
@@ -306,17 +337,18 @@ while :; do
     restarts=$((restarts + 1))
     if [[ -n "$HOST_DISCOVERY" ]]; then
       # On the hosts that remain, at once (pick_hosts waits while too few are up).
-      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS on the hosts up now with --resume auto" >&2
+      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS on the hosts up now" >&2
     else
-      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s with --resume auto" >&2
+      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s" >&2
       sleep "$delay" &
       wait $! || true
       ((stop_asked == 0)) || break
       delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
     fi
   fi
-  # The same command, resuming: any --resume given is replaced by --resume auto, and a
-  # --new-run is dropped (it would move this run's checkpoints aside).
+  # The same command, resuming: any --resume given is replaced by --resume auto (latest once
+  # the job showed a checkpoint exists), and a --new-run is dropped (it would move this run's
+  # checkpoints aside).
   new=()
   skip=0
   for a in "${cmd[@]}"; do
@@ -325,7 +357,8 @@ while :; do
     [[ "$a" == --resume=* || "$a" == --new-run ]] && continue  # --new-run would discard the run
     new+=("$a")
   done
-  cmd=("${new[@]}" --resume auto)
+  if [[ -e "$seen_ckpt" ]]; then resume=latest; else resume=auto; fi
+  cmd=("${new[@]}" --resume "$resume")
   printf 'mpirun.sh: restart %s:\n' "$what"
 done
 exit "$rc"
