@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -55,6 +57,12 @@ class H5Id {
 
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+// A file whose close failed (a full disk cannot take the last metadata) stays in HDF5's list
+// of open files, and the library's own clean-up at exit crashes on it (H5F__close_cb under
+// H5_term_library). The temporary is removed and the error reported before then, so the
+// process skips that clean-up: this runs before main, ahead of any other HDF5 call.
+const bool kNoHdf5AtExit = (H5dont_atexit(), true);
+
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type, value.size() + 1);
@@ -91,6 +99,8 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& pat
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   H5Id type(H5Aget_type(attr), H5Tclose);
   size_t n = H5Tget_size(type);
+  if (n == 0 || n > (size_t(64) << 20))
+    SPOTRAIN_THROW("checkpoint ", path, ": attribute '", name, "' declares ", n, " bytes (corrupt file?)");
   // Room for a terminator: strings written by other tools (h5py) are null-padded, not
   // null-terminated, and converting them to an n-byte terminated type would cut one char.
   std::vector<char> buf(n + 2, 0);
@@ -106,6 +116,69 @@ int64_t read_int_attr(hid_t obj, const char* name, const std::string& path) {
   int64_t v = 0;
   H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v), name);
   return v;
+}
+
+// A checkpoint is one self-contained file: every link in it is a hard link (an external link
+// would open another file, a soft link point anywhere) and every dataset keeps its bytes in
+// this file (no external raw storage, no virtual dataset mapping other files). Checked on
+// every open, before any tensor is read.
+herr_t refuse_foreign_link(hid_t group, const char* name, const H5L_info_t* info, void* op) {
+  auto* why = static_cast<std::string*>(op);
+  if (info->type != H5L_TYPE_HARD) {
+    *why = str("'", name, "' is an ", info->type == H5L_TYPE_EXTERNAL ? "external" : "soft",
+               " link (a checkpoint must be one self-contained file)");
+    return 1;  // stop the walk
+  }
+  H5Id obj(H5Oopen(group, name, H5P_DEFAULT), H5Oclose);
+  if (obj < 0) {
+    *why = str("object '", name, "' cannot be opened");
+    return 1;
+  }
+  if (H5Iget_type(obj) != H5I_DATASET) return 0;
+  H5Id dcpl(H5Dget_create_plist(obj), H5Pclose);
+  if (H5Pget_external_count(dcpl) != 0 || H5Pget_layout(dcpl) == H5D_VIRTUAL) {
+    *why = str("dataset '", name, "' keeps its bytes in another file (a checkpoint must be one "
+               "self-contained file)");
+    return 1;
+  }
+  return 0;
+}
+
+// Opens a checkpoint for reading: a regular file (a FIFO or a device would block or never
+// end), HDF5, and self-contained (above). Throws Error naming the file otherwise.
+struct OpenCheckpoint {
+  H5Id file;
+  uint64_t bytes;
+};
+
+std::unique_ptr<OpenCheckpoint> open_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  quiet_hdf5();
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) SPOTRAIN_THROW("checkpoint ", path, " does not exist");
+  if (!fs::is_regular_file(st)) SPOTRAIN_THROW("checkpoint ", path, " is not a regular file");
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    SPOTRAIN_THROW("checkpoint ", path, " is not an HDF5 file (truncated or corrupt?)");
+  std::unique_ptr<OpenCheckpoint> c(
+      new OpenCheckpoint{H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose), bytes});
+  if (c->file < 0) SPOTRAIN_THROW("cannot open checkpoint ", path, " (truncated or corrupt?)");
+  std::string why;
+  if (H5Lvisit(c->file, H5_INDEX_NAME, H5_ITER_INC, refuse_foreign_link, &why) != 0 || !why.empty())
+    SPOTRAIN_THROW("checkpoint ", path, ": ", why.empty() ? "its links cannot be listed (corrupt file?)" : why);
+  return c;
+}
+
+// Elements of a dataset, checked against the file's size before anything is allocated for it
+// (a crafted header can declare any number).
+int64_t stored_elements(hid_t ds, uint64_t file_bytes, const std::string& path, const std::string& name) {
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  if (n < 0 || uint64_t(n) > file_bytes / 4)
+    SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name, "' declares ", int64_t(n),
+                   " elements, more than the file's ", file_bytes, " bytes hold (corrupt file?)");
+  return int64_t(n);
 }
 
 uint32_t crc_of(const void* p, size_t bytes) {
@@ -217,12 +290,8 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
-  quiet_hdf5();
-  if (!std::filesystem::exists(path)) SPOTRAIN_THROW("checkpoint ", path, " does not exist");
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    SPOTRAIN_THROW("checkpoint ", path, " is not an HDF5 file (truncated or corrupt?)");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file < 0) SPOTRAIN_THROW("cannot open checkpoint ", path, " (truncated or corrupt?)");
+  const auto opened = open_checkpoint(path);
+  const hid_t file = opened->file;
   CheckpointInfo info;
   info.format_version = int(read_int_attr(file, "format_version", path));
   if (info.format_version < 1 || info.format_version > kCheckpointFormatVersion)
@@ -253,13 +322,30 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   if (H5Lexists(file, "optimizer", H5P_DEFAULT) > 0) {
     H5Id og(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
     info.optimizer_steps = read_int_attr(og, "steps", path);
+    SPOTRAIN_CHECK(info.optimizer_steps >= 0, "checkpoint ", path, " records ", info.optimizer_steps,
+                   " optimizer steps (corrupt file?)");
   }
+  // What the training position and the model are built from, in range before anyone uses it.
+  auto in_range = [&](const char* what, int64_t v, int64_t lo, int64_t hi) {
+    SPOTRAIN_CHECK(v >= lo && v <= hi, "checkpoint ", path, " records ", what, " ", v, ", outside [", lo, ", ",
+                   hi, "] (corrupt or crafted file)");
+  };
+  const int64_t big = int64_t(1) << 53;
+  in_range("global_step", info.global_step, 0, big);
+  in_range("epoch", info.epoch, 0, big);
+  in_range("batch_in_epoch", info.batch_in_epoch, 0, big);
+  in_range("samples_in_epoch", info.samples_in_epoch, 0, big);
+  in_range("global_batch", info.global_batch, 0, int64_t(1) << 31);
+  in_range("world_size", info.world_size, 0, int64_t(1) << 24);
+  in_range("num_classes", info.num_classes, 1, int64_t(1) << 20);
+  in_range("in_channels", info.in_channels, 1, 64);
   return info;
 }
 
 void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into) {
   read_checkpoint_info(path);  // validates the file and its version
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  const auto opened = open_checkpoint(path);
+  const hid_t file = opened->file;
   if (H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) <= 0 ||
       H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0)
     SPOTRAIN_THROW("checkpoint ", path, " has no ", group,
@@ -292,19 +378,24 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
 
 bool checkpoint_has_group(const std::string& path, const std::string& group) {
   read_checkpoint_info(path);
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  const auto opened = open_checkpoint(path);
+  const hid_t file = opened->file;
   return H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) > 0 &&
          H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0;
 }
 
-void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
+void verify_checkpoint(const std::string& path, CheckpointInfo* info_out, const ExpectTensors& expect) {
   CheckpointInfo info = read_checkpoint_info(path);
   auto cfg = nlohmann::json::parse(info.config_json, nullptr, false);
   SPOTRAIN_CHECK(cfg.is_object(), "checkpoint ", path, " has an unreadable run config");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  int64_t tensors = 0;
-  for (const char* group : {"model", "optimizer/momentum", "ema"}) {
-    if (H5Lexists(file, group, H5P_DEFAULT) <= 0) {
+  const auto opened = open_checkpoint(path);
+  const hid_t file = opened->file;
+  std::map<std::string, Shape> held[3];  // per group below: every tensor's name and shape
+  const char* groups[3] = {"model", "optimizer/momentum", "ema"};
+  for (int gi_ = 0; gi_ < 3; ++gi_) {
+    const char* group = groups[gi_];
+    if (H5Lexists(file, std::string(group).substr(0, std::string(group).find('/')).c_str(), H5P_DEFAULT) <= 0 ||
+        H5Lexists(file, group, H5P_DEFAULT) <= 0) {
       SPOTRAIN_CHECK(std::string(group) != "model", "checkpoint ", path, " has no model tensors");
       continue;
     }
@@ -313,11 +404,17 @@ void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
     H5_CHECK(H5Gget_info(g, &gi), "listing tensors");
     for (hsize_t i = 0; i < gi.nlinks; ++i) {
       char name[512];
-      H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+      SPOTRAIN_CHECK(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0,
+                     "checkpoint ", path, ": cannot list the tensors of ", group, " (corrupt file?)");
       H5Id ds(H5Dopen2(g, name, H5P_DEFAULT), H5Dclose);
+      SPOTRAIN_CHECK(ds >= 0, "checkpoint ", path, ": '", group, "/", name, "' is not a tensor");
+      const int64_t n = stored_elements(ds, opened->bytes, path, str(group, "/", name));
       H5Id space(H5Dget_space(ds), H5Sclose);
-      hssize_t n = H5Sget_simple_extent_npoints(space);
-      std::vector<float> buf(size_t(std::max<hssize_t>(n, 0)));
+      const int nd = H5Sget_simple_extent_ndims(space);
+      std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
+      H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+      held[gi_][name] = Shape(dims.begin(), dims.end());
+      std::vector<float> buf(static_cast<size_t>(n));
       if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
         SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", group, "/", name,
                        "' (corrupt file?)");
@@ -326,11 +423,27 @@ void verify_checkpoint(const std::string& path, CheckpointInfo* info_out) {
       SPOTRAIN_CHECK(uint32_t(read_int_attr(ds, "crc32", path)) == crc_of(buf.data(), buf.size() * 4),
                      "checkpoint ", path, ": tensor '", group, "/", name,
                      "' fails its checksum (the file is corrupt)");
-      ++tensors;
     }
   }
+  if (expect) {  // what a resume (or an evaluation) of it will read
+    const ExpectedTensors want = expect(info);
+    auto need = [&](int g, const std::vector<std::pair<std::string, Shape>>& list) {
+      for (const auto& [name, shape] : list) {
+        auto it = held[g].find(name);
+        SPOTRAIN_CHECK(it != held[g].end(), "checkpoint ", path, " has no tensor '", groups[g], "/", name,
+                       "' that its model (", info.model, ") needs");
+        SPOTRAIN_CHECK(it->second == shape, "checkpoint ", path, ": tensor '", groups[g], "/", name,
+                       "' has shape ", shape_str(it->second), ", its model (", info.model, ") has ",
+                       shape_str(shape));
+      }
+    };
+    need(0, want.model);
+    SPOTRAIN_CHECK(!want.need_optimizer || info.optimizer_steps >= 0, "checkpoint ", path,
+                   " has no optimizer state: it cannot resume training");
+    if (info.optimizer_steps >= 0) need(1, want.momentum);
+    if (!held[2].empty()) need(2, want.model);
+  }
   if (info_out) *info_out = info;
-  (void)tensors;
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
@@ -347,12 +460,12 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return names;
 }
 
-std::string newest_good_checkpoint(const std::string& dir) {
+std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect) {
   // The newest file that verifies. Not `latest` first: with several writers of one folder, or
   // copies on several disks, a newer good file can be there that `latest` does not name yet.
   for (auto& path : list_checkpoints(dir)) {
     try {
-      verify_checkpoint(path, nullptr);
+      verify_checkpoint(path, nullptr, expect);
       return path;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "warning: skipping unusable checkpoint: %s; trying an older one\n",

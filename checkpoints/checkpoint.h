@@ -66,15 +66,27 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into);
 // Whether the checkpoint holds the group ("ema", "optimizer/momentum").
 bool checkpoint_has_group(const std::string& path, const std::string& group);
-// Reads every tensor and checks its CRC-32, the format version and the attributes; throws
-// Error saying what is wrong. Fills `info` when given.
-void verify_checkpoint(const std::string& path, CheckpointInfo* info);
+// What reading a checkpoint back will need of it: the model tensors' names and shapes
+// (parameters and BN buffers) and, to resume training, the optimizer's momentum per parameter.
+// The layers above know the model (engine/checkpoint_state.h: checkpoint_expectation).
+struct ExpectedTensors {
+  std::vector<std::pair<std::string, Shape>> model, momentum;
+  bool need_optimizer = false;
+};
+using ExpectTensors = std::function<ExpectedTensors(const CheckpointInfo&)>;
+// Reads every tensor and checks its CRC-32, the format version and the attributes (each in
+// range), that the file is self-contained (no external links or storage) and, with `expect`,
+// that it holds every tensor its model needs at its shape; throws Error saying what is wrong.
+// Fills `info` when given.
+void verify_checkpoint(const std::string& path, CheckpointInfo* info, const ExpectTensors& expect = {});
 // The ckpt-*.h5 files in `dir`, newest (highest step) first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // The checkpoint to continue from in `dir`: the newest that verifies (`latest` may not name it
 // yet where several write the folder); unusable ones are reported on stderr and skipped ("" when
 // none is good).
-std::string newest_good_checkpoint(const std::string& dir);
+// With `expect`, "verifies" includes holding what that expectation needs, so a file that a
+// resume would refuse is skipped like a corrupt one.
+std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect = {});
 // Moves the checkpoints of `dir` past `step` into `dir`/`to` (made when needed), oldest
 // last; returns how many moved. Throws Error when one cannot be moved.
 int move_checkpoints_after(const std::string& dir, int64_t step, const std::string& to);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -77,6 +78,23 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
 }
 
+// Open MPI's runtime notices a host that left the network only through its out-of-band TCP
+// keepalive (defaults 300 s, then 9 probes 20 s apart): until then `mpirun` and the other hosts'
+// daemons stay up although the ranks have ended, and a restart loop waits minutes. The
+// project's launcher sets it; a job started with plain `mpirun` across hosts is told once.
+void warn_of_default_keepalive() {
+  const char* nodes = std::getenv("OMPI_MCA_orte_num_nodes");
+  if (!nodes || std::atoi(nodes) < 2) return;  // one host: no network between the ranks
+  const char* ka = std::getenv("OMPI_MCA_oob_tcp_keepalive_time");
+  if (ka && std::atoi(ka) > 0 && std::atoi(ka) <= 60) return;
+  std::fprintf(stderr,
+               "warning: Open MPI's runtime keepalive is %s: a host lost from the network leaves mpirun "
+               "running for up to %s before the job returns; launch with examples/resnet50/launch/mpirun.sh "
+               "(it sets it), or pass mpirun --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 "
+               "--mca oob_tcp_keepalive_probes 3\n",
+               ka ? (std::string(ka) + " s").c_str() : "at its default (300 s)", ka ? "that and its probes" : "8 minutes");
+}
+
 class MpiComm final : public Communicator {
  public:
   MpiComm() {
@@ -100,6 +118,7 @@ class MpiComm final : public Communicator {
     MPI_CHECK(MPI_Type_commit(&half_type_));
     MPI_CHECK(MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &bf16_sum_));
     MPI_CHECK(MPI_Op_create(&sum16<half_to_float, float_to_half>, 1, &f16_sum_));
+    if (rank_ == 0) warn_of_default_keepalive();
   }
   ~MpiComm() override {
     MPI_Op_free(&bf16_sum_);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "layers/resnet.h"
 
 namespace spotrain {
 
@@ -139,6 +140,28 @@ CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& s
   be.copy(be.from_host(flat), sgd.momentum());
   sgd.set_steps(info.optimizer_steps);
   return info;
+}
+
+ExpectTensors checkpoint_expectation(bool need_optimizer) {
+  return [need_optimizer](const CheckpointInfo& info) {
+    ResNetOptions ro;
+    ro.arch = info.model;
+    ro.num_classes = info.num_classes;
+    ro.in_channels = info.in_channels;
+    const auto net = build_resnet(ro);  // throws naming the valid models for an unknown one
+    std::vector<Param*> params;
+    std::vector<Buffer*> buffers;
+    net->collect_params(params);
+    net->collect_buffers(buffers);
+    ExpectedTensors e;
+    e.need_optimizer = need_optimizer;
+    for (Param* p : params) {
+      e.model.emplace_back(p->name, p->value.shape());
+      e.momentum.emplace_back(p->name, p->value.shape());
+    }
+    for (Buffer* b : buffers) e.model.emplace_back(b->name, b->value.shape());
+    return e;
+  };
 }
 
 }  // namespace spotrain

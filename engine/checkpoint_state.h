@@ -55,6 +55,11 @@ void load_checkpoint_weights(const std::string& path, Model& model, const std::s
 NamedTensors ema_snapshot(Model& model, WeightEma& ema);
 // Loads a checkpoint's moving average into `ema`.
 void load_ema(const std::string& path, Model& model, WeightEma& ema);
+// What verify_checkpoint should find in a checkpoint: every tensor of the model its record
+// names (built from the record's model, classes and channels, so an unknown model is refused),
+// and with `need_optimizer` the optimizer state a resume reads. `--resume auto` skips a file
+// that lacks them, as it skips a corrupt one.
+ExpectTensors checkpoint_expectation(bool need_optimizer);
 // Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
 // count; returns the attributes (progress, loss-scaler state).
 CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);

@@ -48,6 +48,9 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
     std::string dir = arg.empty() ? "/usr/share/datasets/fashion-mnist" : arg;
     p.train = io::load_idx_dataset(dir, "train");
     p.test = io::load_idx_dataset(dir, "test");
+    const io::ImageShape a = p.train->image_shape(), b = p.test->image_shape();
+    SPOTRAIN_CHECK(a.h == b.h && a.w == b.w && a.c == b.c, dir, ": the test images are ", b.h, "x", b.w,
+                   ", the training images ", a.h, "x", a.w, ": a model trains and is tested on one size");
   } else if (kind == "imagefolder") {
     SPOTRAIN_CHECK(!arg.empty(), "--data imagefolder:DIR needs a directory (DIR/train/<class>/*.JPEG)");
     p.train = io::open_image_folder(arg + "/train", {}, image_size);

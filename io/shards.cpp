@@ -89,6 +89,12 @@ struct ShardIndex {
   uint32_t shards = 0, classes = 0;
 };
 
+// Whether a record's bytes, and the 16-byte record header before them, lie inside a shard of
+// `size` bytes after the shard's own 16-byte header; written so that no sum can wrap.
+bool inside(const IndexEntry& e, uint64_t size) {
+  return e.offset >= 16 + 16 && e.offset <= size && e.length <= size - e.offset;
+}
+
 ShardIndex read_index(const std::string& dir) {
   const std::string path = dir + "/index.bin";
   std::vector<uint8_t> raw;
@@ -100,8 +106,10 @@ ShardIndex read_index(const std::string& dir) {
   std::memcpy(&count, raw.data() + 8, 8);
   std::memcpy(&idx.shards, raw.data() + 16, 4);
   std::memcpy(&idx.classes, raw.data() + 20, 4);
-  SPOTRAIN_CHECK(raw.size() == 24 + count * sizeof(IndexEntry), path, " is truncated or corrupt: it says ",
-                 count, " records but holds ", raw.size(), " bytes");
+  // Compared by division: a crafted count times 24 would wrap past 2^64 and pass a product.
+  const uint64_t held = (raw.size() - 24) / sizeof(IndexEntry);
+  SPOTRAIN_CHECK((raw.size() - 24) % sizeof(IndexEntry) == 0 && count == held, path,
+                 " is truncated or corrupt: it says ", count, " records but holds ", raw.size(), " bytes");
   idx.entries.resize(size_t(count));
   if (count) std::memcpy(idx.entries.data(), raw.data() + 24, size_t(count) * sizeof(IndexEntry));
   return idx;
@@ -121,7 +129,7 @@ class ShardDataset final : public Dataset {
       shards_.push_back(std::make_unique<MappedFile>(dir + "/" + shard_name(s)));
     for (size_t i = 0; i < entries_.size(); ++i) {
       const IndexEntry& e = entries_[i];
-      SPOTRAIN_CHECK(e.shard < shards_.size() && e.offset + e.length <= shards_[e.shard]->size(),
+      SPOTRAIN_CHECK(e.shard < shards_.size() && inside(e, shards_[e.shard]->size()),
                      dir, ": record ", i, " lies outside its shard; run `spotrain data verify ", dir, "`");
       SPOTRAIN_CHECK(e.label >= 0 && uint32_t(e.label) < idx.classes, dir, ": record ", i,
                      " has label ", e.label, " outside [0, ", idx.classes, ")");
@@ -276,7 +284,7 @@ std::vector<std::string> verify_shards(const std::string& dir, std::vector<std::
       continue;
     }
     const MappedFile& m = *shards[e.shard];
-    if (e.offset < 16 + 16 || e.offset + e.length > m.size()) {
+    if (!inside(e, m.size())) {
       problems.push_back(str("record ", i, ": bytes [", e.offset, ", ", e.offset + e.length, ") lie outside ",
                              m.path(), " (", m.size(), " bytes; truncated?)"));
       continue;

@@ -19,7 +19,9 @@ bool small_depth(const std::string& arch, int* n) {
     size_t used = 0;
     int depth = std::stoi(arch.substr(6), &used);
     if (used != arch.size() - 6) return false;
-    if (depth < 8 || (depth - 2) % 6 != 0 || depth == 50 || depth == 152) return false;
+    // 6n+2 layers, up to the deepest He et al. trained (ResNet-1202): a name such as
+    // resnet600000002 is refused, not built until memory runs out.
+    if (depth < 8 || depth > 1202 || (depth - 2) % 6 != 0 || depth == 50 || depth == 152) return false;
     *n = (depth - 2) / 6;
     return true;
   } catch (...) {

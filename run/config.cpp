@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 #include <type_traits>
 
 #include "spot/preempt_notice.h"
@@ -24,6 +26,15 @@ double parse_duration(const std::string& s) {
   return v * mult;
 }
 
+void check_thread_counts(int threads, int workers) {
+  const int most = std::max(16, 4 * int(std::thread::hardware_concurrency()));
+  SPOTRAIN_CHECK(threads >= 0 && threads <= most, "--threads must be in [0, ", most,
+                 "] on this machine (", std::thread::hardware_concurrency(), " hardware threads; 0 = all), got ",
+                 threads);
+  SPOTRAIN_CHECK(workers >= 1 && workers <= most, "--workers must be in [1, ", most,
+                 "] on this machine (", std::thread::hardware_concurrency(), " hardware threads), got ", workers);
+}
+
 void RunConfig::validate() const {
   SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   SPOTRAIN_CHECK(epochs > 0 || steps > 0, "--epochs or --steps must be positive");
@@ -34,8 +45,7 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(label_smoothing >= 0.f && label_smoothing < 1.f,
                  "--label-smoothing must be in [0, 1), got ", label_smoothing);
   SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
-  SPOTRAIN_CHECK(threads >= 0, "--threads must not be negative");
-  SPOTRAIN_CHECK(workers >= 1, "--workers must be at least 1");
+  check_thread_counts(threads, workers);
   SPOTRAIN_CHECK(random_erasing >= 0.f && random_erasing <= 1.f,
                  "--random-erasing is a probability in [0, 1], got ", random_erasing);
   SPOTRAIN_CHECK(mixup >= 0.f && cutmix >= 0.f, "--mixup and --cutmix alphas must not be negative");
@@ -102,7 +112,7 @@ std::string RunConfig::metrics_path() const {
 std::string RunConfig::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for_each_setting(*this, [&](const SettingInfo& s, const auto& v) { j[s.name] = v; });
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace spotrain

@@ -12,6 +12,11 @@ namespace spotrain {
 // "8h", "90m", "3600s" or "3600" -> seconds; throws Error for anything else.
 double parse_duration(const std::string& s);
 
+// --threads (0 = all cores) and --workers (at least 1) checked against this machine: at most
+// four per hardware thread (and never fewer than 16 allowed), so a typo such as 100000 is one
+// error line instead of threads the process cannot make.
+void check_thread_counts(int threads, int workers);
+
 // How a setting is treated beyond being a flag and a JSON key.
 enum SettingFlags : unsigned {
   kSettingPlain = 0,

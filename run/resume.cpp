@@ -59,7 +59,7 @@ Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& sto
   bool evidence = false;
   std::string path;
   if (storage.writer) {
-    path = newest_good_checkpoint(cfg.ckpt_dir);
+    path = newest_good_checkpoint(cfg.ckpt_dir, checkpoint_expectation(true));
     if (!path.empty()) step = read_checkpoint_info(path).global_step;
     std::error_code ec;
     evidence = fs::exists(cfg.ckpt_dir + "/latest", ec) || !list_checkpoints(cfg.ckpt_dir).empty();

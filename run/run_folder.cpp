@@ -71,7 +71,7 @@ std::string settings_file(RunConfig cfg) {
 }  // namespace
 
 std::string run_fingerprint(const RunConfig& cfg) {
-  return fingerprint_json(nlohmann::json::parse(cfg.to_json())).dump();
+  return fingerprint_json(nlohmann::json::parse(cfg.to_json())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 RunFolder::RunFolder(const RunConfig& cfg) : dir_(cfg.ckpt_dir) {
@@ -158,12 +158,12 @@ void RunFolder::claim(const RunConfig& cfg) {
   std::string theirs;
   if (fs::exists(path("run.json"))) {
     auto j = nlohmann::json::parse(read_file(path("run.json")), nullptr, false);
-    if (j.is_object() && j.contains("fingerprint")) theirs = j["fingerprint"].dump();
+    if (j.is_object() && j.contains("fingerprint")) theirs = j["fingerprint"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   for (size_t i = 0; theirs.empty() && i < ckpts.size(); ++i) {
     try {
       auto j = nlohmann::json::parse(read_checkpoint_info(ckpts[i]).config_json, nullptr, false);
-      if (j.is_object()) theirs = fingerprint_json(j).dump();
+      if (j.is_object()) theirs = fingerprint_json(j).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     } catch (const std::exception&) {
     }
   }
@@ -190,8 +190,8 @@ void RunFolder::claim(const RunConfig& cfg) {
         std::string flag = "--" + it.key();
         std::replace(flag.begin(), flag.end(), '_', '-');
         diff += str(diff.empty() ? "" : ", ", flag, " ",
-                      a.contains(it.key()) ? a[it.key()].dump() : std::string("(unset)"), " there, ",
-                    it.value().dump(), " here");
+                      a.contains(it.key()) ? a[it.key()].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string("(unset)"), " there, ",
+                    it.value().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), " here");
       }
       SPOTRAIN_THROW("run folder ", dir_, " holds a different run (", diff,
                      "): resume it with its own settings (", dir_, "/config.toml), start a new "
@@ -200,7 +200,7 @@ void RunFolder::claim(const RunConfig& cfg) {
   }
   if (theirs.empty() || theirs != mine) {
     nlohmann::json j{{"fingerprint", nlohmann::json::parse(mine)}, {"created", utc_time_iso()}};
-    write_file_atomic(path("run.json"), j.dump(2) + "\n", "the run's fingerprint");
+    write_file_atomic(path("run.json"), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the run's fingerprint");
   }
   write_file_atomic(path("config.toml"), settings_file(cfg), "the run's settings");
 }

@@ -66,7 +66,7 @@ void check_ranks_agree(const RunConfig& cfg, Session& session) {
   for_each_setting(cfg, [&](const SettingInfo& s, const auto& value) {
     if (s.flags & kPerNode) return;
     nlohmann::json v = value;
-    uint64_t h = uint64_t(std::hash<std::string>{}(v.dump()));
+    uint64_t h = uint64_t(std::hash<std::string>{}(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
     std::vector<uint64_t> all;
     session.worker().run(str("start-up check of ", s.name), [&] { all = session.comm().allgather(h); });
     std::string flag = s.flag;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <limits>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -169,6 +170,15 @@ EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
 Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   Plan p;
   p.per_epoch = per_epoch;
+  // Steps and the samples they consume must fit the 64-bit counters, with room for the
+  // schedule's arithmetic (a milestone is 3/4 of the total).
+  const int64_t global_batch = int64_t(cfg_.batch_size) * session_->world();
+  const int64_t most_steps = std::numeric_limits<int64_t>::max() / 4 / std::max<int64_t>(1, global_batch);
+  SPOTRAIN_CHECK(cfg_.steps <= most_steps, "--steps ", cfg_.steps, " is more than the step and sample counters hold (",
+                 most_steps, " steps at a global batch of ", global_batch, ")");
+  SPOTRAIN_CHECK(cfg_.steps > 0 || cfg_.epochs <= most_steps / per_epoch, "--epochs ", cfg_.epochs,
+                 " is more than the step and sample counters hold (", most_steps / per_epoch, " epochs of ",
+                 per_epoch, " steps at a global batch of ", global_batch, ")");
   p.total_steps = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   p.epochs = (p.total_steps + per_epoch - 1) / per_epoch;
   p.lr.kind = cfg_.lr_schedule;

@@ -1,6 +1,7 @@
 // Preemption notices (see preempt_notice.h).
 #include "spot/preempt_notice.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,8 +27,12 @@ struct HttpAnswer {
 };
 
 #ifdef SPOTRAIN_WITH_CURL
+// Keeps the first 64 KiB of an answer (a notice is a few hundred bytes); the rest is read and
+// dropped, so an endpoint that answers megabytes costs no memory.
 size_t collect(char* p, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(p, size * n);
+  auto* body = static_cast<std::string*>(out);
+  constexpr size_t kKeep = 64 << 10;
+  if (body->size() < kKeep) body->append(p, std::min(size * n, kKeep - body->size()));
   return size * n;
 }
 
@@ -74,6 +79,21 @@ std::string trim(std::string s) {
   return s;
 }
 
+// What a notice's text looks like in the log: trimmed, one line, at most 200 characters.
+std::string excerpt(const std::string& body) {
+  std::string t = trim(body);
+  const size_t whole = t.size();
+  if (t.size() > 200) t = t.substr(0, 200);
+  for (char& c : t)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  return whole > 200 ? t + "... (" + std::to_string(whole) + "+ bytes)" : t;
+}
+
+// A JSON field that should be a string, or "?" when it is missing or of another type.
+std::string string_field(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "?";
+}
+
 }  // namespace
 
 void validate_preempt_notice(const std::string& s) {
@@ -97,9 +117,10 @@ std::string check_preempt_notice(const std::string& s, std::string* error) {
   if (s.rfind("file:", 0) == 0) {
     std::ifstream f(s.substr(5));
     if (!f) return "";
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string body = trim(ss.str());
+    std::string text(4096, '\0');  // a notice's first 4 KiB say what it is
+    f.read(&text[0], std::streamsize(text.size()));
+    text.resize(size_t(f.gcount()));
+    std::string body = excerpt(text);
     return "file " + s.substr(5) + (body.empty() ? "" : ": " + body);
   }
   if (s == "aws") {
@@ -113,9 +134,9 @@ std::string check_preempt_notice(const std::string& s, std::string* error) {
     if (a.status != 200) return fail(a.error.empty() ? "HTTP " + std::to_string(a.status) : a.error);
     auto j = nlohmann::json::parse(a.body, nullptr, false);
     if (j.is_object())
-      return "aws spot instance-action " + j.value("action", std::string("?")) + " at " +
-             j.value("time", std::string("?"));
-    return "aws spot instance-action: " + trim(a.body);
+      return "aws spot instance-action " + excerpt(string_field(j, "action")) + " at " +
+             excerpt(string_field(j, "time"));
+    return "aws spot instance-action: " + excerpt(a.body);
   }
   if (s == "gcp") {
     HttpAnswer a = http("http://metadata.google.internal/computeMetadata/v1/instance/preempted",
@@ -130,12 +151,12 @@ std::string check_preempt_notice(const std::string& s, std::string* error) {
     auto j = nlohmann::json::parse(a.body, nullptr, false);
     if (!j.is_object() || !j.contains("Events") || !j["Events"].is_array()) return "";
     for (const auto& e : j["Events"])
-      if (e.value("EventType", std::string()) == "Preempt")
-        return "azure scheduled event Preempt, not before " + e.value("NotBefore", std::string("?"));
+      if (string_field(e, "EventType") == "Preempt")
+        return "azure scheduled event Preempt, not before " + excerpt(string_field(e, "NotBefore"));
     return "";
   }
   HttpAnswer a = http(s, {});
-  if (a.status == 200) return "notice at " + s + (trim(a.body).empty() ? "" : ": " + trim(a.body));
+  if (a.status == 200) return "notice at " + s + (trim(a.body).empty() ? "" : ": " + excerpt(a.body));
   if (a.status == 0) return fail(a.error);
   return "";
 }

@@ -190,6 +190,27 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
 }
 
+// Plain `mpirun` across the two hosts with Open MPI's runtime keepalive at its default: rank 0
+// says at start what a lost host would cost and what to set. With the keepalive set (as the
+// project's launcher sets it) the run says nothing of it.
+TEST_F(MultiHost, PlainMpirunWithTheDefaultKeepaliveIsToldAtStart) {
+  auto plain_mpirun = [&](const std::string& more, const fs::path& ckpt) {
+    return run_command("timeout -k 10 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                       std::string(MPIEXEC_EXECUTABLE) + " --hostfile " + (dir_ / "hosts").string() +
+                       " -np 2 --mca plm_rsh_agent " + agent_ + " --mca rtc ^hwloc --mca btl tcp,self" +
+                       " --mca btl_tcp_if_include " + net_ + ".0/24 --mca oob_tcp_if_include " + net_ +
+                       ".0/24 " + more + " " + SPOTRAIN_BIN + " train --threads 1 " +
+                       train_args(ckpt, "--steps 2") + " 2>&1");
+  };
+  CommandResult bare = plain_mpirun("", dir_ / "bare");
+  EXPECT_EQ(bare.code, 0) << bare.out;
+  EXPECT_TRUE(contains(bare.out, "warning: Open MPI's runtime keepalive is at its default (300 s)")) << bare.out;
+  EXPECT_TRUE(contains(bare.out, "--mca oob_tcp_keepalive_time 5")) << bare.out;
+  CommandResult set = plain_mpirun("--mca oob_tcp_keepalive_time 5", dir_ / "set");
+  EXPECT_EQ(set.code, 0) << set.out;
+  EXPECT_FALSE(contains(set.out, "keepalive")) << set.out;
+}
+
 // A link cut for good at step 6: --comm-timeout (5 s) fires before Open MPI's own detection
 // (mpirun.sh's OOB_KEEPALIVE, 5 + 2 x 3 s), the hardest order: the ranks leave the runtime its
 // detection time before aborting, and the runtime ends the job on both hosts.

@@ -64,9 +64,13 @@ TEST(PreemptNotice, AnHttpNoticeStopsTheRunWithACheckpoint) {
       d, "(" + server + " > /dev/null 2>&1 & srv=$!; " +
              train(d / "run", "--steps 400 --preempt-notice " + url + " --preempt-poll 0.1") +
              "; rc=$?; kill $srv; exit $rc)",
-      "echo '{\"action\": \"terminate\", \"time\": \"2026-12-01T00:02:00Z\"}' > " +
+      // A notice with a 2 MB body (written whole): only an excerpt reaches the log.
+      "(echo '{\"action\": \"terminate\", \"time\": \"2026-12-01T00:02:00Z\"}'; head -c 2000000 /dev/zero | tr '\\0' x) > " +
+          (d / "www" / "notice.tmp").string() + " && mv " + (d / "www" / "notice.tmp").string() + " " +
           (d / "www" / "notice").string());
-  ASSERT_EQ(r.code, 75) << r.out;
+  ASSERT_EQ(r.code, 75) << r.out.substr(0, 20000);
+  EXPECT_LT(r.out.size(), 100000u) << "the notice's body was echoed whole";
+  EXPECT_TRUE(contains(r.out, "+ bytes)")) << r.out;
   EXPECT_TRUE(contains(r.out, "watching for preemption notices: " + url)) << r.out;
   EXPECT_TRUE(contains(r.out, "preemption notice (notice at " + url)) << r.out;
   std::smatch m;

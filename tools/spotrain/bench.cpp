@@ -332,6 +332,7 @@ static int run_bench(BenchOptions o) {
   SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   const RunConfig cfg = run_config_of(o);
   parse_precision(cfg.precision);
+  check_thread_counts(cfg.threads, cfg.workers);
   SessionOptions so = session_options(cfg);
   so.profile = o.profile;
   Session session(so);
@@ -351,7 +352,7 @@ static int run_bench(BenchOptions o) {
   const Summary s = summarize(o, tm, session, telemetry);
   log_summary(o, tm, s, session.profiler());
   if (!o.json.empty() && session.rank() == 0)
-    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured()).dump(2) + "\n",
+    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured()).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                       "the --json file");
   return 0;
 }

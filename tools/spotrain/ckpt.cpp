@@ -1,5 +1,6 @@
 // `spotrain ckpt info FILE` (a checkpoint's step, model, precision, sizes and settings) and
-// `spotrain ckpt verify FILE` (format, attributes and every checksum).
+// `spotrain ckpt verify FILE` (format, attributes in range, every checksum, one self-contained file,
+// and every tensor its model needs: a file verify passes is one a resume or eval can read).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "checkpoints/checkpoint.h"
 #include "core/error.h"
+#include "engine/checkpoint_state.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {
@@ -36,7 +38,7 @@ int run_ckpt_info(const std::string& ckpt_file) {
 }
 
 int run_ckpt_verify(const std::string& ckpt_file) {
-  spotrain::verify_checkpoint(ckpt_file, nullptr);
+  spotrain::verify_checkpoint(ckpt_file, nullptr, spotrain::checkpoint_expectation(false));
   std::printf("%s: OK\n", ckpt_file.c_str());
   return 0;
 }
@@ -50,7 +52,7 @@ std::vector<Command> add_ckpt(CLI::App& app) {
   ckpt->require_subcommand(1);
   auto* ckpt_info = ckpt->add_subcommand("info", "print step, epoch, model, precision, sizes, config");
   ckpt_info->add_option("file", ckpt_file, "checkpoint file")->required();
-  auto* ckpt_verify = ckpt->add_subcommand("verify", "check format, attributes and every checksum");
+  auto* ckpt_verify = ckpt->add_subcommand("verify", "check format, attributes, every checksum and that it holds every tensor its model needs");
   ckpt_verify->add_option("file", ckpt_file, "checkpoint file")->required();
   return {{ckpt_info, [file] { return run_ckpt_info(*file); }},
           {ckpt_verify, [file] { return run_ckpt_verify(*file); }}};

@@ -18,6 +18,7 @@
 #include "engine/data.h"
 #include "engine/evaluate.h"
 #include "engine/session.h"
+#include "run/config.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {
@@ -56,17 +57,22 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
 int run_eval(const EvalOptions& o) {
   std::string path = o.ckpt;
   if (std::filesystem::is_directory(path)) {  // the newest good checkpoint in the folder
-    path = spotrain::newest_good_checkpoint(o.ckpt);
+    path = spotrain::newest_good_checkpoint(o.ckpt, spotrain::checkpoint_expectation(false));
     SPOTRAIN_CHECK(!path.empty(), "no usable ckpt-*.h5 checkpoint in ", o.ckpt);
   }
+  spotrain::check_thread_counts(o.threads, o.workers);
   auto info = spotrain::read_checkpoint_info(path);
   auto cfg_json = nlohmann::json::parse(info.config_json, nullptr, false);
   std::string data = o.data;
-  if (data.empty() && cfg_json.is_object() && cfg_json.contains("data")) data = cfg_json["data"];
+  // The stored settings are only defaults here: a value of the wrong type is ignored, and
+  // --data must then be given.
+  if (data.empty() && cfg_json.is_object() && cfg_json.contains("data") && cfg_json["data"].is_string())
+    data = cfg_json["data"].get<std::string>();
   SPOTRAIN_CHECK(!data.empty(), "pass --data: the checkpoint does not say what it was trained on");
   SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
   int image_size = o.image_size;
-  if (image_size <= 0 && cfg_json.is_object() && cfg_json.contains("image_size"))
+  if (image_size <= 0 && cfg_json.is_object() && cfg_json.contains("image_size") &&
+      cfg_json["image_size"].is_number_integer())
     image_size = cfg_json["image_size"].get<int>();
   if (image_size <= 0) image_size = 224;
   auto pair = spotrain::open_data(data, 1, o.test_limit, 0, image_size);
@@ -125,7 +131,7 @@ int run_eval(const EvalOptions& o) {
                      {"loss", r.loss},
                      {"backend", be->name()},
                      {"time", spotrain::utc_time_iso()}};
-    write_file_atomic(o.json, j.dump(2) + "\n", "the --json file");
+    write_file_atomic(o.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the --json file");
   }
   return 0;
 }

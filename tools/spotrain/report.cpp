@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,8 +41,21 @@ struct Run {
   std::string name, metrics_path;
   std::vector<json> records;
   std::vector<json> evals;  // eval*.json files in the run folder (spotrain eval --json)
-  int64_t torn = 0;         // lines that did not parse (a record cut by a kill)
+  int64_t torn = 0;         // lines skipped: cut by a kill, or not a record of the schema
 };
+
+// Whether a parsed line is a record the page can use: an object with a string "type", and
+// every field the report reads of the type it is written with (docs/MONITORING.md). Anything
+// else is skipped and counted with the torn lines, never an exception.
+bool well_formed(const json& j) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
+  for (const char* k : {"time", "path", "reason", "previous", "message"})
+    if (j.contains(k) && !j[k].is_string()) return false;
+  if (j.contains("step") && !j["step"].is_number_integer()) return false;
+  for (const char* k : {"elapsed", "images_per_sec", "data_wait_share", "test_top1"})
+    if (j.contains(k) && !j[k].is_number()) return false;
+  return true;
+}
 
 // "2026-12-01T07:59:12.825Z" -> seconds since 1970 (NaN when it does not parse).
 double iso_seconds(const std::string& s) {
@@ -69,7 +83,7 @@ Run load_run(const std::string& arg) {
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("type")) {
+    if (j.is_discarded() || !well_formed(j)) {
       ++r.torn;
       continue;
     }
@@ -99,6 +113,17 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A record's field, or `fallback` when it is missing or of another type: a record that an
+// importer or a hand edit got wrong never stops the page.
+template <typename T>
+T field(const json& rec, const char* key, T fallback) {
+  if (!rec.is_object() || !rec.contains(key)) return fallback;
+  const json& v = rec[key];
+  if constexpr (std::is_same_v<T, std::string>) return v.is_string() ? v.get<std::string>() : fallback;
+  else if constexpr (std::is_same_v<T, int64_t>) return v.is_number_integer() ? v.get<int64_t>() : fallback;
+  else return v.is_number() ? v.get<T>() : fallback;
+}
+
 json num_or_null(const json& obj, const char* key, double scale = 1.0) {
   if (obj.is_object() && obj.contains(key) && obj[key].is_number()) return obj[key].get<double>() * scale;
   return nullptr;
@@ -106,9 +131,9 @@ json num_or_null(const json& obj, const char* key, double scale = 1.0) {
 
 // What the page draws for one run: series over steps and wall time, events, phases, tables.
 json page_data(const Run& r, double price_per_hour) {
-  const double t0 = iso_seconds(r.records.front().value("time", ""));
+  const double t0 = iso_seconds(field(r.records.front(), "time", std::string()));
   auto wall_h = [&](const json& rec) {
-    const double t = iso_seconds(rec.value("time", ""));
+    const double t = iso_seconds(field(rec, "time", std::string()));
     return std::isnan(t) || std::isnan(t0) ? json(nullptr) : json((t - t0) / 3600.0);
   };
   json steps = {{"step", json::array()}, {"wall_h", json::array()}, {"loss", json::array()},
@@ -126,7 +151,7 @@ json page_data(const Run& r, double price_per_hour) {
   bool any_gpu = false;
   json last_epoch, best_epoch;
   for (const json& rec : r.records) {
-    const std::string type = rec.value("type", "");
+    const std::string type = field(rec, "type", std::string());
     const json w = wall_h(rec);
     if (rec.contains("step") && rec["step"].is_number_integer()) last_step = rec["step"].get<int64_t>();
     if (type == "start") {
@@ -139,7 +164,7 @@ json page_data(const Run& r, double price_per_hour) {
     if (rec.contains("elapsed") && rec["elapsed"].is_number())
       process_elapsed = std::max(process_elapsed, rec["elapsed"].get<double>());
     if (type == "step") {
-      steps["step"].push_back(rec.value("step", int64_t(0)));
+      steps["step"].push_back(field(rec, "step", int64_t(0)));
       steps["wall_h"].push_back(w);
       steps["loss"].push_back(num_or_null(rec, "loss"));
       steps["train_top1"].push_back(num_or_null(rec, "train_top1", 100.0));
@@ -157,7 +182,7 @@ json page_data(const Run& r, double price_per_hour) {
         for (auto& [k, v] : rec["phases"].items())
           if (v.is_number()) phases[k].push_back(v.get<double>());
     } else if (type == "epoch") {
-      epochs["step"].push_back(rec.value("step", int64_t(0)));
+      epochs["step"].push_back(field(rec, "step", int64_t(0)));
       epochs["wall_h"].push_back(w);
       epochs["test_top1"].push_back(num_or_null(rec, "test_top1", 100.0));
       epochs["ema_test_top1"].push_back(num_or_null(rec, "ema_test_top1", 100.0));
@@ -165,24 +190,24 @@ json page_data(const Run& r, double price_per_hour) {
       epochs["test_loss"].push_back(num_or_null(rec, "test_loss"));
       epochs["train_top1"].push_back(num_or_null(rec, "train_top1", 100.0));
       last_epoch = rec;
-      if (best_epoch.is_null() || rec.value("test_top1", 0.0) > best_epoch.value("test_top1", 0.0)) best_epoch = rec;
+      if (best_epoch.is_null() || field(rec, "test_top1", 0.0) > field(best_epoch, "test_top1", 0.0)) best_epoch = rec;
     } else if (type == "checkpoint") {
-      events.push_back({{"kind", "checkpoint"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
-                        {"text", rec.value("path", std::string())}});
+      events.push_back({{"kind", "checkpoint"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", field(rec, "path", std::string())}});
     } else if (type == "stop") {
       ++stops;
-      events.push_back({{"kind", "stop"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
-                        {"text", "stopped by " + rec.value("reason", std::string("?"))}});
+      events.push_back({{"kind", "stop"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", "stopped by " + field(rec, "reason", std::string("?"))}});
     } else if (type == "resume") {
-      events.push_back({{"kind", "resume"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
-                        {"text", "resumed; before: " + rec.value("previous", std::string("?"))}});
+      events.push_back({{"kind", "resume"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", "resumed; before: " + field(rec, "previous", std::string("?"))}});
     } else if (type == "lost_peer") {
-      events.push_back({{"kind", "lost_peer"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
-                        {"text", "a peer was lost: " + rec.value("message", std::string())}});
+      events.push_back({{"kind", "lost_peer"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", "a peer was lost: " + field(rec, "message", std::string())}});
     } else if (type == "warning") {
       ++warnings;
-      events.push_back({{"kind", "warning"}, {"step", rec.value("step", int64_t(0))}, {"wall_h", w},
-                        {"text", rec.value("message", std::string())}});
+      events.push_back({{"kind", "warning"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", field(rec, "message", std::string())}});
     }
   }
   busy_s += process_elapsed;
@@ -190,12 +215,12 @@ json page_data(const Run& r, double price_per_hour) {
   const json& latest_start = starts.empty() ? json::object() : starts.back();
   json phase_means = json::object();
   for (auto& [k, v] : phases) phase_means[k] = median(v);
-  const double wall = iso_seconds(r.records.back().value("time", "")) - t0;
+  const double wall = iso_seconds(field(r.records.back(), "time", std::string())) - t0;
   const json& end = r.records.back();
   json summary = {
-      {"status", end.value("type", "") == "end" ? "finished"
-                 : end.value("type", "") == "stop" ? "stopped (" + end.value("reason", std::string("?")) + ")"
-                 : end.value("type", "") == "lost_peer" ? "lost a peer (" + end.value("message", std::string("?")) + ")"
+      {"status", field(end, "type", std::string()) == "end" ? "finished"
+                 : field(end, "type", std::string()) == "stop" ? "stopped (" + field(end, "reason", std::string("?")) + ")"
+                 : field(end, "type", std::string()) == "lost_peer" ? "lost a peer (" + field(end, "message", std::string("?")) + ")"
                                                     : "running, or ended without a record"},
       {"steps", last_step},
       {"processes", processes},
@@ -222,9 +247,9 @@ json page_data(const Run& r, double price_per_hour) {
           {"config", first_start.contains("config") ? first_start["config"] : json::object()},
           {"latest_config", latest_start.contains("config") ? latest_start["config"] : json::object()},
           {"machine", latest_start.contains("machine") ? latest_start["machine"] : json::object()},
-          {"backend", latest_start.value("backend", std::string())},
-          {"ranks", latest_start.value("ranks", int64_t(0))},
-          {"precision", latest_start.value("precision", std::string())},
+          {"backend", field(latest_start, "backend", std::string())},
+          {"ranks", field(latest_start, "ranks", int64_t(0))},
+          {"precision", field(latest_start, "precision", std::string())},
           {"evals", r.evals}};
 }
 
@@ -246,7 +271,7 @@ std::string csv_cell(const json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) s = v.get<std::string>();
   else if (v.is_boolean()) s = v.get<bool>() ? "true" : "false";
-  else s = v.dump();
+  else s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
@@ -294,7 +319,7 @@ int run_report(const ReportOptions& o) {
   std::vector<Run> runs;
   for (const std::string& a : o.runs) runs.push_back(load_run(a));
   for (const Run& r : runs)
-    if (r.torn) log_info(str("report: ", r.metrics_path, ": skipped ", r.torn, " line(s) that do not parse"));
+    if (r.torn) log_info(str("report: ", r.metrics_path, ": skipped ", r.torn, " line(s) that do not parse or are not records of the metrics schema"));
   if (!o.csv.empty()) write_csv(runs, o.csv);
   if (o.csv.empty() || !o.output.empty()) {
     SPOTRAIN_CHECK(!chartjs_source().empty(),
@@ -308,11 +333,15 @@ int run_report(const ReportOptions& o) {
                  {"generated", utc_time_iso()},
                  {"runs", json::array()}};
     for (const Run& r : runs) data["runs"].push_back(page_data(r, o.price_per_hour));
-    // Inside <script>: "</" would end the element.
+    // Inside <script> the HTML parser, not JavaScript, decides where the element ends: "</script"
+    // ends it and "<!--<script" keeps it open past its end tag. In JSON, '<', '>' and '&' occur
+    // only inside strings, where \u003c, \u003e and \u0026 mean the same characters.
     std::string payload = data.dump(-1, ' ', false, json::error_handler_t::replace), safe;
-    for (size_t i = 0; i < payload.size(); ++i) {
-      safe += payload[i];
-      if (payload[i] == '<' && i + 1 < payload.size() && payload[i + 1] == '/') safe += "\\";
+    for (char c : payload) {
+      if (c == '<') safe += "\\u003c";
+      else if (c == '>') safe += "\\u003e";
+      else if (c == '&') safe += "\\u0026";
+      else safe += c;
     }
     std::string page(report_page_template());
     replace_once(page, "/*@CHARTJS@*/", chartjs_source());
