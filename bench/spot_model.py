@@ -52,6 +52,11 @@ def survivors_goodput(M, R_s, step, D, n, R_g):
 
 def check(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
+    failed = [r for r in rows if r.get("failed")]
+    rows = [r for r in rows if not r.get("failed")]
+    if failed:
+        print("(%d run(s) whose job failed are left out: %s)" % (len(failed), ", ".join(
+            "%s mtbf %g seed %d" % (r["recovery"], r["mtbf_s"], r["seed"]) for r in failed)))
     print("%-6s %-9s %9s %9s %9s %8s %8s %8s %s" % ("mtbf", "interval", "measured", "model", "ratio",
                                                    "T s", "R s", "M s", "recovery"))
     for r in rows:

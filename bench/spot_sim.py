@@ -19,6 +19,8 @@ on the hosts that remain (HOST_DISCOVERY) and grows the job back when the replac
 Reported per run, from the job's metrics.jsonl (rank 0's, --metrics on shared storage: every
 step, resume, stop and lost-peer record has its wall-clock time):
   goodput          time of the steps that survive to the end / wall time of the job
+  work goodput     the steps that survive, each at the full-size job's median step time, / wall
+                   time (a shrunk job's slower steps count as the work they do, not their time)
   lost per preemption   steps (and their time) trained and then redone after a restart
   kill -> first new step   per hard kill: detection (kill -> the survivors' save begins), the
                    save, restart (the save -> the new process's start record), first step
@@ -213,11 +215,14 @@ def analyse(metrics, launch_log, wall, events=()):
     surviving, computed, redone = {}, 0.0, 0
     seg_prev, seg_first = None, True
     durations = []
+    ranks, full_ranks, full_durations = 0, 0, []  # the job's size now, its largest, steps at it
     restarts, downtime, startup = 0, [], []
     last_time, prev_end, seg_start, waiting_first = None, None, None, False
     for r in records:
         t = iso(r["time"])
         if r["type"] == "start":  # a new process: the previous one's last record ended it
+            ranks = r.get("ranks", 1)
+            full_ranks = max(full_ranks, ranks)
             prev_end = last_time
             if prev_end is not None:  # a restart (from a checkpoint, or from scratch before any)
                 restarts += 1
@@ -236,12 +241,18 @@ def analyse(metrics, launch_log, wall, events=()):
                 d = sorted(durations)[len(durations) // 2] if durations else d
                 seg_first = False
             durations.append(d)
+            if ranks == full_ranks:
+                full_durations.append(d)
             computed += d
             redone += r["step"] in surviving
             surviving[r["step"]] = d
         last_time = t
     good = sum(surviving.values())
     lost = computed - good
+    # Work: each surviving step at the job's full-size step time. A job that shrank keeps its
+    # global batch, so its steps take longer on fewer hosts; goodput counts that time, work
+    # does not (the same steps on all hosts would have been done sooner).
+    full_step = sorted(full_durations)[len(full_durations) // 2] if full_durations else 0.0
     held = 0.0
     checkpoints = 0
     auto_interval = None
@@ -255,7 +266,8 @@ def analyse(metrics, launch_log, wall, events=()):
             if m:
                 auto_interval = float(m.group(1))
     phases = kill_phases(records, events)
-    return {"goodput": good / wall, "wall_s": wall, "step_time_s": good, "lost_s": lost,
+    return {"goodput": good / wall, "work_goodput": len(surviving) * full_step / wall,
+            "full_step_s": full_step, "wall_s": wall, "step_time_s": good, "lost_s": lost,
             "redone_steps": redone, "phases": phases,
             "restarts": restarts, "steps": len(surviving),
             "restart_to_first_step_s": sum(downtime) / len(downtime) if downtime else None,
@@ -335,6 +347,7 @@ def main():
         wall = time.time() - t0
         log.close()
         if rc != 0:
+            a.keep = True  # the log it names must still be there
             sys.exit("spot_sim: the job failed (exit %d); see %s" % (rc, log_path))
         res = analyse(metrics, log_path, wall, events)
         res.update({"hosts": a.hosts, "mtbf_s": a.mtbf, "grace_s": a.grace, "replace_s": a.replace,
@@ -356,6 +369,7 @@ def main():
             t1 = time.time()
             ref, ref_log = launch(a, hosts, hostfile, ref_dir, ref_metrics, os.path.join(work, "ref.log"), restarts=0)
             if ref.wait() != 0:
+                a.keep = True
                 sys.exit("spot_sim: the reference run failed; see %s" % os.path.join(work, "ref.log"))
             ref_log.close()
             res["reference_wall_s"] = time.time() - t1
@@ -369,6 +383,7 @@ def main():
                 ("restarts", res["restarts"]),
                 ("wall time", "%.1f s" % wall),
                 ("goodput", "%.3f" % res["goodput"]),
+                ("work goodput (steps at full size)", "%.3f" % res["work_goodput"]),
                 ("lost per preemption", "%.2f steps, %.2f s" % (res["lost_steps_per_preemption"],
                                                                 res["lost_per_preemption_s"])),
                 ("restart -> first new step", "%.2f s" % res["restart_to_first_step_s"]
