@@ -110,14 +110,19 @@ void PrometheusExport::publish(bool running) {
                "when this file was written (a stale file: the run is gone)", "gauge", "",
                double(std::time(nullptr))});
   if (restarts_ >= 0) {
-    s.push_back({"spotrain_restarts", "processes this run was restarted in (resumes)", "gauge", "",
+    // A count that only grows: a counter, named *_total as Prometheus's conventions ask.
+    s.push_back({"spotrain_restarts_total", "processes this run was restarted in (resumes)", "counter", "",
                  double(restarts_)});
     // A background write is known done once its file exists (it is renamed into place).
     struct stat st {};
     if (!ckpt_started_.empty() && ::stat(ckpt_started_.c_str(), &st) == 0) ckpt_done_ = ckpt_started_;
-    if (!ckpt_done_.empty() && ::stat(ckpt_done_.c_str(), &st) == 0)
+    if (!ckpt_done_.empty() && ::stat(ckpt_done_.c_str(), &st) == 0) {
+      // The timestamp stays true after the process is gone (an age freezes with the file).
+      s.push_back({"spotrain_last_checkpoint_timestamp_seconds", "when the newest checkpoint was written",
+                   "gauge", "", double(st.st_mtime)});
       s.push_back({"spotrain_last_checkpoint_age_seconds", "seconds since the newest checkpoint was written",
                    "gauge", "", double(std::time(nullptr) - st.st_mtime)});
+    }
   }
   try {
     file_->write(s);

@@ -75,7 +75,7 @@ Telemetry::Telemetry(const std::string& pci_bus_id) : t_(now_seconds()) {
 
 nlohmann::json Telemetry::gpu() {
   sm_util_.reset();
-  if (!device_) return "none";
+  if (!device_) return nullptr;
   nlohmann::json g = nlohmann::json::object();
   auto get_u = [&](const char* key, auto fn, auto... args) {
     unsigned v = 0;

@@ -1,5 +1,5 @@
 // What the machine is doing while a run trains: the GPU through NVML (opened at run time, so a
-// machine without a GPU or without the driver records "none" and never fails) and the host
+// machine without a GPU or without the driver records null and never fails) and the host
 // from /proc (CPU use, resident memory, bytes read from storage, i.e. page-cache misses).
 // Sampled with each progress line into the metrics, and by `bench`.
 #pragma once
@@ -12,14 +12,14 @@ namespace spotrain {
 
 class Telemetry {
  public:
-  // pci_bus_id: the GPU this rank trains on ("" = none: GPU fields read "none").
+  // pci_bus_id: the GPU this rank trains on ("" = none: the GPU field is null).
   explicit Telemetry(const std::string& pci_bus_id);
-  // {"gpu": {...} | "none", "host": {...}}; rates and shares cover the time since the
+  // {"gpu": {...} | null, "host": {...}} (one type or null, never a string in its place); rates and shares cover the time since the
   // previous sample (or since construction).
   nlohmann::json sample();
   // The GPU's SM utilisation (percent) at the latest sample, when known.
   std::optional<double> sm_util() const { return sm_util_; }
-  // Why the GPU fields read "none" ("" when they do not).
+  // Why the GPU field is null ("" when it is not).
   const std::string& gpu_status() const { return gpu_status_; }
 
  private:

@@ -194,7 +194,9 @@ TEST(Cli, ConfigFileSetsOptionsAndFlagsOverrideIt) {
   EXPECT_NE(r.out.find("batch 16"), std::string::npos) << r.out;      // flag wins
   EXPECT_NE(r.out.find("step 2/2"), std::string::npos) << r.out;      // file's steps
   EXPECT_NE(r.out.find("64 train"), std::string::npos) << r.out;      // file's limit
-  expect_error(run("train --config /nonexistent/spotrain.toml"), 2, "spotrain.toml");
+  expect_error(run("train --config /nonexistent/spotrain.toml"), 2, "spotrain.toml does not exist");
+  // A folder opens and reads as empty: it must not train on the defaults.
+  expect_error(run("train --config " + fs::temp_directory_path().string()), 2, "is not a file");
 }
 
 // Comments go from a '#' outside quotes to the end of the line; a '#' inside a quoted value is

@@ -1,4 +1,4 @@
-// Seeing a run: telemetry in the metrics (GPU fields "none" without a GPU, host fields always),
+// Seeing a run: telemetry in the metrics (the GPU field null without a GPU, host fields always),
 // the input-bound warning (a starved loader gets it, synthetic data does not), the Prometheus
 // text file (parsed by a small exposition-format parser, replaced atomically while a reader
 // reads it), `eval --json`, the CSV export, and `spotrain report` rendered in headless
@@ -102,17 +102,17 @@ double value_of(const std::map<std::string, double>& samples, const std::string&
 
 }  // namespace
 
-TEST(Telemetry, WithoutAGpuTheGpuFieldsReadNoneAndTheHostIsMeasured) {
+TEST(Telemetry, WithoutAGpuTheGpuFieldIsNullAndTheHostIsMeasured) {
   spotrain::Telemetry none("");
   json s = none.sample();
-  EXPECT_EQ(s["gpu"], "none");
+  EXPECT_TRUE(s["gpu"].is_null()) << s.dump();
   EXPECT_FALSE(none.sm_util().has_value());
   ASSERT_TRUE(s["host"].is_object());
   EXPECT_GT(s["host"]["rss_bytes"].get<double>(), 1e6);
   EXPECT_GE(s["host"]["cores"].get<int>(), 1);
-  // A GPU that NVML does not know (or no NVML at all): still "none", never an error.
+  // A GPU that NVML does not know (or no NVML at all): still null, never an error.
   spotrain::Telemetry bogus("0000:ff:1f.7");
-  EXPECT_EQ(bogus.sample()["gpu"], "none");
+  EXPECT_TRUE(bogus.sample()["gpu"].is_null());
   EXPECT_FALSE(bogus.gpu_status().empty());
 }
 
@@ -123,7 +123,7 @@ TEST(Telemetry, ACpuRunRecordsItWithEveryProgressLineAndTrainsAsUsual) {
   auto steps = records(dir + "/metrics.jsonl", "step");
   ASSERT_EQ(steps.size(), 3u);
   for (const json& s : steps) {
-    EXPECT_EQ(s["gpu"], "none");
+    EXPECT_TRUE(s["gpu"].is_null()) << s.dump();
     EXPECT_GT(s["host"]["rss_bytes"].get<double>(), 1e6);
     const double share = s["data_wait_share"].get<double>();
     EXPECT_GE(share, 0.0);
@@ -142,7 +142,7 @@ TEST(Telemetry, ACpuRunRecordsItWithEveryProgressLineAndTrainsAsUsual) {
                               "--threads 2 --device cpu --json " + dir + "/bench.json");
   ASSERT_EQ(b.code, 0) << b.out;
   json bj = json::parse(read_file(dir + "/bench.json"));
-  EXPECT_EQ(bj["telemetry"]["gpu"], "none");
+  EXPECT_TRUE(bj["telemetry"]["gpu"].is_null()) << bj.dump();
   EXPECT_GT(bj["telemetry"]["host"]["rss_bytes"].get<double>(), 1e6);
 }
 
@@ -250,8 +250,10 @@ TEST(Prometheus, ATrainingRunKeepsAWholeFileForAReaderAtEveryMoment) {
   auto s = parse_prometheus(read_file(prom));
   EXPECT_EQ(value_of(s, "spotrain_step"), 40);
   EXPECT_EQ(value_of(s, "spotrain_running"), 0) << "the run has ended";
-  EXPECT_EQ(value_of(s, "spotrain_restarts"), 0);
+  EXPECT_EQ(value_of(s, "spotrain_restarts_total"), 0);
+  EXPECT_NE(read_file(prom).find("# TYPE spotrain_restarts_total counter"), std::string::npos) << read_file(prom);
   EXPECT_GE(value_of(s, "spotrain_last_checkpoint_age_seconds"), 0);
+  EXPECT_GT(value_of(s, "spotrain_last_checkpoint_timestamp_seconds"), 1.7e9);
   EXPECT_GT(value_of(s, "spotrain_images_per_second"), 0);
   EXPECT_NE(s.count("spotrain_step{run=\"run\",rank=\"0\"}"), 0u) << "labelled with the run folder";
   EXPECT_TRUE(std::isnan(value_of(s, "spotrain_gpu_sm_utilization_ratio"))) << "no GPU: no GPU samples";

@@ -297,7 +297,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                    {"cuda_graph", captured},
                    {"machine", {{"cpu", s.machine_cpu}, {"backend", session.backend().name()}}}};
   for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
-  j["telemetry"] = s.telemetry;  // GPU ("none" without one) and host, over the timed steps
+  j["telemetry"] = s.telemetry;  // GPU (null without one) and host, over the timed steps
   if (OpProfiler* prof = session.profiler()) {
     for (const auto& r : prof->by_op())
       j["profile"]["ops"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -126,6 +127,17 @@ int main(int argc, char** argv) {
     if (args[i] == "--config" && i > 0) config = args[i - 1];
   }
   if (!config.empty()) {
+    // A folder opens and reads as empty, and CLI11 would then train on the defaults.
+    std::error_code ec;
+    const auto st = std::filesystem::status(config, ec);
+    const char* why = !std::filesystem::exists(st) ? "does not exist"
+                      : !std::filesystem::is_regular_file(st) ? "is not a file"
+                      : !std::ifstream(config) ? "cannot be read" : nullptr;
+    if (why) {
+      std::fprintf(stderr, "error: --config %s %s (pass a TOML file, e.g. examples/fashion-mnist/recipe-95.toml)\n",
+                   config.c_str(), why);
+      return 2;
+    }
     std::string use = config_for_cli11(config, sub, tmp);
     for (size_t i = args.size(); i-- > 0;) {
       if (args[i].rfind("--config=", 0) == 0) args[i] = "--config=" + use;
