@@ -289,9 +289,9 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
   commit_file(tmp, path, "the checkpoint");
 }
 
-CheckpointInfo read_checkpoint_info(const std::string& path) {
-  const auto opened = open_checkpoint(path);
-  const hid_t file = opened->file;
+namespace {
+// The record of an open checkpoint (see read_checkpoint_info).
+CheckpointInfo info_of(hid_t file, const std::string& path) {
   CheckpointInfo info;
   info.format_version = int(read_int_attr(file, "format_version", path));
   if (info.format_version < 1 || info.format_version > kCheckpointFormatVersion)
@@ -342,12 +342,23 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
+// Whether `group` ("ema", "optimizer/momentum") is in the file: each level of its path in turn
+// (H5Lexists on a path whose parent is missing fails rather than answering no).
+bool has_group(hid_t file, const std::string& group) {
+  return H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) > 0 &&
+         H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0;
+}
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  return info_of(open_checkpoint(path)->file, path);
+}
+
 void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into) {
-  read_checkpoint_info(path);  // validates the file and its version
   const auto opened = open_checkpoint(path);
   const hid_t file = opened->file;
-  if (H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) <= 0 ||
-      H5Lexists(file, group.c_str(), H5P_DEFAULT) <= 0)
+  info_of(file, path);  // validates the record and its version
+  if (!has_group(file, group))
     SPOTRAIN_THROW("checkpoint ", path, " has no ", group,
                    group == "model" ? " tensors"
                    : group == "ema" ? " weights (it was trained without --ema-decay)"
@@ -377,25 +388,23 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
 }
 
 bool checkpoint_has_group(const std::string& path, const std::string& group) {
-  read_checkpoint_info(path);
   const auto opened = open_checkpoint(path);
   const hid_t file = opened->file;
-  return H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) > 0 &&
-         H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0;
+  info_of(file, path);
+  return has_group(file, group);
 }
 
 void verify_checkpoint(const std::string& path, CheckpointInfo* info_out, const ExpectTensors& expect) {
-  CheckpointInfo info = read_checkpoint_info(path);
-  auto cfg = nlohmann::json::parse(info.config_json, nullptr, false);
-  SPOTRAIN_CHECK(cfg.is_object(), "checkpoint ", path, " has an unreadable run config");
   const auto opened = open_checkpoint(path);
   const hid_t file = opened->file;
+  CheckpointInfo info = info_of(file, path);
+  auto cfg = nlohmann::json::parse(info.config_json, nullptr, false);
+  SPOTRAIN_CHECK(cfg.is_object(), "checkpoint ", path, " has an unreadable run config");
   std::map<std::string, Shape> held[3];  // per group below: every tensor's name and shape
   const char* groups[3] = {"model", "optimizer/momentum", "ema"};
   for (int gi_ = 0; gi_ < 3; ++gi_) {
     const char* group = groups[gi_];
-    if (H5Lexists(file, std::string(group).substr(0, std::string(group).find('/')).c_str(), H5P_DEFAULT) <= 0 ||
-        H5Lexists(file, group, H5P_DEFAULT) <= 0) {
+    if (!has_group(file, group)) {
       SPOTRAIN_CHECK(std::string(group) != "model", "checkpoint ", path, " has no model tensors");
       continue;
     }
