@@ -348,6 +348,32 @@ bool has_group(hid_t file, const std::string& group) {
   return H5Lexists(file, group.substr(0, group.find('/')).c_str(), H5P_DEFAULT) > 0 &&
          H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0;
 }
+
+// A dataset's shape.
+Shape shape_of(hid_t ds) {
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  const int nd = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return Shape(dims.begin(), dims.end());
+}
+
+// Calls f(name, dataset, shape) for each tensor of `group` (which must exist), in name order.
+template <class F>
+void for_each_tensor(const OpenCheckpoint& c, const std::string& path, const std::string& group, F&& f) {
+  H5Id g(H5Gopen2(c.file, group.c_str(), H5P_DEFAULT), H5Gclose);
+  H5G_info_t gi;
+  H5_CHECK(H5Gget_info(g, &gi), "listing tensors");
+  for (hsize_t i = 0; i < gi.nlinks; ++i) {
+    char name[512];
+    SPOTRAIN_CHECK(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0,
+                   "checkpoint ", path, ": cannot list the tensors of ", group, " (corrupt file?)");
+    H5Id ds(H5Dopen2(g, name, H5P_DEFAULT), H5Dclose);
+    SPOTRAIN_CHECK(ds >= 0, "checkpoint ", path, ": '", group, "/", name, "' is not a tensor");
+    f(std::string(name), hid_t(ds), shape_of(ds));
+  }
+}
+
 }  // namespace
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
@@ -368,11 +394,7 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
     if (H5Lexists(file, dname.c_str(), H5P_DEFAULT) <= 0)
       SPOTRAIN_THROW("checkpoint ", path, " has no tensor '", name, "' (another model's checkpoint?)");
     H5Id ds(H5Dopen2(file, dname.c_str(), H5P_DEFAULT), H5Dclose);
-    H5Id space(H5Dget_space(ds), H5Sclose);
-    int nd = H5Sget_simple_extent_ndims(space);
-    std::vector<hsize_t> dims(std::max(nd, 0));
-    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-    Shape s(dims.begin(), dims.end());
+    const Shape s = shape_of(ds);
     if (s != dst.shape())
       SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name, "' has shape ", shape_str(s),
                      ", the model expects ", shape_str(dst.shape()));
@@ -385,6 +407,17 @@ void read_checkpoint_tensors(const std::string& path, const std::string& group, 
       SPOTRAIN_THROW("checkpoint ", path, ": tensor '", name,
                      "' fails its checksum (the file is corrupt)");
   }
+}
+
+std::map<std::string, Shape> checkpoint_tensor_shapes(const std::string& path, const std::string& group) {
+  const auto opened = open_checkpoint(path);
+  info_of(opened->file, path);
+  SPOTRAIN_CHECK(has_group(opened->file, group), "checkpoint ", path, " has no ", group, " tensors");
+  std::map<std::string, Shape> out;
+  for_each_tensor(*opened, path, group, [&](const std::string& name, hid_t, const Shape& shape) {
+    out[name] = shape;
+  });
+  return out;
 }
 
 bool checkpoint_has_group(const std::string& path, const std::string& group) {
@@ -408,21 +441,9 @@ void verify_checkpoint(const std::string& path, CheckpointInfo* info_out, const 
       SPOTRAIN_CHECK(std::string(group) != "model", "checkpoint ", path, " has no model tensors");
       continue;
     }
-    H5Id g(H5Gopen2(file, group, H5P_DEFAULT), H5Gclose);
-    H5G_info_t gi;
-    H5_CHECK(H5Gget_info(g, &gi), "listing tensors");
-    for (hsize_t i = 0; i < gi.nlinks; ++i) {
-      char name[512];
-      SPOTRAIN_CHECK(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0,
-                     "checkpoint ", path, ": cannot list the tensors of ", group, " (corrupt file?)");
-      H5Id ds(H5Dopen2(g, name, H5P_DEFAULT), H5Dclose);
-      SPOTRAIN_CHECK(ds >= 0, "checkpoint ", path, ": '", group, "/", name, "' is not a tensor");
+    for_each_tensor(*opened, path, group, [&](const std::string& name, hid_t ds, const Shape& shape) {
+      held[gi_][name] = shape;
       const int64_t n = stored_elements(ds, opened->bytes, path, str(group, "/", name));
-      H5Id space(H5Dget_space(ds), H5Sclose);
-      const int nd = H5Sget_simple_extent_ndims(space);
-      std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
-      H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-      held[gi_][name] = Shape(dims.begin(), dims.end());
       std::vector<float> buf(static_cast<size_t>(n));
       if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
         SPOTRAIN_THROW("checkpoint ", path, ": cannot read tensor '", group, "/", name,
@@ -432,7 +453,7 @@ void verify_checkpoint(const std::string& path, CheckpointInfo* info_out, const 
       SPOTRAIN_CHECK(uint32_t(read_int_attr(ds, "crc32", path)) == crc_of(buf.data(), buf.size() * 4),
                      "checkpoint ", path, ": tensor '", group, "/", name,
                      "' fails its checksum (the file is corrupt)");
-    }
+    });
   }
   if (expect) {  // what a resume (or an evaluation) of it will read
     const ExpectedTensors want = expect(info);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,9 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // host fp32 tensors, checking each one's shape and CRC-32; throws Error naming the file and
 // the tensor when one is missing, of another shape or corrupt.
 void read_checkpoint_tensors(const std::string& path, const std::string& group, NamedTensors& into);
+// The name and shape of every tensor of `group` ("model"), without reading them; throws Error
+// when the file is not a readable checkpoint or has no such group.
+std::map<std::string, Shape> checkpoint_tensor_shapes(const std::string& path, const std::string& group);
 // Whether the checkpoint holds the group ("ema", "optimizer/momentum").
 bool checkpoint_has_group(const std::string& path, const std::string& group);
 // What reading a checkpoint back will need of it: the model tensors' names and shapes

@@ -1,7 +1,9 @@
 // Model and optimizer state to and from checkpoints (see checkpoint_state.h).
 #include "engine/checkpoint_state.h"
 
+#include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "core/error.h"
@@ -112,6 +114,48 @@ void load_checkpoint_weights(const std::string& path, Model& model, const std::s
   std::vector<Tensor*> buffers;
   for (auto* b : model.buffers()) buffers.push_back(&b->value);
   load_group(path, model, group, model.flat_params(), buffers);
+}
+
+MatchedWeights load_matching_weights(const std::string& path, Model& model) {
+  MatchedWeights m;
+  m.model = read_checkpoint_info(path).model;
+  std::map<std::string, Shape> held = checkpoint_tensor_shapes(path, "model");
+  // Whether the file's tensor `name` fits `shape`; takes it off the list of unused ones.
+  auto take = [&](const std::string& name, const Shape& shape) {
+    auto it = held.find(name);
+    if (it == held.end()) {
+      m.skipped.push_back(name + " (not in the file)");
+      return false;
+    }
+    const bool fits = it->second == shape;
+    if (!fits)
+      m.skipped.push_back(str(name, " (shape ", shape_str(it->second), " there, ", shape_str(shape), " here)"));
+    held.erase(it);
+    return fits;
+  };
+  Backend& be = model.backend();
+  Tensor flat = Tensor::host({model.num_params()});
+  std::memcpy(flat.write_raw(), be.to_host(model.flat_params()).raw(), size_t(model.num_params()) * 4);
+  NamedTensors params;
+  for (auto* p : model.params())
+    if (take(p->name, p->value.shape()))
+      params.emplace_back(p->name, Tensor::view(flat, model.offset_of(p), p->value.shape()));
+  NamedTensors buffers;
+  std::vector<Tensor*> into;
+  for (auto* b : model.buffers())
+    if (take(b->name, b->value.shape())) {
+      buffers.emplace_back(b->name, Tensor::host(b->value.shape()));
+      into.push_back(&b->value);
+    }
+  for (const auto& [name, shape] : held) m.unused.push_back(name);
+  m.loaded = int(params.size() + buffers.size());
+  SPOTRAIN_CHECK(m.loaded > 0, "--init-from ", path, ": none of its tensors (a ", m.model,
+                 ") has a name and shape of this model's");
+  read_checkpoint_tensors(path, "model", params);
+  read_checkpoint_tensors(path, "model", buffers);
+  be.copy(be.from_host(flat), model.flat_params());  // marks the weights written
+  for (size_t i = 0; i < buffers.size(); ++i) be.copy(be.from_host(buffers[i].second), *into[i]);
+  return m;
 }
 
 NamedTensors ema_snapshot(Model& model, WeightEma& ema) {

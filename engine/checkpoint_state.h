@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoints/checkpoint.h"
 #include "engine/ema.h"
@@ -51,6 +52,16 @@ int64_t checkpoint_bytes(const Model& model, bool with_momentum);
 // Loads parameters and BN buffers into `model` (shapes must match; names must all exist), from
 // the group "model", or "ema" for the moving average of a run with --ema-decay.
 void load_checkpoint_weights(const std::string& path, Model& model, const std::string& group = "model");
+// Fine-tuning (--init-from): what of a checkpoint's weights went into a model.
+struct MatchedWeights {
+  std::string model;                 // the checkpoint's architecture
+  int loaded = 0;                    // parameters and BN buffers taken from the file
+  std::vector<std::string> skipped;  // the model's others: "fc.weight (shape [1000, 512] there, [10, 512] here)"
+  std::vector<std::string> unused;   // the file's tensors no part of the model took
+};
+// Loads into `model` each parameter and BN buffer of the checkpoint's "model" group whose name
+// and shape match; every other one keeps its value. Throws Error when none matches.
+MatchedWeights load_matching_weights(const std::string& path, Model& model);
 // The moving average as named host tensors (the model's names), for CheckpointSnapshot::ema.
 NamedTensors ema_snapshot(Model& model, WeightEma& ema);
 // Loads a checkpoint's moving average into `ema`.

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/error.h"
 
@@ -46,7 +47,33 @@ MetricsSink::MetricsSink(const std::string& path, bool enabled) : started_(now_s
       if (j.is_object() && j.value("type", "") == "start") ++previous_starts_;
     }
   }
+  path_ = path;
   f_ = open_for_append(path);
+}
+
+int64_t MetricsSink::mark_superseded_after(int64_t step) {
+  if (!f_) return 0;
+  std::string text;
+  int64_t marked = 0;
+  {
+    std::ifstream in(path_);
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+          j["step"].get<int64_t>() > step && !j.value("superseded", false)) {
+        j["superseded"] = true;
+        line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        ++marked;
+      }
+      text += line + "\n";  // a torn line stays as it was
+    }
+  }
+  if (marked == 0) return 0;
+  std::fclose(f_);
+  f_ = nullptr;
+  write_file_atomic(path_, text, "the metrics file");
+  f_ = open_for_append(path_);
+  return marked;
 }
 
 MetricsSink::~MetricsSink() {

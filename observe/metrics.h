@@ -3,7 +3,9 @@
 // every setting), after a resume a resume record (from which step and checkpoint, and how the
 // previous process ended), one record per progress line and per evaluated epoch, and a stop or
 // end record. Every record carries "time" (UTC) and "elapsed" (seconds since this process's
-// run began). Each line is flushed as written.
+// run began). Each line is flushed as written. A resume marks the records of the steps it
+// rolls back (after its checkpoint's step) "superseded": true, so the unmarked records are one
+// history, whatever order a reader keeps.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -24,6 +26,9 @@ class MetricsSink {
   MetricsSink(const MetricsSink&) = delete;
   MetricsSink& operator=(const MetricsSink&) = delete;
   bool enabled() const { return f_ != nullptr; }
+  // Marks every record with a "step" after `step` (the steps a resume from `step` trains again)
+  // "superseded": true, rewriting the file atomically; returns how many it marked.
+  int64_t mark_superseded_after(int64_t step);
   // Writes one record with "type": type and the given fields.
   void write(const char* type, nlohmann::json fields);
   // Appends one record to `path` without reading the file first (a rank with no sink of its
@@ -32,6 +37,7 @@ class MetricsSink {
 
  private:
   FILE* f_ = nullptr;
+  std::string path_;
   double started_ = 0;
   nlohmann::json previous_last_;
   int64_t previous_starts_ = 0;

@@ -28,10 +28,11 @@ std::string prom_escape(const std::string& v) {
 
 std::vector<PromSample> prom_samples_of_record(const nlohmann::json& r) {
   std::vector<PromSample> out;
+  std::string labels;  // on the GPU's series: DCGM exporter's gpu and UUID labels, to join on
   auto add = [&](const nlohmann::json& obj, const char* key, const char* name, const char* help,
                  double scale = 1.0) {
     if (obj.is_object() && obj.contains(key) && obj[key].is_number())
-      out.push_back({name, help, "gauge", "", obj[key].get<double>() * scale});
+      out.push_back({name, help, "gauge", labels, obj[key].get<double>() * scale});
   };
   add(r, "step", "spotrain_step", "training steps done");
   add(r, "epoch", "spotrain_epoch", "epoch in progress (1-based)");
@@ -44,6 +45,13 @@ std::vector<PromSample> prom_samples_of_record(const nlohmann::json& r) {
   add(r, "memory_bytes", "spotrain_device_memory_peak_bytes", "peak tensor memory of the compute device");
   add(r, "loss_scale", "spotrain_loss_scale", "fp16 dynamic loss scale");
   const nlohmann::json& g = r.contains("gpu") ? r["gpu"] : nlohmann::json();
+  if (g.is_object()) {
+    if (g.contains("index") && g["index"].is_number_integer())
+      labels = "gpu=\"" + std::to_string(g["index"].get<int64_t>()) + "\"";
+    for (const auto& [key, label] : {std::pair{"uuid", "UUID"}, std::pair{"pci_bus_id", "pci_bus_id"}})
+      if (g.contains(key) && g[key].is_string())
+        labels += std::string(labels.empty() ? "" : ",") + label + "=\"" + prom_escape(g[key].get<std::string>()) + "\"";
+  }
   add(g, "sm_util", "spotrain_gpu_sm_utilization_ratio", "GPU SM utilisation", 0.01);
   add(g, "memory_used_bytes", "spotrain_gpu_memory_used_bytes", "GPU memory in use");
   add(g, "memory_total_bytes", "spotrain_gpu_memory_total_bytes", "GPU memory");
@@ -52,6 +60,7 @@ std::vector<PromSample> prom_samples_of_record(const nlohmann::json& r) {
   add(g, "sm_clock_mhz", "spotrain_gpu_sm_clock_hertz", "GPU SM clock", 1e6);
   add(g, "pcie_tx_kbps", "spotrain_gpu_pcie_tx_bytes_per_second", "PCIe bytes/s sent by the GPU", 1e3);
   add(g, "pcie_rx_kbps", "spotrain_gpu_pcie_rx_bytes_per_second", "PCIe bytes/s received by the GPU", 1e3);
+  labels.clear();
   const nlohmann::json& h = r.contains("host") ? r["host"] : nlohmann::json();
   add(h, "process_cpu_cores", "spotrain_process_cpu_cores", "CPU cores the process kept busy");
   add(h, "machine_cpu_util", "spotrain_machine_cpu_utilization_ratio", "busy share of all cores", 0.01);

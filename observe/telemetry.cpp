@@ -70,13 +70,23 @@ Telemetry::Telemetry(const std::string& pci_bus_id) : t_(now_seconds()) {
     }
   }
   if (!gpu_status_.empty()) device_ = nullptr;
+  if (device_) {  // which GPU: what DCGM's exporter labels its series with, to join on
+    gpu_id_["pci_bus_id"] = pci_bus_id;
+    unsigned index = 0;
+    if (auto f = nvml_fn<int(nvmlDevice, unsigned*)>("nvmlDeviceGetIndex"); f && f(device_, &index) == kNvmlSuccess)
+      gpu_id_["index"] = index;
+    char uuid[96] = {};
+    if (auto f = nvml_fn<int(nvmlDevice, char*, unsigned)>("nvmlDeviceGetUUID");
+        f && f(device_, uuid, sizeof uuid) == kNvmlSuccess)
+      gpu_id_["uuid"] = std::string(uuid);
+  }
   host();  // the counters' starting values
 }
 
 nlohmann::json Telemetry::gpu() {
   sm_util_.reset();
   if (!device_) return nullptr;
-  nlohmann::json g = nlohmann::json::object();
+  nlohmann::json g = gpu_id_;
   auto get_u = [&](const char* key, auto fn, auto... args) {
     unsigned v = 0;
     if (fn && fn(device_, args..., &v) == kNvmlSuccess) g[key] = v;

@@ -27,6 +27,7 @@ class Telemetry {
   nlohmann::json host();
   void* device_ = nullptr;  // nvmlDevice_t
   std::string gpu_status_;
+  nlohmann::json gpu_id_ = nlohmann::json::object();  // index, uuid, pci_bus_id: DCGM's labels
   std::optional<double> sm_util_;
   // The previous sample's counters, for rates.
   double t_ = 0, proc_cpu_s_ = 0;

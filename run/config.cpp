@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <type_traits>
@@ -109,10 +110,44 @@ std::string RunConfig::metrics_path() const {
   return metrics;
 }
 
+double as_given(float v) {
+  if (!std::isfinite(v)) return double(v);
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {  // 9 significant digits always read back
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+namespace {
+
+template <class T>
+nlohmann::json setting_json(const T& v) {
+  if constexpr (std::is_same_v<T, float>) return as_given(v);
+  else return v;
+}
+
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
 std::string RunConfig::to_json() const {
   nlohmann::json j = nlohmann::json::object();
-  for_each_setting(*this, [&](const SettingInfo& s, const auto& v) { j[s.name] = v; });
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  for_each_setting(*this, [&](const SettingInfo& s, const auto& v) { j[s.name] = setting_json(v); });
+  return dump(j);
+}
+
+std::string RunConfig::to_toml() const {
+  std::string out = "[train]\n";
+  for_each_setting(*this, [&](const SettingInfo& s, const auto& v) {
+    std::string flag = s.flag;
+    flag = flag.substr(2, flag.find(',') - 2);  // "--augment,!--no-augment" -> "augment"
+    out += flag + " = " + dump(setting_json(v)) + "\n";
+  });
+  return out;
 }
 
 }  // namespace spotrain

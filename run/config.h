@@ -12,6 +12,10 @@ namespace spotrain {
 // "8h", "90m", "3600s" or "3600" -> seconds; throws Error for anything else.
 double parse_duration(const std::string& s);
 
+// A float setting as the decimal a user would have written: the shortest that reads back as
+// the same float (0.1f -> 0.1, where widening it gives 0.10000000149011612).
+double as_given(float v);
+
 // --threads (0 = all cores) and --workers (at least 1) checked against this machine: at most
 // four per hardware thread (and never fewer than 16 allowed), so a typo such as 100000 is one
 // error line instead of threads the process cannot make.
@@ -147,6 +151,11 @@ enum SettingFlags : unsigned {
     "none | auto (the newest checkpoint in --ckpt-dir, or from scratch when there is none) | "    \
     "latest (as auto, but refuse to start without one: for restarts) | PATH of a checkpoint "   \
     "(checkpoints after it in --ckpt-dir move to abandoned-<time>/)", kShowDefault, "")   \
+  X(std::string, init_from, "", "--init-from",                                                    \
+    "fine-tune: start from the weights of this checkpoint (ours, or torchvision's imported with " \
+    "scripts/torch_interop.py import), each tensor whose name and shape match; the rest (a head " \
+    "of another class count) start fresh. Not a resume: step 0, a new optimizer; a run that "    \
+    "resumes ignores it", kSettingPlain, "")                                                      \
   X(std::string, preempt_notice, "", "--preempt-notice",                                         \
     "stop with a checkpoint (exit 75) when the cloud gives notice of a reclaim: "                \
     "aws|gcp|azure|http://HOST/PATH|file:PATH", kPerNode, "")                                     \
@@ -163,8 +172,11 @@ struct RunConfig {
 
   // Throws Error naming the first bad setting.
   void validate() const;
-  // Every setting as a JSON object (keys: the names above).
+  // Every setting as a JSON object (keys: the names above); a float prints as given (0.1,
+  // not the float's 0.10000000149011612).
   std::string to_json() const;
+  // Every setting as a [train] section of a --config file, one `key = value` line each.
+  std::string to_toml() const;
   // The metrics file this run writes ("" = none): --metrics, with auto resolved.
   std::string metrics_path() const;
   // --resume auto or latest: the checkpoint is looked for in --ckpt-dir (not a named file).

@@ -167,6 +167,52 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   return r;
 }
 
+namespace {
+
+// "a, b, c and 4 more": the first few of a list, for a log line.
+std::string first_few(const std::vector<std::string>& all, size_t few = 6) {
+  std::string out;
+  for (size_t i = 0; i < all.size() && i < few; ++i) out += str(i ? ", " : "", all[i]);
+  if (all.size() > few) out += str(" and ", all.size() - few, " more");
+  return out;
+}
+
+}  // namespace
+
+void init_from_weights(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema) {
+  if (cfg.init_from.empty()) return;
+  int64_t status = 1;
+  std::string error;
+  if (session.rank() == 0) {
+    try {
+      const MatchedWeights m = load_matching_weights(cfg.init_from, *t.model);
+      if (m.model != cfg.model)
+        log_info(str("warning: --init-from ", cfg.init_from, " is a ", m.model, " checkpoint and this run trains a ",
+                     cfg.model, ": only the tensors whose names and shapes match are taken"));
+      log_info(str("--init-from ", cfg.init_from, " (a ", m.model, "): ", m.loaded, " of ",
+                   t.model->params().size() + t.model->buffers().size(), " tensors loaded",
+                   m.skipped.empty() ? std::string() : str("; starting fresh: ", first_few(m.skipped)),
+                   m.unused.empty() ? std::string() : str("; not used: ", first_few(m.unused)),
+                   "; step 0, a new optimizer"));
+    } catch (const std::exception& e) {
+      status = -1;
+      error = str("--init-from: ", e.what());
+    }
+  }
+  if (session.world() > 1)
+    session.worker().run("broadcast of --init-from's outcome",
+                         [&] { session.comm().broadcast(&status, sizeof status, 0); });
+  if (status < 0) {
+    if (session.rank() == 0) throw Error(error);
+    SPOTRAIN_THROW("rank 0 could not load --init-from ", cfg.init_from, " (its error says why)");
+  }
+  if (session.world() > 1) {
+    session.broadcast_from_rank0(t.model->flat_params(), "--init-from's parameters");
+    session.broadcast_from_rank0(t.model->flat_buffers(), "--init-from's BN statistics");
+  }
+  if (ema) ema->restart();
+}
+
 void record_resume(MetricsSink& metrics, const Resumed& r, int world) {
   if (!r.resumed) return;
   const nlohmann::json& prev = metrics.previous_last();
@@ -178,9 +224,11 @@ void record_resume(MetricsSink& metrics, const Resumed& r, int world) {
   else if (prev.is_object())
     after = str("ended without a stop record after step ", prev.value("step", int64_t(0)),
                 " (killed or crashed)");
+  // The steps after the checkpoint's are trained again: their earlier records are history no more.
+  const int64_t superseded = metrics.mark_superseded_after(r.at.step);
   metrics.write("resume", {{"step", r.at.step}, {"epoch", r.at.epoch + 1},
                            {"batch_in_epoch", r.at.batch_in_epoch}, {"checkpoint", r.checkpoint},
-                           {"previous", after}, {"ranks", world}});
+                           {"previous", after}, {"ranks", world}, {"superseded_records", superseded}});
 }
 
 }  // namespace spotrain

@@ -45,6 +45,12 @@ struct Resumed {
 Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
                         const RunStorage& storage);
 
+// --init-from FILE, for a run that starts from scratch (not resumed): rank 0 loads the weights
+// whose name and shape match (engine's load_matching_weights), every rank gets them by
+// broadcast, and the moving average (--ema-decay) starts from them. The optimizer and the step
+// stay fresh. Logs what was loaded and skipped; throws Error on every rank when rank 0 cannot.
+void init_from_weights(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema);
+
 // The metrics' "resume" record: from which step and checkpoint, and how the previous process
 // ended (from the last record it left: a stop, an end, or none, i.e. killed).
 void record_resume(MetricsSink& metrics, const Resumed& r, int world);

@@ -40,8 +40,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// The settings as a [train] config file; resume is "auto", so that giving the file back
-// with --config continues the run.
 // A relative path made absolute, so that a restart from another directory finds it.
 std::string absolute(const std::string& p) {
   if (p.empty() || fs::path(p).is_absolute()) return p;
@@ -50,6 +48,8 @@ std::string absolute(const std::string& p) {
   return ec ? p : a.lexically_normal().string();
 }
 
+// The settings as a [train] config file; resume is "auto", so that giving the file back
+// with --config continues the run.
 std::string settings_file(RunConfig cfg) {
   cfg.resume = "auto";
   cfg.new_run = false;
@@ -58,14 +58,7 @@ std::string settings_file(RunConfig cfg) {
   const size_t colon = cfg.data.find(':');  // fashion-mnist:DIR, imagefolder:DIR, shards:DIR
   if (colon != std::string::npos)
     cfg.data = cfg.data.substr(0, colon + 1) + absolute(cfg.data.substr(colon + 1));
-  std::string out = "# the settings of this run; restart it with: spotrain train --config FILE\n[train]\n";
-  for_each_setting(cfg, [&](const SettingInfo& s, const auto& v) {
-    std::string flag = s.flag;
-    flag = flag.substr(2, flag.find(',') - 2);  // "--augment,!--no-augment" -> "augment"
-    out += flag + " = " +
-           nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  });
-  return out;
+  return "# the settings of this run; restart it with: spotrain train --config FILE\n" + cfg.to_toml();
 }
 
 }  // namespace

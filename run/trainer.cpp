@@ -240,6 +240,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
 
 TrainResult Trainer::run() {
   const Resumed resumed = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
+  if (!resumed.resumed) init_from_weights(cfg_, *session_, t_, ema_.get());
   cfg_.batch_size = resumed.per_rank_batch;  // a checkpoint of another world keeps its global batch
   checkpoints_->set_per_rank_batch(cfg_.batch_size);
   if (resumed.resumed) {

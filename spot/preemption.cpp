@@ -18,6 +18,8 @@ static_assert(std::atomic<int>::is_always_lock_free, "the stop flag is set in a 
 std::atomic<int64_t> g_stop_ns{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free, "set in a signal handler");
 
+std::atomic<int> g_signal{0};  // the first stop signal's number (0: none)
+
 void mark_stop() {  // async-signal-safe
   if (g_stop_ns.load() == 0) {
     struct timespec ts;
@@ -28,7 +30,11 @@ void mark_stop() {  // async-signal-safe
   g_stop = 1;
 }
 
-extern "C" void on_stop_signal(int) { mark_stop(); }
+extern "C" void on_stop_signal(int sig) {  // async-signal-safe
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  mark_stop();
+}
 
 std::atomic<int64_t> g_cont_ns{0};
 extern "C" void on_continue_signal(int) {  // async-signal-safe
@@ -73,7 +79,13 @@ void request_stop(const std::string& reason) {
 
 std::string stop_reason() {
   std::lock_guard<std::mutex> lk(g_reason_mu);
-  return g_reason.empty() ? "a signal" : g_reason;
+  if (!g_reason.empty()) return g_reason;
+  switch (g_signal.load()) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    default: return "a stop request";
+  }
 }
 
 }  // namespace spotrain

@@ -15,7 +15,8 @@ bool stop_requested();
 void request_stop();  // what the handlers do; also for tests
 // A stop asked for by the program itself (a preemption notice), with why.
 void request_stop(const std::string& reason);
-// Why the stop was requested: the reason given, else "a signal".
+// Why the stop was requested: the reason given, else the first stop signal's name ("SIGTERM",
+// "SIGUSR1", "SIGINT": a Slurm time limit and a preemption tell apart), else "a stop request".
 std::string stop_reason();
 // When the first stop was requested, on now_seconds()'s clock (core/clock.h); 0 when none was.
 double stop_requested_at();

@@ -141,6 +141,23 @@ TEST(Cli, HelpSucceeds) {
   EXPECT_NE(r.out.find("--batch-size"), std::string::npos);
 }
 
+// --dry-run: the command line and settings are checked, nothing runs and no file is made.
+TEST(Cli, DryRunChecksWithoutRunning) {
+  const fs::path d = fs::temp_directory_path() / "spotrain_dry_run";
+  fs::remove_all(d);
+  CmdResult r = run("train --data synthetic --lr 0.1 --epochs 90 --dry-run --ckpt-dir " + d.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\nlr = 0.1\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nepochs = 90\n"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d)) << "a dry run made the run folder";
+  expect_error(run("train --lr -1 --dry-run"), 1, "--lr must not be negative");
+  expect_error(run("train --bacth-size 4 --dry-run"), 2, "--bacth-size");
+  r = run("eval --ckpt /no/such/file.h5 --dry-run");  // parsed only: the file is not opened
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("spotrain eval --dry-run: the command line is valid"), std::string::npos) << r.out;
+  expect_error(run("ckpt verify --dry-run"), 2, "file is required");
+}
+
 TEST(Cli, UnavailableDeviceIsAClearError) {
   // Choices are checked while parsing: exit 2, naming the value and the allowed ones.
   expect_error(run("train --data synthetic --device tpu --steps 1"), 2, "tpu not in {auto,cpu,cuda}");

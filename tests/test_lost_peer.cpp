@@ -159,7 +159,7 @@ TEST(NodeLocal, EveryCheckpointIsOnEachDiskAndAnEmptyRank0DiskResumesFromACopy) 
   ASSERT_EQ(a.code, 75) << a.out;
   EXPECT_TRUE(contains(a.out, "not shared: 2 separate folders")) << a.out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(a.out, m, std::regex("stopped by a signal after step (\\d+)"))) << a.out;
+  ASSERT_TRUE(std::regex_search(a.out, m, std::regex("stopped by SIGTERM after step (\\d+)"))) << a.out;
   const int64_t stop = std::stoll(m[1]);
   for (const char* disk : {"disk-0", "disk-1"})
     EXPECT_TRUE(verifies(ckpt(d / "disks" / disk, stop))) << disk << " lacks the stop checkpoint";

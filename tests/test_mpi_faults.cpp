@@ -267,7 +267,7 @@ LauncherStop stop_launcher(const fs::path& dir, const std::string& launch, const
   LauncherStop r;
   r.launch = run("sh " + script.string());
   std::smatch m;
-  if (std::regex_search(r.launch.out, m, std::regex("stopped by a signal after step (\\d+)")))
+  if (std::regex_search(r.launch.out, m, std::regex("stopped by SIGTERM after step (\\d+)")))
     r.stopped_after = std::stoll(m[1]);
   return r;
 }
@@ -337,7 +337,7 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
                  restart_args(d / "run", "--new-run"));
   ASSERT_EQ(r.code, 0) << r.out;
   for (int s : {2, 4, 5})
-    EXPECT_TRUE(contains(r.out, "stopped by a signal after step " + std::to_string(s))) << r.out;
+    EXPECT_TRUE(contains(r.out, "stopped by SIGTERM after step " + std::to_string(s))) << r.out;
   EXPECT_TRUE(contains(r.out, "mpirun.sh: the job ended with 75; restart 3 of 3")) << r.out;
   // The job showed its checkpoints: the restarts must find one, never start over.
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\+ [^\\n]* train [^\\n]*--resume latest"))) << r.out;
@@ -364,7 +364,7 @@ TEST(LauncherRestart, AStoppedJobIsRestartedAndResumes) {
       ASSERT_FALSE(last_stop.is_null()) << "a resume without a stop before it: " << line;
       EXPECT_EQ(j["step"], last_stop["step"]) << line;
       EXPECT_EQ(j["checkpoint"], last_stop["checkpoint"]) << line;
-      EXPECT_EQ(j["previous"], "stopped by a signal") << line;
+      EXPECT_EQ(j["previous"], "stopped by SIGTERM") << line;
       last_stop = nlohmann::json();
     }
   }
@@ -439,7 +439,7 @@ TEST(KubernetesWorker, ASigtermToThePodStopsItsRanksWithACheckpoint) {
   EXPECT_TRUE(contains(r.out, "spotrain-worker: stop signal")) << r.out;
   EXPECT_TRUE(contains(r.out, "worker exit 0")) << r.out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by a signal after step (\\d+)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by SIGTERM after step (\\d+)"))) << r.out;
   char name[32];
   std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[1]));
   Launch v = run(std::string(SPOTRAIN_BIN) + " ckpt verify " + (d / "run" / name).string());

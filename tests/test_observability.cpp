@@ -221,6 +221,16 @@ TEST(Prometheus, TheFileIsReplacedWholeAndParses) {
   EXPECT_EQ(value_of(parse_prometheus(read_file(path)), "spotrain_step"), 8);
   for (auto& e : fs::directory_iterator(dir))
     EXPECT_NE(e.path().extension(), ".tmp") << "a temporary left behind: " << e.path();
+  // The GPU's series carry DCGM exporter's labels (to join on); the others do not.
+  json on_gpu = rec;  // step 8 by now
+  on_gpu["gpu"]["index"] = 3;
+  on_gpu["gpu"]["uuid"] = "GPU-5f1c";
+  on_gpu["gpu"]["pci_bus_id"] = "00000000:19:00.0";
+  f.write(spotrain::prom_samples_of_record(on_gpu));
+  const std::string text = read_file(path);
+  EXPECT_NE(text.find("spotrain_gpu_sm_utilization_ratio{run=\"a \\\"quoted\\\" run\",rank=\"0\",gpu=\"3\","
+                      "UUID=\"GPU-5f1c\",pci_bus_id=\"00000000:19:00.0\"} 0.8"), std::string::npos) << text;
+  EXPECT_NE(text.find("spotrain_step{run=\"a \\\"quoted\\\" run\",rank=\"0\"} 8"), std::string::npos) << text;
   // A folder that cannot be written: one clear error.
   spotrain::PrometheusFile bad(dir + "/no/such/folder/x.prom", "");
   EXPECT_THROW(bad.write(samples), std::exception);

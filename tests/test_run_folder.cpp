@@ -207,7 +207,7 @@ TEST(RunFolder, MetricsStayWholeAcrossThreeRestartsAndConfigTomlRestartsTheRun) 
     if (type == "step") steps.insert(j["step"].get<int64_t>());
     if (type == "resume") {
       resumed_at.push_back(j["step"].get<int64_t>());
-      EXPECT_EQ(j["previous"], "stopped by a signal") << j.dump();
+      EXPECT_EQ(j["previous"], "stopped by SIGTERM") << j.dump();
     }
   }
   EXPECT_EQ(types["start"], 4);
@@ -222,7 +222,45 @@ TEST(RunFolder, MetricsStayWholeAcrossThreeRestartsAndConfigTomlRestartsTheRun) 
   std::ifstream log(d / "train.log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n') > 20, true) << text;
-  EXPECT_TRUE(contains(text, "stopped by a signal after step 7")) << text;
+  EXPECT_TRUE(contains(text, "stopped by SIGTERM after step 7")) << text;
+}
+
+// A kill in step 7, after the last checkpoint (4): the resume trains steps 5 and 6 again. Their first records
+// are marked superseded (the unmarked ones are one history, each step once) and `report --csv`
+// keeps one row per step; settings are stored as given (0.1, not float's 0.10000000149011612).
+TEST(RunFolder, RecordsOfStepsTrainedAgainAreMarkedSupersededAndReportKeepsOneHistory) {
+  fs::path d = fresh_dir("spotrain_run_superseded");
+  const std::string args = train(d, "--steps 8 --ckpt-every 4 --lr 0.1 --weight-decay 0.0001");
+  CommandResult r = spotrain(args, "SPOTRAIN_FAULT=die:0:7");
+  ASSERT_NE(r.code, 0) << r.out;
+  r = spotrain(args + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<int64_t> kept, marked;
+  int64_t resume_says = -1;
+  for (const auto& j : read_jsonl(d / "metrics.jsonl")) {
+    if (j["type"] == "resume") resume_says = j["superseded_records"].get<int64_t>();
+    if (j["type"] != "step") continue;
+    (j.value("superseded", false) ? marked : kept).push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(marked, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(kept, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(resume_says, 2);  // the two step records
+  const fs::path csv = d / "records.csv";
+  r = spotrain("report " + d.string() + " --csv " + csv.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "left out")) << r.out;
+  std::ifstream f(csv);
+  std::string header, line;
+  std::getline(f, header);
+  int steps = 0;
+  for (; std::getline(f, line);) steps += line.find(",step,") != std::string::npos;
+  EXPECT_EQ(steps, 8) << "one CSV row per step";
+  std::ifstream toml(d / "config.toml");
+  std::string text((std::istreambuf_iterator<char>(toml)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(text, "\nlr = 0.1\n")) << text;
+  EXPECT_TRUE(contains(text, "\nweight-decay = 0.0001\n")) << text;
+  for (const auto& j : read_jsonl(d / "metrics.jsonl"))
+    if (j["type"] == "start") EXPECT_EQ(j["config"]["lr"].dump(), "0.1") << j.dump();
 }
 
 TEST(ConfigFile, UnknownKeysFlatKeysAndChoices) {

@@ -11,10 +11,13 @@
 
 namespace spotrain::cli {
 
-// A (sub)subcommand and what runs it when it was given; run returns the exit code.
+// A (sub)subcommand and what runs it when it was given; run returns the exit code. check,
+// when set, is what `--dry-run` does instead (checks the settings beyond what the parser
+// does, prints them and returns the exit code); without it --dry-run only parses.
 struct Command {
   CLI::App* app;
   std::function<int()> run;
+  std::function<int()> check = nullptr;
 };
 
 Command add_train(CLI::App& app);                // spotrain train

@@ -1,5 +1,6 @@
-// `spotrain data pack SRC OUT` (an image folder into CRC-checked shards) and
-// `spotrain data verify OUT`.
+// `spotrain data pack SRC OUT` (an image folder into CRC-checked shards),
+// `spotrain data verify OUT` and `spotrain data sort-val DIR LABELS` (ImageNet's flat
+// validation folder into class folders).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "core/log.h"
 #include "io/image_folder.h"
 #include "io/shards.h"
+#include "io/val_labels.h"
 #include "tools/spotrain/commands.h"
 
 namespace spotrain::cli {
@@ -18,7 +20,21 @@ namespace {
 
 struct DataOptions {
   std::string pack_src, pack_out, shard_size = "1GiB";
+  std::string val_dir, labels, synsets;
 };
+
+// `spotrain data sort-val DIR LABELS`; with `dry_run` (--dry-run) it only says what it would do.
+int run_data_sort_val(const DataOptions& o, bool dry_run) {
+  const auto st = spotrain::io::sort_into_classes(o.val_dir, o.labels, o.synsets, dry_run);
+  std::printf("%s: %s %lld image(s) into %lld class folder(s); %lld already sorted\n", o.val_dir.c_str(),
+              dry_run ? "would move" : "moved", (long long)st.moved, (long long)st.classes,
+              (long long)st.already);
+  if (st.unlisted)
+    std::fprintf(stderr, "%s: warning: %lld image(s) the labels file does not name stay in place "
+                 "(the image-folder reader ignores files outside class folders)\n",
+                 o.val_dir.c_str(), (long long)st.unlisted);
+  return 0;
+}
 
 // `spotrain data pack SRC OUT`: each split folder SRC/train, SRC/val -> OUT/train, OUT/val.
 int run_data_pack(const std::string& src, const std::string& out, const std::string& shard_size) {
@@ -68,7 +84,7 @@ std::vector<Command> add_data(CLI::App& app) {
   std::string& pack_src = o->pack_src;
   std::string& pack_out = o->pack_out;
   std::string& shard_size = o->shard_size;
-  auto* data_cmd = app.add_subcommand("data", "pack an image folder into shards, or verify shards");
+  auto* data_cmd = app.add_subcommand("data", "pack an image folder into shards, verify shards, or sort a flat validation folder into classes");
   data_cmd->require_subcommand(1);
   auto* data_pack = data_cmd->add_subcommand("pack", "SRC/{train,val}/<class>/*.JPEG -> OUT/{train,val} shards");
   data_pack->add_option("src", pack_src, "image folder root (with train/ and/or val/)")->required();
@@ -77,8 +93,16 @@ std::vector<Command> add_data(CLI::App& app) {
       ->capture_default_str();
   auto* data_verify = data_cmd->add_subcommand("verify", "check shard headers, lengths and CRC-32s");
   data_verify->add_option("out", pack_out, "directory written by data pack")->required();
+  auto* sort_val = data_cmd->add_subcommand(
+      "sort-val", "move a flat validation folder's images into DIR/<class>/ by a labels file "
+      "(ImageNet's LOC_val_solution.csv, NAME CLASS lines, or the devkit's ground truth with --synsets)");
+  sort_val->add_option("dir", o->val_dir, "the flat folder of validation images")->required();
+  sort_val->add_option("labels", o->labels, "labels file")->required();
+  sort_val->add_option("--synsets", o->synsets,
+                       "with the devkit's numbered ground truth: the class names (wnids), one per line in number order");
   return {{data_pack, [o] { return run_data_pack(o->pack_src, o->pack_out, o->shard_size); }},
-          {data_verify, [o] { return run_data_verify(o->pack_out); }}};
+          {data_verify, [o] { return run_data_verify(o->pack_out); }},
+          {sort_val, [o] { return run_data_sort_val(*o, false); }, [o] { return run_data_sort_val(*o, true); }}};
 }
 
 }  // namespace spotrain::cli

@@ -119,7 +119,18 @@ int main(int argc, char** argv) {
   commands.push_back(cli::add_bench(app));
   commands.push_back(cli::add_report(app));
 
+  // --dry-run, anywhere on the line: parse and check, run nothing (taken out here so that
+  // every subcommand accepts it after its own options).
+  bool dry_run = false;
+  app.add_flag("--dry-run", dry_run,
+               "check the command line (and --config file) and exit: 0 when it would run; "
+               "train also checks and prints its settings");
   std::vector<std::string> args = config_first(argc, argv);
+  for (size_t i = args.size(); i-- > 0;)
+    if (args[i] == "--dry-run") {
+      dry_run = true;
+      args.erase(args.begin() + long(i));
+    }
   const std::string sub = subcommand_of(args, app);
   std::string config, tmp;
   for (size_t i = args.size(); i-- > 0;) {  // reversed: --config's value comes just before it
@@ -172,8 +183,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    for (auto& c : commands)
-      if (c.app->parsed()) return c.run();
+    for (auto& c : commands) {
+      if (!c.app->parsed()) continue;
+      if (!dry_run) return c.run();
+      if (c.check) return c.check();
+      const CLI::App* parent = c.app->get_parent();
+      std::printf("spotrain %s%s --dry-run: the command line is valid\n",
+                  parent && parent != &app ? (parent->get_name() + " ").c_str() : "",
+                  c.app->get_name().c_str());
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

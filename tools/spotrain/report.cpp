@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -42,6 +43,7 @@ struct Run {
   std::vector<json> records;
   std::vector<json> evals;  // eval*.json files in the run folder (spotrain eval --json)
   int64_t torn = 0;         // lines skipped: cut by a kill, or not a record of the schema
+  int64_t superseded = 0;   // records of steps a resume trained again (left out)
 };
 
 // Whether a parsed line is a record the page can use: an object with a string "type", and
@@ -52,9 +54,33 @@ bool well_formed(const json& j) {
   for (const char* k : {"time", "path", "reason", "previous", "message"})
     if (j.contains(k) && !j[k].is_string()) return false;
   if (j.contains("step") && !j["step"].is_number_integer()) return false;
+  if (j.contains("superseded") && !j["superseded"].is_boolean()) return false;
   for (const char* k : {"elapsed", "images_per_sec", "data_wait_share", "test_top1"})
     if (j.contains(k) && !j[k].is_number()) return false;
   return true;
+}
+
+// Leaves out the records a resume rolled back: those marked "superseded", and (in files written
+// before the mark) any record with a step after a later resume record's step. What is left is
+// one history. Returns how many went.
+int64_t drop_superseded(std::vector<json>& records) {
+  // A record is rolled back when a resume after it went on from an earlier step: walking back,
+  // the smallest step a later resume went on from.
+  std::vector<bool> gone(records.size(), false);
+  int64_t from = std::numeric_limits<int64_t>::max();
+  for (size_t i = records.size(); i-- > 0;) {
+    const json& r = records[i];
+    const bool has_step = r.contains("step");
+    if ((r.contains("superseded") && r["superseded"] == true) || (has_step && r["step"].get<int64_t>() > from))
+      gone[i] = true;
+    if (r["type"] == "resume" && has_step) from = std::min(from, r["step"].get<int64_t>());
+  }
+  std::vector<json> kept;
+  for (size_t i = 0; i < records.size(); ++i)
+    if (!gone[i]) kept.push_back(std::move(records[i]));
+  const int64_t n = int64_t(records.size() - kept.size());
+  records = std::move(kept);
+  return n;
 }
 
 // "2026-12-01T07:59:12.825Z" -> seconds since 1970 (NaN when it does not parse).
@@ -90,6 +116,7 @@ Run load_run(const std::string& arg) {
     r.records.push_back(std::move(j));
   }
   SPOTRAIN_CHECK(!r.records.empty(), "report: ", r.metrics_path, " holds no metrics records");
+  r.superseded = drop_superseded(r.records);
   std::vector<fs::path> evals;
   for (const auto& e : fs::directory_iterator(folder.empty() ? fs::path(".") : folder)) {
     const std::string f = e.path().filename().string();
@@ -318,8 +345,10 @@ int run_report(const ReportOptions& o) {
   SPOTRAIN_CHECK(o.price_per_hour >= 0, "--price-per-hour must not be negative");
   std::vector<Run> runs;
   for (const std::string& a : o.runs) runs.push_back(load_run(a));
-  for (const Run& r : runs)
+  for (const Run& r : runs) {
+    if (r.superseded) log_info(str("report: ", r.metrics_path, ": left out ", r.superseded, " record(s) of steps a resume trained again"));
     if (r.torn) log_info(str("report: ", r.metrics_path, ": skipped ", r.torn, " line(s) that do not parse or are not records of the metrics schema"));
+  }
   if (!o.csv.empty()) write_csv(runs, o.csv);
   if (o.csv.empty() || !o.output.empty()) {
     SPOTRAIN_CHECK(!chartjs_source().empty(),

@@ -69,7 +69,13 @@ Command add_train(CLI::App& app) {
     }
     if (s.flags & kShowDefault) o->capture_default_str();
   });
-  return {train, [cfg] { return run_train(*cfg); }};
+  auto check = [cfg] {
+    cfg->validate();
+    std::printf("# spotrain train --dry-run: the command line and settings are valid; the run "
+                "would use\n%s", cfg->to_toml().c_str());
+    return 0;
+  };
+  return {train, [cfg] { return run_train(*cfg); }, check};
 }
 
 }  // namespace spotrain::cli
