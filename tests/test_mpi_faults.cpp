@@ -419,7 +419,8 @@ TEST(PreemptNotice, EveryRankStopsAfterTheSameStep) {
 // The Kubernetes worker's main process (examples/resnet50/launch/worker.sh): a SIGTERM to it
 // (the pod's) reaches its spotrain ranks as the stop signal, so the job stops with a verified
 // checkpoint and 75, and then the worker ends its daemon (here `sleep`, standing in for sshd)
-// and exits 0. In a PID namespace of its own, so that its pkill sees only this job's ranks.
+// and exits 143 (128 + SIGTERM: a failed container, which the pod's restartPolicy OnFailure
+// restarts, where 0 would leave the pod Succeeded and never replaced). In a PID namespace of its own, so that its pkill sees only this job's ranks.
 TEST(KubernetesWorker, ASigtermToThePodStopsItsRanksWithACheckpoint) {
   if (run("unshare --pid --fork --mount-proc true").code != 0)
     GTEST_SKIP() << "needs unshare --pid (root) to isolate the worker's ranks";
@@ -437,7 +438,7 @@ TEST(KubernetesWorker, ASigtermToThePodStopsItsRanksWithACheckpoint) {
   Launch r = run("unshare --pid --fork --mount-proc sh " + (d / "pod.sh").string());
   EXPECT_EQ(r.code, 75) << r.out;
   EXPECT_TRUE(contains(r.out, "spotrain-worker: stop signal")) << r.out;
-  EXPECT_TRUE(contains(r.out, "worker exit 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "worker exit 143")) << r.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by SIGTERM after step (\\d+)"))) << r.out;
   char name[32];

@@ -29,8 +29,10 @@
 #                     `node01 slots=8`: the slots are RANKS_PER_NODE's), as Horovod's
 #                     --host-discovery-script. Each start and restart runs on the hosts it lists
 #                     then: a restart after a lost host needs no replacement, it goes on at once
-#                     on the hosts that remain (no RESTART_DELAY). The job's global batch must
-#                     divide over every rank count it may get (spotrain refuses one that does not).
+#                     on the hosts that remain (no RESTART_DELAY). It should list only hosts that
+#                     answer; a start that cannot reach one it listed (mpirun's 255) counts as a
+#                     lost peer (76) and restarts. The job's global batch must divide over every
+#                     rank count it may get (spotrain refuses one that does not).
 #   MIN_HOSTS         with HOST_DISCOVERY: fewer hosts up than this (default 1) and the script
 #                     waits, asking again after RESTART_DELAY, doubled up to RESTART_DELAY_MAX,
 #                     for at most HOST_WAIT_MAX seconds (default 3600; then it exits 76)
@@ -322,8 +324,12 @@ while :; do
     sleep 0.1
   done
   # Open MPI's "lost communication with a remote daemon" (205): a node is gone; a rank killed
-  # without notice (137: SIGKILL, a reclaimed instance): both a lost peer, as 76.
+  # without notice (137: SIGKILL, a reclaimed instance): both a lost peer, as 76. With
+  # HOST_DISCOVERY so is a start that could not reach a host it listed (255, ssh's failure:
+  # "ORTE was unable to reliably start one or more daemons"): the host left after the question
+  # (a worker pod stopping as the job restarts), and the restart asks again.
   ((rc == 205 || rc == 137)) && rc=76
+  [[ -n "$HOST_DISCOVERY" ]] && ((rc == 255)) && rc=76
   if ((grow && rc == 75 && stop_asked == 0)); then
     # Stopped to grow: at once, on the hosts up now, not counted as a restart.
     grow=0
