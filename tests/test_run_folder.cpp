@@ -11,15 +11,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
+#include <functional>
 #include <map>
-#include <vector>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -259,8 +260,22 @@ TEST(RunFolder, RecordsOfStepsTrainedAgainAreMarkedSupersededAndReportKeepsOneHi
   std::string text((std::istreambuf_iterator<char>(toml)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(contains(text, "\nlr = 0.1\n")) << text;
   EXPECT_TRUE(contains(text, "\nweight-decay = 0.0001\n")) << text;
-  for (const auto& j : read_jsonl(d / "metrics.jsonl"))
+  // Every field keeps one type in every record it appears in (null aside), nested ones too.
+  std::map<std::string, std::set<std::string>> types;
+  std::function<void(const nlohmann::json&, const std::string&)> walk = [&](const nlohmann::json& v,
+                                                                          const std::string& key) {
+    if (v.is_object()) {
+      types[key].insert("object");
+      for (auto it = v.begin(); it != v.end(); ++it) walk(it.value(), key + "." + it.key());
+    } else if (!v.is_null()) {
+      types[key].insert(v.is_number() ? "number" : v.type_name());
+    }
+  };
+  for (const auto& j : read_jsonl(d / "metrics.jsonl")) {
     if (j["type"] == "start") EXPECT_EQ(j["config"]["lr"].dump(), "0.1") << j.dump();
+    walk(j, "");
+  }
+  for (const auto& [key, seen] : types) EXPECT_EQ(seen.size(), 1u) << key << " has more than one type";
 }
 
 TEST(ConfigFile, UnknownKeysFlatKeysAndChoices) {
