@@ -35,6 +35,14 @@ io::ImageTransformOptions image_transforms_for(const io::Dataset& d) {
   return t;
 }
 
+void check_data_spec(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon), arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const bool ok = (kind == "fashion-mnist") || (kind == "synthetic" && colon == std::string::npos) ||
+                  ((kind == "imagefolder" || kind == "shards") && !arg.empty());
+  SPOTRAIN_CHECK(ok, "unknown --data '", spec, "'; use fashion-mnist[:DIR], imagefolder:DIR, shards:DIR or synthetic");
+}
+
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,
                    uint64_t seed, int image_size, bool with_test) {
   DataPair p;
@@ -67,8 +75,7 @@ DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_li
     p.train = io::make_synthetic_dataset(train_limit > 0 ? train_limit : 2048, {28, 28, 1}, 10, seed);
     p.test = io::make_synthetic_dataset(test_limit > 0 ? test_limit : 512, {28, 28, 1}, 10, seed + 1);
   } else {
-    SPOTRAIN_THROW("unknown --data '", spec,
-                    "'; use fashion-mnist[:DIR], imagefolder:DIR, shards:DIR or synthetic");
+    check_data_spec(spec);
   }
   p.kind = kind;
   if (train_limit > 0 && train_limit < p.train->size()) p.train = io::take_first(p.train, train_limit);

@@ -16,6 +16,9 @@ struct DataPair {
   std::shared_ptr<io::Dataset> train, test;
   std::string kind;  // "fashion-mnist" | "imagefolder" | "shards" | "synthetic"
 };
+// Throws Error, naming the forms, unless `spec` is a --data of open_data's (its folder is not
+// looked at: a command line is checked before anything is opened).
+void check_data_spec(const std::string& spec);
 // image_size: the crop the imagefolder/shards transforms produce. With with_test = false,
 // image folders and shards need no val/ split (bench reads train/ only).
 DataPair open_data(const std::string& spec, int64_t train_limit, int64_t test_limit,

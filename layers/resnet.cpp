@@ -77,6 +77,24 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
 // to `net`. The stem (first convolution, BN, pool) is always a segment of its own (joined
 // with the first stage, its replay would hold both stashes at once). The last segment is never checkpointed: backward
 // would replay it right after forward ends, which saves no memory and costs a forward.
+// --grad-checkpoint as blocks per segment: 1 for "block", K for "every:K", 0 for "stage" (and
+// "none", which never gets here); throws Error for anything else.
+int checkpoint_every(const std::string& mode) {
+  if (mode == "none" || mode == "stage") return 0;
+  if (mode == "block") return 1;
+  if (mode.rfind("every:", 0) == 0) {
+    int every = 0;
+    try {
+      every = std::stoi(mode.substr(6));
+    } catch (...) {
+      every = 0;
+    }
+    SPOTRAIN_CHECK(every > 0, "--grad-checkpoint ", mode, ": K must be a positive integer");
+    return every;
+  }
+  SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
+}
+
 void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
               std::vector<std::unique_ptr<Sequential>>& stages, const std::string& mode) {
   if (mode == "none") {
@@ -84,18 +102,7 @@ void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
     for (auto& st : stages) net.add(std::move(st));
     return;
   }
-  int every = 0;
-  if (mode == "block") every = 1;
-  else if (mode.rfind("every:", 0) == 0) {
-    try {
-      every = std::stoi(mode.substr(6));
-    } catch (...) {
-      every = 0;
-    }
-    SPOTRAIN_CHECK(every > 0, "--grad-checkpoint ", mode, ": K must be a positive integer");
-  } else if (mode != "stage") {
-    SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
-  }
+  const int every = checkpoint_every(mode);
   std::vector<std::unique_ptr<Sequential>> segments;
   segments.push_back(std::move(stem));
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -131,7 +138,19 @@ bool is_small_input_arch(const std::string& arch) {
   return small_depth(arch, &n);
 }
 
+void check_resnet_options(const std::string& arch, const std::string& grad_checkpoint) {
+  int n;
+  Spec spec;
+  if (!small_depth(arch, &n) && !imagenet_spec(arch, &spec)) {
+    std::string names;
+    for (auto& a : resnet_arch_names()) names += (names.empty() ? "" : ", ") + a;
+    SPOTRAIN_THROW("unknown model '", arch, "'; choose one of ", names);
+  }
+  checkpoint_every(grad_checkpoint);
+}
+
 std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
+  check_resnet_options(opt.arch, opt.grad_checkpoint);
   SPOTRAIN_CHECK(opt.num_classes > 0, "number of classes must be positive");
   SPOTRAIN_CHECK(opt.in_channels > 0, "number of input channels must be positive");
   auto net = std::make_unique<Sequential>("");
@@ -175,9 +194,7 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
     }
     width = in;
   } else {
-    std::string names;
-    for (auto& a : resnet_arch_names()) names += (names.empty() ? "" : ", ") + a;
-    SPOTRAIN_THROW("unknown model '", opt.arch, "'; choose one of ", names);
+    SPOTRAIN_THROW("internal: model '", opt.arch, "' passed its check");
   }
   add_body(*net, std::move(stem), stages, opt.grad_checkpoint);
   net->emplace<GlobalAvgPool>("avgpool");

@@ -24,6 +24,9 @@ struct ResNetOptions {
 // Throws Error naming the valid choices for an unknown arch or checkpoint mode.
 std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt);
 std::vector<std::string> resnet_arch_names();
+// Throws Error, naming the choices, unless `arch` is a model and `grad_checkpoint` a mode that
+// build_resnet takes (so a command line is checked before anything is built).
+void check_resnet_options(const std::string& arch, const std::string& grad_checkpoint);
 bool is_small_input_arch(const std::string& arch);
 
 }  // namespace spotrain

@@ -13,7 +13,9 @@
 
 #include "spot/preempt_notice.h"
 #include "core/error.h"
+#include "engine/data.h"
 #include "engine/precision.h"
+#include "layers/resnet.h"
 
 namespace spotrain {
 
@@ -37,6 +39,8 @@ void check_thread_counts(int threads, int workers) {
 }
 
 void RunConfig::validate() const {
+  check_resnet_options(model, grad_checkpoint);
+  check_data_spec(data);
   SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   SPOTRAIN_CHECK(epochs > 0 || steps > 0, "--epochs or --steps must be positive");
   SPOTRAIN_CHECK(epochs >= 0 && steps >= 0, "--epochs and --steps must not be negative");

@@ -151,6 +151,9 @@ TEST(Cli, DryRunChecksWithoutRunning) {
   EXPECT_NE(r.out.find("\nepochs = 90\n"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d)) << "a dry run made the run folder";
   expect_error(run("train --lr -1 --dry-run"), 1, "--lr must not be negative");
+  expect_error(run("train --model resnet21 --dry-run"), 1, "unknown model 'resnet21'");
+  expect_error(run("train --data imagefolder: --dry-run"), 1, "unknown --data 'imagefolder:'");
+  expect_error(run("bench --grad-checkpoint every:0 --dry-run"), 1, "K must be a positive integer");
   expect_error(run("train --bacth-size 4 --dry-run"), 2, "--bacth-size");
   r = run("eval --ckpt /no/such/file.h5 --dry-run");  // parsed only: the file is not opened
   EXPECT_EQ(r.code, 0) << r.out;

@@ -27,6 +27,7 @@
 #include "kernels/device_info.h"
 #include "kernels/op_profiler.h"
 #include "kernels/step_capture.h"
+#include "layers/resnet.h"
 #include "observe/input_watch.h"
 #include "observe/telemetry.h"
 #include "run/setup.h"
@@ -389,7 +390,13 @@ Command add_bench(CLI::App& app) {
                   "time every op (CUDA events on a GPU) and print where a step's time goes");
   bench->add_flag("--cuda-graph", bo.cuda_graph,
                   "GPU, one rank: record a step as a CUDA Graph once, then replay it each step");
-  return {bench, [o] { return run_bench(*o); }};
+  auto check = [o] {
+    check_resnet_options(o->model, o->grad_checkpoint);
+    check_data_spec(o->data);
+    std::printf("spotrain bench --dry-run: the command line is valid\n");
+    return 0;
+  };
+  return {bench, [o] { return run_bench(*o); }, check};
 }
 
 }  // namespace spotrain::cli
