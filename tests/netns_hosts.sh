@@ -65,6 +65,9 @@ while [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
 set -- "\$*" \$(awk -v h="\$host" '\$1 == h { print \$2, \$3, \$4 }' $dir/map)
 [ -n "\${2:-}" ] || { echo "agent: unknown host \$host" >&2; exit 1; }
+# A /tmp of the host's own, as separate machines have: Open MPI's daemons make their session
+# folders there, and two daemons making the same one at once in a shared /tmp can collide.
+TMPDIR=$dir/tmp-\$4; export TMPDIR; mkdir -p "\$TMPDIR"
 $run
 rc=\$?
 while ip link show "\$3" 2>/dev/null | grep -q 'state DOWN'; do sleep 1; done

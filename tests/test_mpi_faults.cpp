@@ -267,7 +267,8 @@ LauncherStop stop_launcher(const fs::path& dir, const std::string& launch, const
   LauncherStop r;
   r.launch = run("sh " + script.string());
   std::smatch m;
-  if (std::regex_search(r.launch.out, m, std::regex("stopped by SIGTERM after step (\\d+)")))
+  // The launcher passes its SIGTERM on to mpirun as SIGUSR1 (which mpirun forwards to every rank).
+  if (std::regex_search(r.launch.out, m, std::regex("stopped by SIGUSR1 after step (\\d+)")))
     r.stopped_after = std::stoll(m[1]);
   return r;
 }
