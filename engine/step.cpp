@@ -116,6 +116,10 @@ void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr
       graph_x_ = Tensor();
       sgd_.set_steps(sgd_steps);
       capture_ = false;
+      capture_failure_ = e.what();
+      // The recorded conversions of the weights to their compute copies ran nothing, but
+      // marked the copies fresh: marked stale again, the eager step below converts them.
+      model_.flat_params().mark_written();
       log_info(str("warning: --cuda-graph: the step could not be captured (", e.what(),
                    "); training goes on without it"));
       queue_uploaded(x, labels, lr, label_smoothing, times, mix);

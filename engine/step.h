@@ -7,6 +7,7 @@
 // run steps through here.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/grad_sync.h"
@@ -77,6 +78,8 @@ class StepRunner {
   // is logged as a warning, and training goes on without capture.
   void use_captured_steps();
   bool captured() const { return graph_x_.defined(); }  // a recorded step is being replayed
+  // Why recording the step failed ("" when it did not): the steps then ran as they came.
+  const std::string& capture_failure() const { return capture_failure_; }
   static constexpr int kEagerBeforeCapture = 2;
 
  private:
@@ -102,6 +105,7 @@ class StepRunner {
   bool capture_ = false;    // use_captured_steps()
   int eager_steps_ = 0;     // steps run as they came
   Tensor graph_x_;          // the captured step's batch (each replay's is copied there)
+  std::string capture_failure_;
 };
 
 }  // namespace spotrain

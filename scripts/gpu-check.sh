@@ -21,11 +21,12 @@
 # GPU_BUILD (build-gpu), GPU_PREBUILT (.gpu-bin: spotrain and test_gpu* built beforehand by a
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
-# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch"; add "train" for
+# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph", in that
+# order of importance: fp16 ours and PyTorch's first, then fp16 --cuda-graph; add "train" for
 # the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
 # op-by-op times of ours and PyTorch's kernels, "compile" for PyTorch with torch.compile at
 # fp16, "levers" for fp16 without the fused BN + Add +
-# ReLU and for fp16/bf16 with --cuda-graph, and "loader" for ResNet-50 fed by the JPEG
+# ReLU and for bf16 with --cuda-graph, and "loader" for ResNet-50 fed by the JPEG
 # loader from a generated folder of GPU_JPEGS x 4 images), GPU_KEEP_LOGS=1
 # (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
 # the packages installed: CMake is kept from finding anything under /usr, so the prefix is
@@ -296,7 +297,7 @@ export bin logs ours_ld
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
-steps_wanted=" ${GPU_STEPS:-tests bench torch} "
+steps_wanted=" ${GPU_STEPS:-tests bench torch graph} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
 # The loader step's JPEG folder is made in the background while the GPU steps run.
 jpegs=/tmp/spotrain-gpu-jpegs
@@ -337,21 +338,33 @@ bench() {  # bench NAME PRECISION CHECKPOINT [EXTRA...]
     --batch-size 256 --precision "$prec" --grad-checkpoint "$ck" --steps "$steps" \
     --warmup "$warmup" --device cuda --json "$logs/bench-$name.json" "$@"
 }
-torch_bench() {
-  run_step torch 150 env PYTHONUNBUFFERED=1 "$python" "$repo/bench/torch_gpu_resnet50.py" \
-    --precision fp16,bf16,tf32 --batch-size 256 --image-size 224 --steps "$steps" \
-    --warmup "$warmup" --json "$logs/torch.json"
+torch_bench() {  # torch_bench NAME PRECISIONS
+  run_step "$1" 150 env PYTHONUNBUFFERED=1 "$python" "$repo/bench/torch_gpu_resnet50.py" \
+    --precision "$2" --batch-size 256 --image-size 224 --steps "$steps" \
+    --warmup "$warmup" --json "$logs/$1.json"
   [[ $? == 3 ]] && restatus "no CUDA device"
 }
 if [[ -n "$bin" && -n "$gpu" ]]; then
-  # fp16 first, then PyTorch, so that the side-by-side figures survive a short budget.
-  want bench && bench fp16 fp16 none
-  want torch && [[ -n "$python" ]] && torch_bench
+  # What must run comes first, so that a short budget cuts only the rest: ours and PyTorch's
+  # fp16 side by side (ours also end to end: steps queued back to back, no wait between
+  # phases), then fp16 replayed from a CUDA Graph (the status says whether the step really was
+  # captured); bf16, tf32 and checkpointing after.
+  want bench && bench fp16 fp16 none --end-to-end
+  want torch && [[ -n "$python" ]] && torch_bench torch fp16
+  if want graph; then
+    bench fp16-graph fp16 none --cuda-graph --end-to-end
+    if grep -q '"cuda_graph": true' "$logs/bench-fp16-graph.json" 2>/dev/null; then
+      restatus "$(laststatus): captured"
+    else
+      restatus "$(laststatus): NOT captured ($(grep -m1 -o 'NOT captured ([^)]*' "$logs/bench-fp16-graph.log" | cut -c15-))"
+    fi
+  fi
   if want bench; then
     bench bf16 bf16 none
     bench tf32 tf32 none
     bench fp16-ckpt fp16 stage
   fi
+  want torch && [[ -n "$python" ]] && torch_bench torch-more bf16,tf32
 elif [[ -n "$bin" ]]; then
   # Shows that asking for the GPU without one fails cleanly with one line.
   run_step bench-no-gpu 30 "${ours[@]}" "$bin/spotrain" bench --model resnet18 --image-size 32 \
@@ -359,9 +372,9 @@ elif [[ -n "$bin" ]]; then
   grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
     restatus "no CUDA device (one clean error line, exit 1)"
   for b in fp16 bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
-  want torch && [[ -n "$python" ]] && torch_bench
+  want torch && [[ -n "$python" ]] && torch_bench torch fp16
 elif want torch && [[ -n "$python" ]]; then
-  torch_bench
+  torch_bench torch fp16
 fi
 
 # Where the time goes: every op timed with CUDA events (ours) and the kernels of three steps
@@ -380,7 +393,6 @@ if want levers && [[ -n "$bin" && -n "$gpu" ]]; then
   ours+=(SPOTRAIN_NO_FUSED_BN_ADD=1)
   bench fp16-unfused fp16 none
   ours=("${saved[@]}")
-  bench fp16-graph fp16 none --cuda-graph
   bench bf16-graph bf16 none --cuda-graph
 fi
 
@@ -441,15 +453,15 @@ for line in open(os.path.join(out, "steps.tsv")):
     name, status, secs = line.rstrip("\n").split("\t")
     print(f"{name:<16} {secs:>7}  {status}")
 rows, torch = [], {}
-tj = os.path.join(out, "torch.json")
-if os.path.exists(tj):
-    for r in json.load(open(tj)):
-        torch[r["precision"]] = r
+for tj in (os.path.join(out, "torch.json"), os.path.join(out, "torch-more.json")):
+    if os.path.exists(tj):
+        for r in json.load(open(tj)):
+            torch[r["precision"]] = r
 compiled = []
 tc = os.path.join(out, "torch-compile.json")
 if os.path.exists(tc):
     compiled = json.load(open(tc))
-names = ["fp16", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
+names = ["fp16", "fp16-graph", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
 names += sorted(f[6:-5] for f in os.listdir(out)
                 if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
 for name in names:
@@ -478,6 +490,13 @@ if rows or torch:
         wait = f"{100 * ph.get('data', 0) / step:.0f}%" if step and r.get("data", "synthetic") != "synthetic" else ""
         print(f"{'spotrain':<9} {r['name']:<14} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
               f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {wait:>5} {ratio:>8}")
+        e2e = r.get("images_per_sec_end_to_end")
+        if isinstance(e2e, (int, float)):
+            ratio = f"{e2e / t['images_per_sec']:.2f}x" if t and plain else ""
+            print(f"{'spotrain':<9} {r['name'] + ' e2e':<14} {r['grad_checkpoint']:<6} {e2e:>9.1f} "
+                  f"{'':>13} {'':>9} {'':>5} {ratio:>8}")
+        if r.get("name", "").endswith("-graph") and not r.get("cuda_graph"):
+            print(f"          ({r['name']}: the step was NOT captured; these are eager steps)")
     for p, t in list(torch.items()) + [(t["precision"] + "-compile", t) for t in compiled]:
         print(f"{'pytorch':<9} {p:<14} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")

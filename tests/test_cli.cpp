@@ -1,6 +1,7 @@
 // The command line against bad input: each case must print exactly one `error:` line naming
 // the problem and exit non-zero (1 for bad input, 2 for a bad command line), never crash.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <zlib.h>
 
@@ -159,6 +160,23 @@ TEST(Cli, DryRunChecksWithoutRunning) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("spotrain eval --dry-run: the command line is valid"), std::string::npos) << r.out;
   expect_error(run("ckpt verify --dry-run"), 2, "file is required");
+}
+
+// bench --end-to-end: steps queued back to back and timed together, besides the timed steps.
+TEST(Cli, BenchEndToEndTimesQueuedStepsTogether) {
+  const fs::path j = fs::temp_directory_path() / "spotrain_bench_e2e.json";
+  const std::string args = "bench --model resnet20 --image-size 32 --num-classes 10 --batch-size 8 "
+                           "--steps 3 --warmup 1 --threads 1 --json " + j.string();
+  CmdResult r = run(args + " --end-to-end");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("images/s end to end (3 steps queued back to back"), std::string::npos) << r.out;
+  nlohmann::json doc = nlohmann::json::parse(std::ifstream(j));
+  ASSERT_TRUE(doc["images_per_sec_end_to_end"].is_number()) << doc.dump();
+  EXPECT_GT(doc["images_per_sec_end_to_end"].get<double>(), 0.0);
+  r = run(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("end to end"), std::string::npos) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(j))["images_per_sec_end_to_end"].is_null());
 }
 
 TEST(Cli, UnavailableDeviceIsAClearError) {

@@ -23,6 +23,7 @@ struct Api {
   decltype(&::cublasDestroy_v2) destroy = nullptr;
   decltype(&::cublasSetStream_v2) set_stream = nullptr;
   decltype(&::cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&::cublasGetVersion_v2) get_version = nullptr;
   decltype(&::cublasSgemm_v2) sgemm = nullptr;
   decltype(&::cublasGetStatusString) status_string = nullptr;
@@ -55,6 +56,7 @@ Api& api() {
     resolve(a, a.destroy, "cublasDestroy_v2");
     resolve(a, a.set_stream, "cublasSetStream_v2");
     resolve(a, a.set_math_mode, "cublasSetMathMode");
+    resolve(a, a.set_workspace, "cublasSetWorkspace_v2");
     resolve(a, a.get_version, "cublasGetVersion_v2");
     resolve(a, a.sgemm, "cublasSgemm_v2");
     resolve(a, a.status_string, "cublasGetStatusString");
@@ -84,6 +86,7 @@ cublasStatus_t create(cublasHandle_t* h) { return ready().create(h); }
 cublasStatus_t destroy(cublasHandle_t h) { return ready().destroy(h); }
 cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return ready().set_stream(h, s); }
 cublasStatus_t set_math_mode(cublasHandle_t h, cublasMath_t m) { return ready().set_math_mode(h, m); }
+cublasStatus_t set_workspace(cublasHandle_t h, void* w, size_t bytes) { return ready().set_workspace(h, w, bytes); }
 cublasStatus_t get_version(cublasHandle_t h, int* v) { return ready().get_version(h, v); }
 cublasStatus_t sgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                      int k, const float* alpha, const float* a, int lda, const float* b, int ldb,

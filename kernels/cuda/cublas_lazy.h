@@ -17,6 +17,7 @@ cublasStatus_t create(cublasHandle_t* handle);
 cublasStatus_t destroy(cublasHandle_t handle);
 cublasStatus_t set_stream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t set_math_mode(cublasHandle_t handle, cublasMath_t mode);
+cublasStatus_t set_workspace(cublasHandle_t handle, void* workspace, size_t bytes);
 cublasStatus_t get_version(cublasHandle_t handle, int* version);
 cublasStatus_t sgemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
                      int n, int k, const float* alpha, const float* a, int lda, const float* b,

@@ -218,6 +218,8 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   void reap_pinned_uploads();
   cudnnHandle_t dnn_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;  // cuBLAS's, set once (see the constructor)
+  size_t blas_workspace_bytes_ = 0;
   bool fuse_bn_add_ = true;  // batchnorm_add_relu_* through cuDNN's BN_ADD_ACTIVATION
   Tensor workspace_;
   void* pinned_ = nullptr;

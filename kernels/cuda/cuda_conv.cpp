@@ -211,7 +211,7 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
   SPOTRAIN_CHECK(dy.dtype() == x.dtype() && dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) &&
                      dy.dim(2) == e.oh && dy.dim(3) == e.ow,
                  "conv2d_backward_data: gradient ", dy.describe(), " does not match the output");
-  if (e.bd_f32) return false;
+  if (e.bd_f32 || (beta != 0.f && e.bd_add_refused)) return false;
   const void* wp = weights_as(w, x.dtype());
   bool strict = x.dtype() == DType::f32 && !opt_.tf32;
   if (!e.have_bd) {
@@ -248,9 +248,16 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
     }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
-  CUDNN_CHECK(cudnnConvolutionBackwardData(dnn_, &kOne, e.w, wp, e.y, dy.raw(), e.conv, e.bd_algo,
-                                           workspace(e.bd_ws), e.bd_ws,
-                                           beta != 0.f ? &kOne : &kZero, e.x, dx.raw()));
+  const cudnnStatus_t st = cudnnConvolutionBackwardData(
+      dnn_, &kOne, e.w, wp, e.y, dy.raw(), e.conv, e.bd_algo, workspace(e.bd_ws), e.bd_ws,
+      beta != 0.f ? &kOne : &kZero, e.x, dx.raw());
+  if (st == CUDNN_STATUS_NOT_SUPPORTED && beta != 0.f) {  // checked before it runs: dx is as it was
+    e.bd_add_refused = true;
+    std::fprintf(stderr, "note: convolution backward-data on %s cannot add into its gradient "
+                 "(%s): computed apart and added\n", x.describe().c_str(), cudnnGetErrorString(st));
+    return false;
+  }
+  CUDNN_CHECK(st);
   return true;
 }
 

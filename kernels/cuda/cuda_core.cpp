@@ -104,6 +104,12 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
   CUBLAS_CHECK(blas::set_stream(blas_, compute_));
   CUBLAS_CHECK(
       blas::set_math_mode(blas_, opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  // A workspace of its own for cuBLAS (PyTorch's sizes: 32 MiB from Hopper on, else 4 MiB): its
+  // default one is allocated inside the first call, which a captured step (--cuda-graph) must
+  // not do, and freed behind a recorded graph's back.
+  blas_workspace_bytes_ = size_t(prop.major >= 9 ? 32 : 4) << 20;
+  CUDA_CHECK(cudaMalloc(&blas_workspace_, blas_workspace_bytes_));
+  CUBLAS_CHECK(blas::set_workspace(blas_, blas_workspace_, blas_workspace_bytes_));
   size_t v = cudnnGetVersion();
   int blas_v = 0;
   CUBLAS_CHECK(blas::get_version(blas_, &blas_v));
@@ -356,12 +362,19 @@ std::function<void()> CudaBackend::copy_to_host_async(const Tensor& src, Tensor&
   cudaEvent_t ev;
   CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(ev, compute_));
-  // The event outlives the backend's streams safely; the last holder waits and frees it.
-  std::shared_ptr<CUevent_st> done(ev, [](cudaEvent_t e) {
+  // The event outlives the backend's streams safely; the last holder waits and frees it. The
+  // holder may be another thread (the checkpoint writer's): it makes this rank's GPU its
+  // current device first, or CUDA would make a context on GPU 0 for it in every rank.
+  const int device = device_;
+  std::shared_ptr<CUevent_st> done(ev, [device](cudaEvent_t e) {
+    CUDA_WARN(cudaSetDevice(device));
     CUDA_WARN(cudaEventSynchronize(e));
     CUDA_WARN(cudaEventDestroy(e));
   });
-  return [done] { CUDA_CHECK(cudaEventSynchronize(done.get())); };
+  return [done, device] {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaEventSynchronize(done.get()));
+  };
 }
 
 Tensor CudaBackend::from_host(const Tensor& t) {
@@ -671,6 +684,7 @@ CudaBackend::~CudaBackend() {
   sgd_chunks_ = Tensor();
   if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
   if (blas_) CUBLAS_WARN(blas::destroy(blas_));
+  if (blas_workspace_) CUDA_WARN(cudaFree(blas_workspace_));
   if (dnn_) CUDNN_WARN(cudnnDestroy(dnn_));
   for (auto& st : staging_) {
     if (st.host) CUDA_WARN(cudaFreeHost(st.host));

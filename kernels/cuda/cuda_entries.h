@@ -63,6 +63,9 @@ struct CudaBackend::ConvEntry {
   size_t fwd_ws = 0, bd_ws = 0, bw_ws = 0;
   // bf16/fp16 directions cuDNN has no algorithm for: computed in fp32 on cast operands.
   bool fwd_f32 = false, bd_f32 = false, bw_f32 = false;
+  // The backward-data algorithm (chosen for beta = 0) refused to add into the gradient (beta =
+  // 1): conv2d_backward_data_add computes into a new tensor and adds instead.
+  bool bd_add_refused = false;
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));

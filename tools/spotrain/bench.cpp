@@ -57,6 +57,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool profile = false;  // time every op (device events on a GPU) and print where a step goes
   bool cuda_graph = false;  // steps replayed from one recorded as a CUDA Graph
+  bool end_to_end = false;  // also time --steps steps queued back to back, waited for once
 };
 
 // The training settings bench's options stand for.
@@ -187,6 +188,34 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
   return tm;
 }
 
+// --end-to-end: --steps more steps queued as training queues them, with no wait between
+// phases or steps (a GPU never waits for the host unless the host is slower), then one wait for
+// the last: images/s as a run sees them, where the timed steps above synchronize their phases.
+double time_end_to_end(const BenchOptions& o, BenchInput& in, Session& session, StepRunner& runner) {
+  Backend& be = session.backend();
+  io::Batch batch;
+  int64_t epoch = 1000;  // the loader's epochs after the timed steps' (any not yet used)
+  if (session.world() > 1)
+    session.worker().run("the end-to-end timing's start", [&] { session.comm().barrier(); });
+  const double t0 = now_seconds();
+  for (int s = 0; s < o.steps; ++s) {
+    if (in.loader) {
+      if (!in.loader->next(batch)) {
+        in.loader->start_epoch(++epoch);
+        SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
+      }
+      runner.queue(batch.images, batch.labels.data(), 0.01f, 0.f);
+    } else {
+      runner.queue_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f);
+    }
+  }
+  runner.settle();
+  be.synchronize();
+  const double seconds = now_seconds() - t0;
+  runner.take_results();
+  return double(o.steps) * double(o.batch_size * session.world()) / seconds;
+}
+
 // Each rank's own rate (its batch over its median step), gathered from every rank.
 std::vector<double> per_rank_rates(Session& session, int64_t batch, double median_step) {
   std::vector<double> rates(size_t(session.world()), double(batch) / median_step);
@@ -236,7 +265,11 @@ Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Te
   return s;
 }
 
-void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpProfiler* prof) {
+void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpProfiler* prof,
+                 const StepRunner& runner) {
+  if (o.cuda_graph && !runner.captured())
+    log_info(str("--cuda-graph: the step was NOT captured (", runner.capture_failure(),
+                 "): the figures below are of steps run as they came"));
   auto gib = [](double b) { return fmt_fixed(b / (1 << 30), 3); };
   std::string per_rank;
   for (size_t r = 0; r < s.rank_ips.size(); ++r)
@@ -248,7 +281,7 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
                fmt_fixed(tm.median(tm.forward), 4), "  backward ", fmt_fixed(tm.median(tm.backward), 4),
                "  comm_exposed ", fmt_fixed(tm.median(tm.comm), 4), "  optimizer ",
                fmt_fixed(tm.median(tm.optimizer), 4),
-               o.cuda_graph ? str("  captured_step ", fmt_fixed(tm.median(tm.captured), 4),
+               runner.captured() ? str("  captured_step ", fmt_fixed(tm.median(tm.captured), 4),
                                   " (a replayed CUDA Graph has no phases)")
                             : std::string()));
   log_info(str("peak memory: ", gib(double(s.memory.peak_bytes)), " GiB in tensors (",
@@ -270,7 +303,7 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
 }
 
 nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summary& s, Session& session,
-                          bool loader, bool captured) {
+                          bool loader, bool captured, double end_to_end) {
   nlohmann::json j{{"model", o.model},
                    {"batch_size", o.batch_size},
                    {"image_size", o.image_size},
@@ -296,6 +329,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                      {"optimizer", tm.median(tm.optimizer)},
                      {"captured_step", tm.median(tm.captured)}}},
                    {"cuda_graph", captured},
+                   {"images_per_sec_end_to_end", o.end_to_end ? nlohmann::json(end_to_end) : nlohmann::json(nullptr)},
                    {"machine", {{"cpu", s.machine_cpu}, {"backend", session.backend().name()}}}};
   for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
   j["telemetry"] = s.telemetry;  // GPU (null without one) and host, over the timed steps
@@ -351,9 +385,14 @@ static int run_bench(BenchOptions o) {
                "; ", tr.model->summary()));
   const Timings tm = time_steps(o, in, session, *tr.runner, telemetry);
   const Summary s = summarize(o, tm, session, telemetry);
-  log_summary(o, tm, s, session.profiler());
+  log_summary(o, tm, s, session.profiler(), *tr.runner);
+  const double end_to_end = o.end_to_end ? time_end_to_end(o, in, session, *tr.runner) : 0.0;
+  if (o.end_to_end)
+    log_info(str("images/s end to end (", o.steps, " steps queued back to back, no wait between "
+                 "phases): ", fmt_fixed(end_to_end, 2), " (", fmt_fixed(end_to_end / s.median, 3),
+                 "x the median of the timed steps)"));
   if (!o.json.empty() && session.rank() == 0)
-    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured()).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured(), end_to_end).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                       "the --json file");
   return 0;
 }
@@ -388,6 +427,9 @@ Command add_bench(CLI::App& app) {
   bench->add_option("--seed", bo.seed, "random seed");
   bench->add_flag("--profile", bo.profile,
                   "time every op (CUDA events on a GPU) and print where a step's time goes");
+  bench->add_flag("--end-to-end", bo.end_to_end,
+                  "then queue --steps more steps back to back and time them together (no wait "
+                  "between phases or steps, as training runs)");
   bench->add_flag("--cuda-graph", bo.cuda_graph,
                   "GPU, one rank: record a step as a CUDA Graph once, then replay it each step");
   auto check = [o] {
