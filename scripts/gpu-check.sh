@@ -371,7 +371,7 @@ elif [[ -n "$bin" ]]; then
     --batch-size 2 --steps 1 --warmup 0 --device cuda
   grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
     restatus "no CUDA device (one clean error line, exit 1)"
-  for b in fp16 bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
+  for b in fp16 fp16-graph bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
   want torch && [[ -n "$python" ]] && torch_bench torch fp16
 elif want torch && [[ -n "$python" ]]; then
   torch_bench torch fp16
