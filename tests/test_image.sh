@@ -83,11 +83,11 @@ probe() {
   local -a tries=("")
   if [[ ${eng[0]} == podman ]]; then
     command -v runc >/dev/null && tries+=("--runtime runc")
-    local nproc pid_max
+    local nproc pid_max limits
     nproc=$(ulimit -Hu)
     pid_max=$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 32768)
     [[ $nproc == unlimited || $nproc -gt $pid_max ]] && nproc=$pid_max
-    local limits="--ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) --ulimit nproc=$nproc:$nproc"
+    limits="--ulimit nofile=$(ulimit -Sn):$(ulimit -Hn) --ulimit nproc=$nproc:$nproc"
     tries+=("$limits")
     command -v runc >/dev/null && tries+=("--runtime runc $limits")
   fi
