@@ -1,7 +1,6 @@
 // Model and optimizer state to and from checkpoints (see checkpoint_state.h).
 #include "engine/checkpoint_state.h"
 
-#include <cstring>
 #include <functional>
 #include <map>
 #include <vector>
@@ -134,27 +133,25 @@ MatchedWeights load_matching_weights(const std::string& path, Model& model) {
     return fits;
   };
   Backend& be = model.backend();
-  Tensor flat = Tensor::host({model.num_params()});
-  std::memcpy(flat.write_raw(), be.to_host(model.flat_params()).raw(), size_t(model.num_params()) * 4);
-  NamedTensors params;
+  Tensor flat = be.to_host(model.flat_params());  // a copy: the tensors not taken keep their values
+  NamedTensors taken;  // views into `flat` for the parameters, then one tensor per BN buffer
   for (auto* p : model.params())
     if (take(p->name, p->value.shape()))
-      params.emplace_back(p->name, Tensor::view(flat, model.offset_of(p), p->value.shape()));
-  NamedTensors buffers;
-  std::vector<Tensor*> into;
+      taken.emplace_back(p->name, Tensor::view(flat, model.offset_of(p), p->value.shape()));
+  const size_t params = taken.size();
+  std::vector<Tensor*> buffers;
   for (auto* b : model.buffers())
     if (take(b->name, b->value.shape())) {
-      buffers.emplace_back(b->name, Tensor::host(b->value.shape()));
-      into.push_back(&b->value);
+      taken.emplace_back(b->name, Tensor::host(b->value.shape()));
+      buffers.push_back(&b->value);
     }
   for (const auto& [name, shape] : held) m.unused.push_back(name);
-  m.loaded = int(params.size() + buffers.size());
+  m.loaded = int(taken.size());
   SPOTRAIN_CHECK(m.loaded > 0, "--init-from ", path, ": none of its tensors (a ", m.model,
                  ") has a name and shape of this model's");
-  read_checkpoint_tensors(path, "model", params);
-  read_checkpoint_tensors(path, "model", buffers);
+  read_checkpoint_tensors(path, "model", taken);
   be.copy(be.from_host(flat), model.flat_params());  // marks the weights written
-  for (size_t i = 0; i < buffers.size(); ++i) be.copy(be.from_host(buffers[i].second), *into[i]);
+  for (size_t i = 0; i < buffers.size(); ++i) be.copy(be.from_host(taken[params + i].second), *buffers[i]);
   return m;
 }
 

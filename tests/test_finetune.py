@@ -6,32 +6,17 @@ fresh at the new class count, the run starts at step 0 with a new optimizer, a r
 ignores --init-from, and a file that does not fit is one error line.
 Usage: test_finetune.py SPOTRAIN_BIN SCRIPTS_DIR. Exits 77 (skip) without torch."""
 import os
-import subprocess
-import sys
 import tempfile
 
-try:
-    import h5py
-    import numpy as np
-    import torch
-    import torchvision
-except ImportError as e:
-    print(f"skipping: {e}")
-    sys.exit(77)
+from interop_common import BIN, INTEROP, run  # first: exits 77 where torch is missing
 
-BIN, SCRIPTS = sys.argv[1], sys.argv[2]
-INTEROP = os.path.join(SCRIPTS, "torch_interop.py")
+import h5py
+import numpy as np
+import torch
+import torchvision
+
 COMMON = ["--data", "synthetic", "--train-limit", "32", "--test-limit", "8", "--batch-size", "8",
           "--threads", "2", "--weight-decay", "0"]
-
-
-def run(*cmd, expect=0):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    print(r.stdout)
-    if r.returncode != expect:
-        print(f"FAILED (exit {r.returncode}, expected {expect}): {' '.join(cmd)}")
-        sys.exit(1)
-    return r.stdout
 
 
 with tempfile.TemporaryDirectory() as d:
@@ -42,7 +27,7 @@ with tempfile.TemporaryDirectory() as d:
         if isinstance(m, torch.nn.BatchNorm2d):
             m.weight.data.uniform_(0.5, 1.5)
             m.bias.data.uniform_(-0.2, 0.2)
-    sd = {k: v for k, v in tv.state_dict().items()}
+    sd = tv.state_dict()
     pt, imported = os.path.join(d, "tv.pt"), os.path.join(d, "tv.h5")
     torch.save(sd, pt)
     run(INTEROP, "import", pt, imported, "--arch", "resnet18")

@@ -5,30 +5,14 @@ match ours (relative error < 1e-4, fp32); torchvision weights imported into our 
 the same logits in `spotrain eval`, and our checkpoint survives export -> import bit for bit.
 Usage: test_torch_interop.py SPOTRAIN_BIN SCRIPTS_DIR. Exits 77 (skip) without torch."""
 import os
-import subprocess
-import sys
 import tempfile
 
-try:
-    import h5py  # noqa: F401
-    import numpy as np
-    import torch
-    import torchvision
-except ImportError as e:
-    print(f"skipping: {e}")
-    sys.exit(77)
+from interop_common import BIN, INTEROP, run  # first: exits 77 where torch is missing
 
-BIN, SCRIPTS = sys.argv[1], sys.argv[2]
-INTEROP = os.path.join(SCRIPTS, "torch_interop.py")
-
-
-def run(*cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    print(r.stdout)
-    if r.returncode != 0:
-        print(f"FAILED ({r.returncode}): {' '.join(cmd)}")
-        sys.exit(1)
-    return r.stdout
+import h5py
+import numpy as np
+import torch
+import torchvision
 
 
 def rel_err(a, b):
