@@ -1,8 +1,10 @@
 // Communicator: rank, size, local rank and the collectives data-parallel training needs
 // (all-reduce, broadcast, barrier, all-gather of small values). Implementations: Local (one
-// process), MPI (host buffers, CPU ranks) and NCCL (device buffers on its own CUDA stream,
-// GPU ranks; the unique id and host buffers travel over MPI). Calls block; the CommWorker runs them off the training thread with a
-// timeout, so a dead or hung rank ends the job with a clear error instead of a hang.
+// process), MPI (host buffers, CPU ranks), NCCL (device buffers on its own CUDA stream, GPU
+// ranks; the unique id and host buffers travel over MPI) and host-staged (device buffers
+// through host memory over MPI, for ranks sharing a GPU: staged_comm.h). Calls block; the
+// CommWorker runs them off the training thread with a timeout, so a dead or hung rank ends the
+// job with a clear error instead of a hang.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -55,7 +57,7 @@ class Communicator {
 bool launched_by_mpi();
 
 // "auto": MPI when launched by an MPI launcher, else Local. "local" / "mpi" force one.
-// (Several GPU ranks then move it into an NCCL communicator: engine/session.cpp.)
+// (Several GPU ranks then move it into an NCCL or host-staged communicator: engine/session.cpp.)
 std::unique_ptr<Communicator> make_communicator(const std::string& kind = "auto");
 
 // NCCL over the ranks of `host` (MPI), which it keeps for host buffers, barrier, allgather

@@ -9,6 +9,7 @@
 
 #ifdef SPOTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
+#include "comm/cuda_event_pool.h"
 #include "comm/nccl_api.h"
 
 #include <atomic>
@@ -79,7 +80,6 @@ class NcclComm final : public Communicator {
   ~NcclComm() override {
     cudaSetDevice(device_);
     if (ncclComm_t c = comm_.exchange(nullptr)) ncclCommDestroy(c);
-    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
   int rank() const override { return host_->rank(); }
@@ -95,19 +95,19 @@ class NcclComm final : public Communicator {
 
   DeviceEvent* mark_compute() override {
     COMM_CUDA_CHECK(cudaSetDevice(device_));
-    cudaEvent_t e = take_event();
+    cudaEvent_t e = events_.take();
     COMM_CUDA_CHECK(cudaEventRecord(e, compute_));
     return reinterpret_cast<DeviceEvent*>(e);
   }
   void allreduce_sum_after(DeviceEvent* mark, void* data, int64_t count, DType dt) override {
     if (!on_device(data)) {
-      if (mark) give_event(reinterpret_cast<cudaEvent_t>(mark));
+      if (mark) events_.give(reinterpret_cast<cudaEvent_t>(mark));
       host_->allreduce_sum(data, count, dt);
       return;
     }
     cudaEvent_t e = reinterpret_cast<cudaEvent_t>(mark ? mark : mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
-    give_event(e);  // reusable once the wait is queued: a later record does not affect it
+    events_.give(e);  // reusable once the wait is queued: a later record does not affect it
     // Not under comm_mu_: an enqueue can block (connecting to a dead peer), and abort() must
     // still get through to unblock it, which is what ncclCommAbort is for.
     NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(dt), ncclSum, live(), stream_));
@@ -120,7 +120,7 @@ class NcclComm final : public Communicator {
     if (!on_device(data)) return host_->broadcast(data, bytes, root);
     cudaEvent_t e = reinterpret_cast<cudaEvent_t>(mark_compute());
     COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
-    give_event(e);
+    events_.give(e);
     NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), stream_));  // see above
     wait();
   }
@@ -151,21 +151,6 @@ class NcclComm final : public Communicator {
       return false;
     }
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
-  cudaEvent_t take_event() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!free_events_.empty()) {
-      cudaEvent_t e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-    cudaEvent_t e = nullptr;
-    COMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return e;
-  }
-  void give_event(cudaEvent_t e) {
-    std::lock_guard<std::mutex> lk(mu_);
-    free_events_.push_back(e);
   }
   // Waits (on the calling thread: the CommWorker's, which enforces --comm-timeout) for the
   // NCCL stream while watching NCCL's asynchronous error state.
@@ -201,8 +186,7 @@ class NcclComm final : public Communicator {
   int device_ = 0;
   std::atomic<ncclComm_t> comm_{nullptr};  // abort() may clear it from another thread
   std::mutex comm_mu_;  // held around the error poll of wait() and around the abort
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_events_;
+  CudaEventPool events_;  // destroyed after the body of ~NcclComm set the device
 };
 
 }  // namespace

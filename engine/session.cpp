@@ -1,11 +1,22 @@
 // Session (see session.h).
 #include "engine/session.h"
 
+#include <unistd.h>
+
+#include "comm/staged_comm.h"
 #include "core/log.h"
 #include "kernels/device_info.h"
 #include "kernels/op_profiler.h"
 
 namespace spotrain {
+
+namespace {
+std::string this_host() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+}  // namespace
 
 Session::Session(const SessionOptions& opt) {
   comm_ = make_communicator(opt.comm);
@@ -13,23 +24,44 @@ Session::Session(const SessionOptions& opt) {
   set_log_enabled(comm_->rank() == 0);
   if (opt.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
   backend_ = make_backend(opt.device, opt.backend);
-  if (comm_->size() > 1 && backend_->stream()) {  // a GPU: its ranks all-reduce with NCCL
+  if (comm_->size() > 1 && backend_->stream()) start_device_comm(opt);
+  if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
+}
+
+// GPU ranks all-reduce device buffers with NCCL, or, where ranks share a GPU (which NCCL
+// refuses) or --device-comm host says so, through host memory over the MPI communicator.
+void Session::start_device_comm(const SessionOptions& opt) {
+  SPOTRAIN_CHECK(opt.device_comm == "auto" || opt.device_comm == "nccl" || opt.device_comm == "host",
+                 "unknown --device-comm '", opt.device_comm, "'; use auto, nccl or host");
+  const bool shared = ranks_share_a_device(comm_->allgather(device_key(this_host(), current_gpu_pci_bus_id())));
+  SPOTRAIN_CHECK(!(shared && opt.device_comm == "nccl"),
+                 "--device-comm nccl: some ranks share a GPU, which NCCL refuses; give each rank "
+                 "its own GPU or use --device-comm host (or auto)");
+  const int local = comm_->local_rank();
+  std::unique_ptr<Communicator> dev;
+  if (shared || opt.device_comm == "host") {
+    if (opt.device_comm == "auto")
+      log_info(str("ranks share a GPU (NCCL refuses that): gradients go through host memory over ",
+                   comm_->name(), " (--device-comm host)"));
+    worker_->run("host-staged communicator start-up", [&] {
+      select_cuda_device(local);
+      dev = make_staged_communicator(std::move(comm_), make_cuda_stager(backend_->stream()));
+    });
+  } else {
     // NCCL's start-up (its id broadcast over MPI, then every rank connecting) runs as a task
     // of the host communicator's worker, under --comm-timeout: a rank that died before it
     // ends the job with one line instead of hanging the others. The worker's thread takes
-    // this rank's GPU first; the host communicator moves into the device one, so the worker
-    // (which refers to it) is replaced only after.
-    const int local = comm_->local_rank();
-    std::unique_ptr<Communicator> dev;
+    // this rank's GPU first.
     worker_->run("NCCL start-up", [&] {
       select_cuda_device(local);
       dev = make_nccl_communicator(std::move(comm_), backend_->stream());
     });
-    worker_.reset();
-    comm_ = std::move(dev);
-    worker_ = std::make_unique<CommWorker>(*comm_, opt.comm_timeout);
   }
-  if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
+  // The host communicator moved into the device one, so the worker (which refers to it) is
+  // replaced only after.
+  worker_.reset();
+  comm_ = std::move(dev);
+  worker_ = std::make_unique<CommWorker>(*comm_, opt.comm_timeout);
 }
 
 Session::~Session() = default;

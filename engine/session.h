@@ -1,7 +1,8 @@
 // One rank's set-up, the same for `spotrain train`, `eval` and `bench`: the communicator and
-// its collective worker, the backend (one GPU per local rank; NCCL between GPU ranks, host
-// values still over MPI), and the training parts built on them (model, optimizer, loss
-// scaler, gradient sync, step runner), with every rank starting from rank 0's weights.
+// its collective worker, the backend (one GPU per local rank; NCCL between GPU ranks, or host
+// memory over MPI where ranks share a GPU; host values always over MPI), and the training
+// parts built on them (model, optimizer, loss scaler, gradient sync, step runner), with every
+// rank starting from rank 0's weights.
 #pragma once
 #include <memory>
 #include <string>
@@ -27,6 +28,9 @@ struct SessionOptions {
   std::string device = "auto";
   BackendOptions backend;
   double comm_timeout = 300;  // seconds a collective may take before the job is aborted
+  // GPU ranks: nccl | host (device buffers through host memory over MPI) | auto (nccl unless
+  // ranks share a GPU)
+  std::string device_comm = "auto";
   bool profile = false;       // time every op (an OpProfiler attached to the backend)
 };
 
@@ -75,6 +79,8 @@ class Session {
   void broadcast_buffers(Model& model);
 
  private:
+  void start_device_comm(const SessionOptions& opt);
+
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CommWorker> worker_;
   std::unique_ptr<Backend> backend_;

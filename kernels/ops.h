@@ -91,6 +91,10 @@ class Backend {
   virtual std::string gpu_pci_bus_id() const { return ""; }
   // A line on the device and its libraries for the start-up log ("" when name() says it all).
   virtual std::string device_line() const { return ""; }
+  // What the backend chose per shape so far (cuDNN's convolution algorithms, its batch-norm
+  // configuration, the fp32 fallbacks), one line each, for --profile; empty where there is
+  // no choice (the CPU).
+  virtual std::vector<std::string> kernel_choices() const { return {}; }
 
   // --- data movement (to_host, from_host and the host copies are not timed) -----------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.

@@ -108,6 +108,9 @@ enum SettingFlags : unsigned {
     kShowDefault, "none|fp16|bf16")                                                                                 \
   X(double, comm_timeout, 300, "--comm-timeout",                                                  \
     "seconds a collective may take before the job is aborted", kShowDefault | kPerNode, "")           \
+  X(std::string, device_comm, "auto", "--device-comm",                                            \
+    "GPU ranks: nccl, host (gradients through host memory over MPI, for ranks sharing a GPU) or " \
+    "auto (nccl unless ranks share a GPU)", kShowDefault, "auto|nccl|host")                       \
   /* output */                                                                                    \
   X(int, log_every, 50, "--log-every", "progress line every N steps", kShowDefault, "")               \
   X(std::string, metrics, "auto", "--metrics",                                                  \

@@ -17,6 +17,7 @@ SessionOptions session_options(const RunConfig& cfg) {
   so.backend.deterministic = cfg.deterministic;
   so.backend.tf32 = cfg.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
   so.comm_timeout = cfg.comm_timeout;
+  so.device_comm = cfg.device_comm;
   return so;
 }
 

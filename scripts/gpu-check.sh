@@ -2,8 +2,9 @@
 # The GPU check: on a machine with one NVIDIA GPU, builds spotrain with the CUDA backend (or
 # takes binaries built beforehand from GPU_PREBUILT), runs the `gpu` tests in parallel shards,
 # then ResNet-50 training throughput (224x224, batch 256, synthetic) with `spotrain bench` at
-# fp16 / bf16 / tf32 and fp16 with gradient checkpointing, and PyTorch
-# (bench/torch_gpu_resnet50.py) in the same run; prints a short table last. Everything ends
+# fp16 (eager and CUDA Graph) / bf16 / tf32 and fp16 with gradient checkpointing, and PyTorch
+# (bench/torch_gpu_resnet50.py) in the same run, a resume and a two-rank check; prints a
+# short table last. Everything ends
 # within GPU_BUDGET_S (470) seconds.
 #
 # Made for a GPU node without network access: nvcc, PyTorch, cmake and ninja present; cuDNN,
@@ -21,14 +22,16 @@
 # GPU_BUILD (build-gpu), GPU_PREBUILT (.gpu-bin: spotrain and test_gpu* built beforehand by a
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
-# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph", in that
-# order of importance: fp16 ours and PyTorch's first, then fp16 --cuda-graph; add "train" for
-# the Fashion-MNIST convergence and determinism check, data from GPU_FMNIST, and "profile" for
-# op-by-op times of ours and PyTorch's kernels, "compile" for PyTorch with torch.compile at
-# fp16, "levers" for fp16 without the fused BN + Add +
-# ReLU and for bf16 with --cuda-graph, and "loader" for ResNet-50 fed by the JPEG
-# loader from a generated folder of GPU_JPEGS x 4 images), GPU_KEEP_LOGS=1
-# (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
+# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph profile
+# resume ranks2 more", run in that order of importance so that a short budget cuts only the
+# last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph (captured
+# or not); fp16 --profile with the kernels chosen per shape; "resume": a --cuda-graph run
+# stopped with a checkpoint and resumed, against one straight through; "ranks2": two ranks
+# on the one GPU (host-staged gradients), agreed stop and resume; "more": bf16, tf32, fp16
+# with checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
+# data from GPU_FMNIST), "compile" (PyTorch torch.compile fp16), "levers" (fp16 without the
+# fused BN + Add + ReLU, bf16 --cuda-graph), "loader" (JPEG loader, GPU_JPEGS x 4 images)),
+# GPU_KEEP_LOGS=1 (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
 # the packages installed: CMake is kept from finding anything under /usr, so the prefix is
 # used), GPU_PACK_PREBUILT=1 (after the build, copy the stripped binaries into GPU_PREBUILT).
 set -uo pipefail
@@ -292,12 +295,24 @@ gpu_tests() {
   cat "$logs"/gpu-test-*.log
   return $rc
 }
+# mpirun for the ranks2 step: the prefix's (OpenMPI relocated there with OPAL_PREFIX), else
+# the machine's.
+mpirun=()
+if ((use_prefix)) && [[ -x "$P/bin/mpirun.openmpi" ]]; then
+  mpi_ld="$P/lib/$arch:$P/lib/$arch/openmpi/lib${wheel_libs:+:$wheel_libs}"
+  mpirun=(env OPAL_PREFIX="$P" LD_LIBRARY_PATH="$mpi_ld" "$P/bin/mpirun.openmpi")
+elif command -v mpirun >/dev/null && [[ -z "${GPU_SIMULATE_BARE:-}" ]]; then
+  mpirun=("${ours[@]}" mpirun)
+fi
+((${#mpirun[@]})) && mpirun+=(-np 2 --oversubscribe --bind-to none --allow-run-as-root
+                              -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=2)
+[[ "${mpirun[1]:-}" == OPAL_PREFIX=* ]] && mpirun+=(-x OPAL_PREFIX)
 ours_ld=${ours[1]#LD_LIBRARY_PATH=}
 export bin logs ours_ld
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
-steps_wanted=" ${GPU_STEPS:-tests bench torch graph} "
+steps_wanted=" ${GPU_STEPS:-tests bench torch graph profile resume ranks2 more} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
 # The loader step's JPEG folder is made in the background while the GPU steps run.
 jpegs=/tmp/spotrain-gpu-jpegs
@@ -331,6 +346,24 @@ if [[ -n "$bin" ]]; then
   fi
 fi
 
+# compare_runs NAME RUN_A RUN_B [DATA]: equal weights give equal logits: each run's newest
+# checkpoint is evaluated on the CPU (deterministic there) and the logits of the test batches
+# compared byte for byte.
+compare_runs() {
+  local name=$1 data=${4:-synthetic} r d
+  for r in a b; do
+    "${ours[@]}" "$bin/spotrain" eval --ckpt "$([[ $r == a ]] && echo "$2" || echo "$3")" \
+      --data "$data" --test-limit 2000 --device cpu --dump-logits "$logs/$name-$r" \
+      > "$logs/$name-eval-$r.log" 2>&1
+  done
+  if [[ -s "$logs/$name-a.logits.npy" && -s "$logs/$name-b.logits.npy" ]]; then
+    cmp -s "$logs/$name-a.logits.npy" "$logs/$name-b.logits.npy" && d="bitwise equal" || d="DIFFER"
+  else
+    d="FAILED: no logits (see $name-eval-*.log)"
+  fi
+  record "$name" "$d" 0
+}
+
 bench() {  # bench NAME PRECISION CHECKPOINT [EXTRA...]
   local name=$1 prec=$2 ck=$3
   shift 3
@@ -359,30 +392,25 @@ if [[ -n "$bin" && -n "$gpu" ]]; then
       restatus "$(laststatus): NOT captured ($(grep -m1 -o 'NOT captured ([^)]*' "$logs/bench-fp16-graph.log" | cut -c15-))"
     fi
   fi
-  if want bench; then
-    bench bf16 bf16 none
-    bench tf32 tf32 none
-    bench fp16-ckpt fp16 stage
-  fi
-  want torch && [[ -n "$python" ]] && torch_bench torch-more bf16,tf32
 elif [[ -n "$bin" ]]; then
   # Shows that asking for the GPU without one fails cleanly with one line.
   run_step bench-no-gpu 30 "${ours[@]}" "$bin/spotrain" bench --model resnet18 --image-size 32 \
     --batch-size 2 --steps 1 --warmup 0 --device cuda
   grep -q "^error: .*no CUDA device" "$logs/bench-no-gpu.log" &&
     restatus "no CUDA device (one clean error line, exit 1)"
-  for b in fp16 fp16-graph bf16 tf32 fp16-ckpt; do record "bench-$b" "skipped: no CUDA device" 0; done
+  for b in fp16 fp16-graph; do record "bench-$b" "skipped: no CUDA device" 0; done
   want torch && [[ -n "$python" ]] && torch_bench torch fp16
 elif want torch && [[ -n "$python" ]]; then
   torch_bench torch fp16
 fi
 
-# Where the time goes: every op timed with CUDA events (ours) and the kernels of three steps
-# under torch.profiler (PyTorch), at fp16 and bf16.
+# Where the time goes: every op timed with CUDA events (ours, with the batch-norm
+# configuration cuDNN chose per shape) and the kernels of three steps under torch.profiler
+# (PyTorch), at fp16 (and bf16 with "more").
 if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
-  for p in fp16 bf16; do bench "profile-$p" "$p" none --profile; done
+  bench profile-fp16 fp16 none --profile
   [[ -n "$python" ]] && run_step torch-profile 120 env PYTHONUNBUFFERED=1 "$python" \
-    "$repo/bench/torch_gpu_resnet50.py" --precision fp16,bf16 --batch-size 256 --image-size 224 \
+    "$repo/bench/torch_gpu_resnet50.py" --precision fp16 --batch-size 256 --image-size 224 \
     --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
 fi
 
@@ -394,6 +422,61 @@ if want levers && [[ -n "$bin" && -n "$gpu" ]]; then
   bench fp16-unfused fp16 none
   ours=("${saved[@]}")
   bench bf16-graph bf16 none --cuda-graph
+fi
+
+# A short training run replayed from a CUDA Graph, stopped by SIGTERM at step 20 (checkpoint,
+# exit 75) and resumed: its final weights must equal those of a run straight through (both
+# evaluated on the CPU, the logits of the first test batch compared byte for byte).
+if want resume && [[ -n "$bin" && -n "$gpu" ]]; then
+  common=(train --model resnet20 --data synthetic --train-limit 4096 --test-limit 256
+          --batch-size 128 --steps 40 --log-every 10 --device cuda --cuda-graph --deterministic)
+  rm -rf "$out"/run-graph-*
+  run_step graph-straight 60 "${ours[@]}" "$bin/spotrain" "${common[@]}" --ckpt-dir "$out/run-graph-a"
+  grep -q "NOT captured\|could not be captured" "$logs/graph-straight.log" && restatus "$(laststatus): NOT captured"
+  run_step graph-stop 60 "${ours[@]}" SPOTRAIN_FAULT=term:0:20 "$bin/spotrain" "${common[@]}" \
+    --ckpt-dir "$out/run-graph-b"
+  (($? == 75)) && restatus "ok: stopped with a checkpoint (exit 75)"
+  run_step graph-resume 60 "${ours[@]}" "$bin/spotrain" "${common[@]}" --resume latest \
+    --ckpt-dir "$out/run-graph-b"
+  compare_runs graph-compare "$out/run-graph-a" "$out/run-graph-b"
+  rm -rf "$out"/run-graph-*
+fi
+
+# Two ranks on the one GPU (NCCL refuses a shared GPU: --device-comm auto sends the gradients
+# through host memory over MPI): fp16, so the ranks agree on each step's overflow verdict;
+# rank 1 gets SIGTERM at step 20, both agree to stop and write one checkpoint, then resume.
+# Without a GPU (a dry run) the same runs on the CPU, which checks the launcher only.
+if want ranks2 && [[ -n "$bin" ]]; then
+  if ((${#mpirun[@]})); then
+    dev=cuda
+    [[ -z "$gpu" ]] && dev=cpu
+    r2=(train --model resnet20 --data synthetic --train-limit 4096 --test-limit 256 --batch-size 64
+        --steps 40 --log-every 10 --device "$dev" --precision fp16 --ckpt-dir "$out/run-ranks2")
+    [[ "$dev" == cpu ]] && r2+=(--precision fp32 --threads 1)
+    rm -rf "$out/run-ranks2"
+    run_step ranks2-stop 90 "${mpirun[@]}" -x SPOTRAIN_FAULT=term:1:20 "$bin/spotrain" "${r2[@]}"
+    (($? == 75)) && restatus "ok: agreed stop with a checkpoint (exit 75)"
+    run_step ranks2-resume 90 "${mpirun[@]}" "$bin/spotrain" "${r2[@]}" --resume latest
+    st=$(laststatus)
+    grep -q "resumed from" "$logs/ranks2-resume.log" || st="$st; did NOT resume"
+    grep -q "host memory over" "$logs/ranks2-stop.log" && st="$st; host-staged gradients"
+    [[ "$dev" == cpu ]] && st="$st (CPU: no CUDA device)"
+    restatus "$st"
+    rm -rf "$out/run-ranks2"
+  else
+    note "ranks2: no mpirun (bring openmpi-bin in $debs: scripts/gpu-deps.sh)"
+    record ranks2 "skipped: no mpirun" 0
+  fi
+fi
+
+# Only if time is left: bf16, tf32 and fp16 with gradient checkpointing, PyTorch's bf16 and
+# tf32, and the bf16 profile.
+if want more && [[ -n "$bin" && -n "$gpu" ]]; then
+  bench bf16 bf16 none
+  bench tf32 tf32 none
+  bench fp16-ckpt fp16 stage
+  [[ -n "$python" ]] && torch_bench torch-more bf16,tf32
+  want profile && bench profile-bf16 bf16 none --profile
 fi
 
 # Through the real loader: JPEG decode, RandomResizedCrop and flip on the CPU cores, pinned
@@ -426,18 +509,7 @@ if want train && [[ -n "$bin" && -n "$gpu" ]]; then
       --data "fashion-mnist:$fmnist" --steps 60 --batch-size 128 --lr 0.1 --device cuda \
       --deterministic --ckpt-dir "$out/run-det-$r"
   done
-  # Equal weights give equal logits: each checkpoint is evaluated on the CPU (deterministic
-  # there) and the logits of the first test batch compared byte for byte.
-  for r in 1 2; do
-    "${ours[@]}" "$bin/spotrain" eval --ckpt "$out/run-det-$r" --data "fashion-mnist:$fmnist" \
-      --test-limit 2000 --device cpu --dump-logits "$logs/det-$r" > "$logs/det-eval-$r.log" 2>&1
-  done
-  if [[ -s "$logs/det-1.logits.npy" && -s "$logs/det-2.logits.npy" ]]; then
-    cmp -s "$logs/det-1.logits.npy" "$logs/det-2.logits.npy" && d="bitwise equal" || d="DIFFER"
-  else
-    d="FAILED: no logits (see det-eval-*.log)"
-  fi
-  record det-compare "$d" 0
+  compare_runs det-compare "$out/run-det-1" "$out/run-det-2" "fashion-mnist:$fmnist"
   rm -rf "$out"/run-fmnist "$out"/run-det-*
 fi
 
@@ -507,6 +579,14 @@ if rows or torch:
             inside = sum(o["ms_per_step"] for o in ops)
             print(f"  profile {r['name']}: {inside:.1f} ms/step inside ops; " +
                   ", ".join(f"{o['op']} {o['ms_per_step']:.1f}" for o in ops[:8]))
+        choices = (r.get("profile") or {}).get("choices") or []
+        if choices:
+            bn = [c for c in choices if c.startswith("batchnorm")]
+            odd = [c for c in choices if "fallback" in c or "refuse" in c]
+            print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
+                  f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
+            for c in odd[:10]:
+                print("    " + c[:160])
         if ph:
             print(f"  phases {r['precision']}/{r['grad_checkpoint']} (ms/step): " +
                   ", ".join(f"{k} {v * 1000:.1f}" for k, v in ph.items() if isinstance(v, (int, float))))

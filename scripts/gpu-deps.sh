@@ -3,8 +3,8 @@
 # (nvcc and perhaps PyTorch there, but no Debian packages) lacks to build and run spotrain:
 # oneDNN, OpenMPI, HDF5, libjpeg-turbo, libpng, zlib, nlohmann-json, CLI11, GoogleTest and
 # pkgconf (CMake finds libjpeg and libpng through pkg-config), with the shared libraries they
-# load. Run it on a Debian 12 machine with network; it fills .gpu-debs/ (git-ignored), which
-# scripts/gpu-check.sh unpacks into a private prefix on the GPU node.
+# load, and OpenMPI's mpirun. Run it on a Debian 12 machine with network; it fills .gpu-debs/
+# (git-ignored), which scripts/gpu-check.sh unpacks into a private prefix on the GPU node.
 #
 #   ./scripts/gpu-deps.sh [DIR]      (default DIR: .gpu-debs in the repository root)
 #
@@ -81,7 +81,9 @@ done
 
 rm -rf "$out"
 mkdir -p "$out"
-pkgs=("${dev_pkgs[@]}" "${!keep[@]}")
+# mpirun for the two-ranks-on-one-GPU check (its libraries are libopenmpi3's, kept above).
+tool_pkgs=(openmpi-bin openmpi-common)
+pkgs=("${dev_pkgs[@]}" "${tool_pkgs[@]}" "${!keep[@]}")
 echo "gpu-deps: downloading ${#pkgs[@]} packages into $out"
 (cd "$out" && apt-get download -q "${apt_opts[@]}" "${pkgs[@]}" >/dev/null)
 printf '%s\n' "${pkgs[@]}" | sort > "$out/PACKAGES"

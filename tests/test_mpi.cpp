@@ -19,6 +19,7 @@
 
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
+#include "comm/staged_comm.h"
 #include "engine/grad_sync.h"
 #include "core/error.h"
 #include "engine/model.h"
@@ -107,6 +108,72 @@ TEST(MpiComm, BroadcastFromFirstAndLastRank) {
     check_broadcast(0, bytes);
     check_broadcast(comm().size() - 1, bytes);
   }
+}
+
+// ------------------------------------------------- host-staged (ranks sharing a GPU)
+
+// The MPI communicator, lent to a staged communicator that must not own (finalize) it.
+class LentComm final : public Communicator {
+ public:
+  int rank() const override { return comm().rank(); }
+  int size() const override { return comm().size(); }
+  int local_rank() const override { return comm().local_rank(); }
+  std::string name() const override { return comm().name(); }
+  void allreduce_sum(void* d, int64_t n, DType t) override { comm().allreduce_sum(d, n, t); }
+  void broadcast(void* d, size_t n, int root) override { comm().broadcast(d, n, root); }
+  void barrier() override { comm().barrier(); }
+  std::vector<uint64_t> allgather(uint64_t v) override { return comm().allgather(v); }
+  [[noreturn]] void abort(int code) override {
+    comm().abort(code);
+    std::abort();  // not reached
+  }
+};
+
+// "Device" memory is one registered host range; copies are memcpy.
+class RangeStager final : public DeviceStager {
+ public:
+  RangeStager(const void* p, size_t n) : begin_(static_cast<const char*>(p)), n_(n) {}
+  std::string name() const override { return "range"; }
+  bool on_device(const void* p) override {
+    auto* c = static_cast<const char*>(p);
+    return c >= begin_ && c < begin_ + n_;
+  }
+  DeviceEvent* mark_compute() override { return nullptr; }
+  void drop(DeviceEvent*) override {}
+  void to_host(DeviceEvent*, const void* src, void* dst, size_t b) override { std::memcpy(dst, src, b); ++staged; }
+  void to_device(const void* src, void* dst, size_t b) override { std::memcpy(dst, src, b); }
+  void* staging(size_t b) override {
+    if (buf_.size() < b) buf_.resize(b);
+    return buf_.data();
+  }
+  int staged = 0;
+
+ private:
+  const char* begin_;
+  size_t n_;
+  std::vector<char> buf_;
+};
+
+// Over MPI, device buffers sum and broadcast as host buffers do, through the staging buffer.
+TEST(StagedComm, SumsAndBroadcastsDeviceBuffersOverMpi) {
+  const int64_t n = 100003;
+  std::vector<float> dev(static_cast<size_t>(n));
+  const int r = comm().rank(), w = comm().size();
+  for (int64_t i = 0; i < n; ++i) dev[size_t(i)] = float((r + 1) * (i % 97));
+  auto st = std::make_unique<RangeStager>(dev.data(), dev.size() * sizeof(float));
+  RangeStager* stager = st.get();
+  auto staged = make_staged_communicator(std::make_unique<LentComm>(), std::move(st));
+  staged->allreduce_sum(dev.data(), n, DType::f32);
+  const float ranks = float(w * (w + 1) / 2);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += dev[size_t(i)] != ranks * float(i % 97);
+  EXPECT_EQ(bad, 0) << "elements not summed over the " << w << " ranks";
+  EXPECT_EQ(stager->staged, 1);
+  std::vector<float> mine(4, float(r));
+  std::copy(mine.begin(), mine.end(), dev.begin());
+  staged->broadcast(dev.data(), 4 * sizeof(float), w - 1);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(dev[size_t(i)], float(w - 1)) << "from the last rank";
+  EXPECT_EQ(stager->staged, r == w - 1 ? 2 : 1) << "only the root stages what it broadcasts";
 }
 
 // ------------------------------------------------------------------ all-reduce

@@ -111,6 +111,27 @@ cudnnMathType_t CudaBackend::conv_math(DType dt) const {
 constexpr const char* kNewShapeWhileCapturing =
     "internal: a convolution shape first met while capturing a step (--cuda-graph)";
 
+// The convolution part of kernel_choices(): per shape, the algorithm of each direction that
+// ran (cuDNN's enum value), its math and workspace, and the fp32 fallbacks.
+std::vector<std::string> CudaBackend::conv_choices() const {
+  auto math = [](cudnnMathType_t m) {
+    return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
+  };
+  auto dir = [&](const char* what, bool have, int algo, cudnnMathType_t m, size_t ws, bool f32) {
+    if (!have) return str(what, " unused");
+    return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
+               f32 ? ", fp32 fallback" : "", ")");
+  };
+  std::vector<std::string> out;
+  for (const auto& [key, e] : conv_cache_)
+    out.push_back(str("conv ", key, ": ",
+                      dir("forward", e->have_fwd, int(e->fwd_algo), e->fwd_math, e->fwd_ws, e->fwd_f32), ", ",
+                      dir("data", e->have_bd, int(e->bd_algo), e->bd_math, e->bd_ws, e->bd_f32),
+                      e->bd_add_refused ? " (refuses beta = 1)" : "", ", ",
+                      dir("filter", e->have_bw, int(e->bw_algo), e->bw_math, e->bw_ws, e->bw_f32)));
+  return out;
+}
+
 CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w,
                                                 const ConvParams& p) {
   std::string key =

@@ -36,6 +36,20 @@ const BnConfig kBnConfigs[] = {
 constexpr int kNumBnConfigs = 3;
 }  // namespace
 
+// The batch-norm part of kernel_choices(): per shape, the configuration without and with
+// ReLU, whether BN + Add + ReLU ran fused, and the fp32 fallback.
+std::vector<std::string> CudaBackend::bn_choices() const {
+  static const char* const names[] = {"persistent+relu", "persistent", "spatial"};
+  auto cfg = [](int i) { return i < 0 ? std::string("unused") : std::string(names[i]); };
+  std::vector<std::string> out;
+  for (const auto& [key, e] : bn_cache_) {
+    std::string add = e->add_fused < 0 ? "unused" : e->add_fused ? "fused" : "refused (BN, Add, ReLU)";
+    out.push_back(str("batchnorm ", key, ": ", e->f32 ? "fp32 fallback" : "cuDNN", ", plain ",
+                      cfg(e->cfg[0]), ", with relu ", cfg(e->cfg[1]), ", bn+add+relu ", add));
+  }
+  return out;
+}
+
 CudaBackend::BnEntry& CudaBackend::bn_entry(const Tensor& x) {
   std::string key = key_of(x);
   auto it = bn_cache_.find(key);

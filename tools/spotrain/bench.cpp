@@ -340,6 +340,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
     for (const auto& r : prof->by_shape(40))
       j["profile"]["shapes"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
                                         {"calls_per_step", r.calls_per_step}});
+    j["profile"]["choices"] = session.backend().kernel_choices();
   }
   if (o.price_per_hour > 0)
     j["imagenet_90_epochs"] = {{"seconds", s.imagenet_seconds},
@@ -386,6 +387,8 @@ static int run_bench(BenchOptions o) {
   const Timings tm = time_steps(o, in, session, *tr.runner, telemetry);
   const Summary s = summarize(o, tm, session, telemetry);
   log_summary(o, tm, s, session.profiler(), *tr.runner);
+  if (session.profiler())  // which kernels the backend settled on, per shape
+    for (const std::string& line : be.kernel_choices()) log_info("  chosen: " + line);
   const double end_to_end = o.end_to_end ? time_end_to_end(o, in, session, *tr.runner) : 0.0;
   if (o.end_to_end)
     log_info(str("images/s end to end (", o.steps, " steps queued back to back, no wait between "
