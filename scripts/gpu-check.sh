@@ -448,11 +448,10 @@ fi
 # Without a GPU (a dry run) the same runs on the CPU, which checks the launcher only.
 if want ranks2 && [[ -n "$bin" ]]; then
   if ((${#mpirun[@]})); then
-    dev=cuda
-    [[ -z "$gpu" ]] && dev=cpu
+    dev=(--device cuda --precision fp16)
+    [[ -z "$gpu" ]] && dev=(--device cpu --precision fp32 --threads 1)
     r2=(train --model resnet20 --data synthetic --train-limit 4096 --test-limit 256 --batch-size 64
-        --steps 40 --log-every 10 --device "$dev" --precision fp16 --ckpt-dir "$out/run-ranks2")
-    [[ "$dev" == cpu ]] && r2+=(--precision fp32 --threads 1)
+        --steps 40 --log-every 10 "${dev[@]}" --ckpt-dir "$out/run-ranks2")
     rm -rf "$out/run-ranks2"
     run_step ranks2-stop 90 "${mpirun[@]}" -x SPOTRAIN_FAULT=term:1:20 "$bin/spotrain" "${r2[@]}"
     (($? == 75)) && restatus "ok: agreed stop with a checkpoint (exit 75)"
@@ -460,7 +459,7 @@ if want ranks2 && [[ -n "$bin" ]]; then
     st=$(laststatus)
     grep -q "resumed from" "$logs/ranks2-resume.log" || st="$st; did NOT resume"
     grep -q "host memory over" "$logs/ranks2-stop.log" && st="$st; host-staged gradients"
-    [[ "$dev" == cpu ]] && st="$st (CPU: no CUDA device)"
+    [[ -z "$gpu" ]] && st="$st (CPU: no CUDA device)"
     restatus "$st"
     rm -rf "$out/run-ranks2"
   else
@@ -583,7 +582,9 @@ if rows or torch:
         if choices:
             bn = [c for c in choices if c.startswith("batchnorm")]
             odd = [c for c in choices if "fallback" in c or "refuse" in c]
+            fused = sum("conv+stats graph: accepted" in c for c in choices)
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
+                  f"cuDNN's conv+stats graph accepted for {fused}; "
                   f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])

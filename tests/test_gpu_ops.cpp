@@ -219,6 +219,35 @@ BnParams bn_params(Backend& be, const Tensor& hg, const Tensor& hb) {
   return p;
 }
 
+// kernel_choices: after a convolution and a batch norm ran, one line per shape names what
+// cuDNN settled on; 16-bit convolutions also carry the conv + statistics graph's verdict.
+TEST_P(GpuOps, KernelChoicesNameWhatEachShapeRan) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto g = gpu(pr.tf32);
+  EXPECT_TRUE(g->kernel_choices().empty()) << "nothing has run yet";
+  Tensor hx = host_nhwc({2, 8, 6, 6}, 301);
+  Tensor xg = g->upload_images(hx, pr.dt);
+  Tensor wg = g->from_host(host_plain({16, 8, 3, 3}, 302, 0.1f));
+  Tensor yg = g->conv2d_forward(xg, wg, ConvParams{3, 3, 1, 1});
+  BnParams pg = bn_params(*g, host_plain({16}, 303, 0.2f, 1.f), host_plain({16}, 304, 0.5f));
+  BnSaved sg;
+  g->batchnorm_forward_train(yg, pg.gamma, pg.beta, 1e-5f, /*relu=*/true, sg);
+  std::vector<std::string> conv, bn;  // (an fp32 fallback adds the fp32 shape's lines)
+  for (const std::string& l : g->kernel_choices())
+    (l.rfind("conv ", 0) == 0 ? conv : bn).push_back(l);
+  ASSERT_FALSE(conv.empty());
+  ASSERT_FALSE(bn.empty());
+  for (const std::string& l : bn) EXPECT_EQ(l.rfind("batchnorm ", 0), 0u) << l;
+  bool relu_ran = false;
+  for (const std::string& l : bn) relu_ran |= l.find("with relu unused") == std::string::npos;
+  EXPECT_TRUE(relu_ran) << "a ReLU batch norm ran: " << bn[0];
+  const std::string& c = conv[0];
+  EXPECT_NE(c.find("forward algo"), std::string::npos) << c;
+  EXPECT_NE(c.find("data unused"), std::string::npos) << "no backward ran: " << c;
+  EXPECT_EQ(c.find("conv+stats graph") != std::string::npos, pr.dt != DType::f32) << c;
+}
+
 TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
   REQUIRE_GPU();
   Prec pr = GetParam();

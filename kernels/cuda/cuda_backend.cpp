@@ -30,7 +30,7 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
 std::string cuda::CudaBackend::gpu_pci_bus_id() const { return current_gpu_pci_bus_id(); }
 
 std::string cuda::CudaBackend::device_line() const { return gpu_info_line(gpu_info()); }
-std::vector<std::string> cuda::CudaBackend::kernel_choices() const {
+std::vector<std::string> cuda::CudaBackend::kernel_choices() {
   std::vector<std::string> all = conv_choices(), bn = bn_choices();
   all.insert(all.end(), bn.begin(), bn.end());
   std::sort(all.begin(), all.end());

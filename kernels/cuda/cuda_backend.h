@@ -36,7 +36,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::string name() const override { return name_; }
   std::string gpu_pci_bus_id() const override;
   std::string device_line() const override;
-  std::vector<std::string> kernel_choices() const override;
+  std::vector<std::string> kernel_choices() override;
   Allocator& allocator() override {
     return capturing_ ? *graph_pool_ : device_allocator();
   }
@@ -127,7 +127,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   struct BnEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x);
-  std::vector<std::string> conv_choices() const;  // the parts of kernel_choices()
+  std::vector<std::string> conv_choices();  // the parts of kernel_choices()
   std::vector<std::string> bn_choices() const;
   // A new device tensor (NaN-filled when poisoning).
   Tensor alloc(const Shape& shape, DType dt, Layout layout = Layout::plain);

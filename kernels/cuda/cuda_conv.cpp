@@ -112,8 +112,10 @@ constexpr const char* kNewShapeWhileCapturing =
     "internal: a convolution shape first met while capturing a step (--cuda-graph)";
 
 // The convolution part of kernel_choices(): per shape, the algorithm of each direction that
-// ran (cuDNN's enum value), its math and workspace, and the fp32 fallbacks.
-std::vector<std::string> CudaBackend::conv_choices() const {
+// ran (cuDNN's enum value), its math and workspace, the fp32 fallbacks, and for 16-bit
+// shapes whether cuDNN's graph API takes the convolution with the batch-norm statistics of
+// its output in its epilogue (planned here, once per shape; nothing runs).
+std::vector<std::string> CudaBackend::conv_choices() {
   auto math = [](cudnnMathType_t m) {
     return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
   };
@@ -122,13 +124,27 @@ std::vector<std::string> CudaBackend::conv_choices() const {
     return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
                f32 ? ", fp32 fallback" : "", ")");
   };
+  auto fusion = [&](ConvEntry& e) -> std::string {
+    if (e.shape.dtype == DType::f32) return "";
+    if (!e.stats_graph) {
+      try {
+        e.stats_graph = std::make_unique<ConvStatsGraph>(dnn_, e.shape);
+      } catch (const Error& err) {
+        return str(", conv+stats graph: error (", err.what(), ")");
+      }
+    }
+    const ConvStatsGraph& g = *e.stats_graph;
+    return g.accepted() ? str(", conv+stats graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB)")
+                        : str(", conv+stats graph: refused (", g.refusal(), ")");
+  };
   std::vector<std::string> out;
-  for (const auto& [key, e] : conv_cache_)
+  for (auto& [key, e] : conv_cache_)
     out.push_back(str("conv ", key, ": ",
                       dir("forward", e->have_fwd, int(e->fwd_algo), e->fwd_math, e->fwd_ws, e->fwd_f32), ", ",
                       dir("data", e->have_bd, int(e->bd_algo), e->bd_math, e->bd_ws, e->bd_f32),
                       e->bd_add_refused ? " (refuses beta = 1)" : "", ", ",
-                      dir("filter", e->have_bw, int(e->bw_algo), e->bw_math, e->bw_ws, e->bw_f32)));
+                      dir("filter", e->have_bw, int(e->bw_algo), e->bw_math, e->bw_ws, e->bw_f32),
+                      fusion(*e)));
   return out;
 }
 
@@ -157,6 +173,8 @@ CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w
   e->oh = h;
   e->ow = wd;
   e->y = nhwc_desc(dt, n, c, h, wd);
+  e->shape = ConvShape{dt, x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3),
+                       p.stride, p.pad};
   auto& ref = *e;
   conv_cache_.emplace(key, std::move(e));
   return ref;

@@ -4,6 +4,9 @@
 #pragma once
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/cudnn_graph.h"
+
+#include <memory>
 
 #include <string>
 
@@ -66,6 +69,9 @@ struct CudaBackend::ConvEntry {
   // The backward-data algorithm (chosen for beta = 0) refused to add into the gradient (beta =
   // 1): conv2d_backward_data_add computes into a new tensor and adds instead.
   bool bd_add_refused = false;
+  ConvShape shape;  // for the graph API
+  // The conv + batch-norm statistics graph for this shape (planned by kernel_choices).
+  std::unique_ptr<ConvStatsGraph> stats_graph;
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));

@@ -52,6 +52,13 @@ SPOTRAIN_CUDNN(cudnnGetBatchNormalizationTrainingExReserveSpaceSize);
 SPOTRAIN_CUDNN(cudnnBatchNormalizationForwardTrainingEx);
 SPOTRAIN_CUDNN(cudnnGetBatchNormalizationBackwardExWorkspaceSize);
 SPOTRAIN_CUDNN(cudnnBatchNormalizationBackwardEx);
+// The graph (backend) API: kernels/cuda/cudnn_graph.h.
+SPOTRAIN_CUDNN(cudnnBackendCreateDescriptor);
+SPOTRAIN_CUDNN(cudnnBackendDestroyDescriptor);
+SPOTRAIN_CUDNN(cudnnBackendSetAttribute);
+SPOTRAIN_CUDNN(cudnnBackendGetAttribute);
+SPOTRAIN_CUDNN(cudnnBackendFinalize);
+SPOTRAIN_CUDNN(cudnnBackendExecute);
 #undef SPOTRAIN_CUDNN
 
 }  // namespace spotrain::cuda

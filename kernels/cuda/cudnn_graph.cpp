@@ -1,0 +1,183 @@
+// BackendDesc and ConvStatsGraph (see cudnn_graph.h). The graph: a forward convolution into
+// y, and a GenStats operation on y (mode SUM_SQSUM, fp32). Engines come from cuDNN's
+// heuristics (mode A, then the fallback list); the first whose execution plan finalizes is
+// kept.
+#include "kernels/cuda/cudnn_graph.h"
+
+#include "kernels/cuda/cuda_util.h"
+
+namespace spotrain::cuda {
+
+BackendDesc::BackendDesc(cudnnBackendDescriptorType_t type) {
+  CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+}
+
+BackendDesc& BackendDesc::operator=(BackendDesc&& o) noexcept {
+  if (this != &o) {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+    d_ = o.d_;
+    o.d_ = nullptr;
+  }
+  return *this;
+}
+
+BackendDesc::~BackendDesc() {
+  if (d_) CUDNN_WARN(cudnnBackendDestroyDescriptor(d_));
+}
+
+BackendDesc& BackendDesc::set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                              int64_t n, const void* values) {
+  CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, n, values));
+  return *this;
+}
+
+BackendDesc& BackendDesc::set(cudnnBackendAttributeName_t name, const BackendDesc& d) {
+  cudnnBackendDescriptor_t raw = d.get();
+  return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
+}
+
+BackendDesc& BackendDesc::set(cudnnBackendAttributeName_t name, int64_t v) {
+  return set(name, CUDNN_TYPE_INT64, 1, &v);
+}
+
+cudnnStatus_t BackendDesc::finalize() { return cudnnBackendFinalize(d_); }
+
+namespace {
+
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSqSum };
+
+cudnnDataType_t graph_dtype(DType d) {
+  switch (d) {
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    default: SPOTRAIN_THROW("cuDNN graph: unsupported dtype ", dtype_name(d));
+  }
+}
+
+// A tensor of logical dims (N, C, H, W) stored NHWC, 16-byte aligned.
+BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+  const int64_t dims[4] = {n, c, h, w};
+  const int64_t strides[4] = {h * w * c, 1, w * c, c};
+  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt)
+      .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims)
+      .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides)
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, int64_t(16));
+  CUDNN_CHECK(t.finalize());
+  return t;
+}
+
+std::string status_text(cudnnStatus_t st) { return cudnn_msg(st); }
+
+}  // namespace
+
+ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : handle_(handle) {
+  const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
+  BackendDesc x = nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w);
+  BackendDesc w = nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s);
+  BackendDesc y = nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q());
+  BackendDesc sum = nhwc_tensor(kSum, f32, 1, sh.k, 1, 1);
+  BackendDesc sqsum = nhwc_tensor(kSqSum, f32, 1, sh.k, 1, 1);
+
+  BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const int64_t pads[2] = {sh.pad, sh.pad}, strides[2] = {sh.stride, sh.stride}, dil[2] = {1, 1};
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, int64_t(2))
+      .set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+      .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
+      .set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pads)
+      .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads)
+      .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides)
+      .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  CUDNN_CHECK(conv.finalize());
+
+  const float alpha = 1.f, beta = 0.f;
+  BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  CUDNN_CHECK(fprop.finalize());
+
+  const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
+  BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+  stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &gmode)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
+  CUDNN_CHECK(stats.finalize());
+
+  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendDescriptor_t ops[2] = {fprop.get(), stats.get()};
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 2, ops)
+      .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+  if (cudnnStatus_t st = graph.finalize(); st != CUDNN_STATUS_SUCCESS) {
+    refusal_ = "operation graph: " + status_text(st);
+    return;
+  }
+
+  // Engines from the heuristics, best first; the first whose plan finalizes is kept.
+  std::string last = "no engine proposed";
+  for (cudnnBackendHeurMode_t hm : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm);
+    if (cudnnStatus_t st = heur.finalize(); st != CUDNN_STATUS_SUCCESS) {
+      last = "heuristics: " + status_text(st);
+      continue;
+    }
+    int64_t count = 0;
+    if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr) !=
+            CUDNN_STATUS_SUCCESS ||
+        count <= 0)
+      continue;
+    std::vector<BackendDesc> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(cfgs.back().get());
+    }
+    int64_t got = 0;
+    CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+    for (int64_t i = 0; i < got; ++i) {
+      ++tried_;
+      BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)]);
+      if (cudnnStatus_t st = plan.finalize(); st != CUDNN_STATUS_SUCCESS) {
+        last = "execution plan: " + status_text(st);
+        continue;
+      }
+      int64_t ws = 0, n = 0;
+      CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                           CUDNN_TYPE_INT64, 1, &n, &ws));
+      plan_ = std::move(plan);
+      workspace_ = size_t(ws);
+      accepted_ = true;
+      return;
+    }
+  }
+  refusal_ = str(last, " (", tried_, " engines tried)");
+}
+
+void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
+                         void* workspace) const {
+  SPOTRAIN_CHECK(accepted_, "internal: running a conv + statistics graph cuDNN refused: ", refusal_);
+  void* ptrs[5] = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
+  const int64_t uids[5] = {kX, kW, kY, kSum, kSqSum};
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 5, ptrs)
+      .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 5, uids)
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  CUDNN_CHECK(pack.finalize());
+  CUDNN_CHECK(cudnnBackendExecute(handle_, plan_.get(), pack.get()));
+}
+
+}  // namespace spotrain::cuda

@@ -1,0 +1,69 @@
+// cuDNN's graph (backend) API: descriptors owned by RAII, and the first fused graph of conv +
+// batch-norm fusion: a convolution whose epilogue also writes the per-channel sum and sum of
+// squares of its output (what the following batch norm's statistics need), in one pass
+// instead of a second read of the output. Planned once per shape; where cuDNN has no engine
+// for the graph (shape, dtype or GPU), the plan says so and why. Internal to kernels/cuda/.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cudnn_api.h"
+
+namespace spotrain::cuda {
+
+// One backend descriptor of cuDNN's graph API, destroyed with its owner (move-only).
+class BackendDesc {
+ public:
+  BackendDesc() = default;
+  explicit BackendDesc(cudnnBackendDescriptorType_t type);
+  BackendDesc(BackendDesc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  BackendDesc& operator=(BackendDesc&& o) noexcept;
+  BackendDesc(const BackendDesc&) = delete;
+  BackendDesc& operator=(const BackendDesc&) = delete;
+  ~BackendDesc();
+  cudnnBackendDescriptor_t get() const { return d_; }
+  // Sets an attribute of `n` values (throws Error on a refusal: a malformed graph is a bug).
+  BackendDesc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                   int64_t n, const void* values);
+  BackendDesc& set(cudnnBackendAttributeName_t name, const BackendDesc& d);
+  BackendDesc& set(cudnnBackendAttributeName_t name, int64_t v);
+  // cuDNN's verdict; NOT_SUPPORTED and friends are answers, not errors.
+  cudnnStatus_t finalize();
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// An NHWC convolution: input n x c x h x w, k filters of r x s, square stride and padding.
+struct ConvShape {
+  DType dtype = DType::f16;
+  int64_t n = 0, c = 0, h = 0, w = 0, k = 0, r = 0, s = 0, stride = 1, pad = 0;
+  int64_t p() const { return (h + 2 * pad - r) / stride + 1; }  // output height
+  int64_t q() const { return (w + 2 * pad - s) / stride + 1; }  // output width
+};
+
+// y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph.
+class ConvStatsGraph {
+ public:
+  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape);
+  bool accepted() const { return accepted_; }
+  // Why cuDNN refused the graph ("" when accepted).
+  const std::string& refusal() const { return refusal_; }
+  size_t workspace_bytes() const { return workspace_; }
+  int engines_tried() const { return tried_; }
+  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each.
+  // Queued on the handle's stream.
+  void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace) const;
+
+ private:
+  cudnnHandle_t handle_;
+  BackendDesc plan_;
+  bool accepted_ = false;
+  std::string refusal_;
+  size_t workspace_ = 0;
+  int tried_ = 0;
+};
+
+}  // namespace spotrain::cuda
