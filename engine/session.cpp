@@ -33,7 +33,12 @@ Session::Session(const SessionOptions& opt) {
 void Session::start_device_comm(const SessionOptions& opt) {
   SPOTRAIN_CHECK(opt.device_comm == "auto" || opt.device_comm == "nccl" || opt.device_comm == "host",
                  "unknown --device-comm '", opt.device_comm, "'; use auto, nccl or host");
-  const bool shared = ranks_share_a_device(comm_->allgather(device_key(this_host(), current_gpu_pci_bus_id())));
+  // Every rank names its host and GPU (through the worker, under --comm-timeout, like every
+  // collective before the device communicator exists).
+  const uint64_t mine = device_key(this_host(), current_gpu_pci_bus_id());
+  std::vector<uint64_t> keys;
+  worker_->run("check of which GPU each rank has", [&] { keys = comm_->allgather(mine); });
+  const bool shared = ranks_share_a_device(keys);
   SPOTRAIN_CHECK(!(shared && opt.device_comm == "nccl"),
                  "--device-comm nccl: some ranks share a GPU, which NCCL refuses; give each rank "
                  "its own GPU or use --device-comm host (or auto)");

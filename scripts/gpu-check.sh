@@ -245,8 +245,19 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 
 # ---- binaries: built beforehand (GPU_PREBUILT) or configured and built here -------------------
 prebuilt=${GPU_PREBUILT:-$repo/.gpu-bin}
+# The sources the binaries are built from, hashed (with or without git): binaries built from
+# other sources are not used.
+sources_hash() {
+  (cd "$repo" && find CMakeLists.txt cmake core kernels layers io comm checkpoints spot engine \
+     observe run tools tests -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
+     -o -name '*.cmake' -o -name CMakeLists.txt -o -name '*.html' \) 2>/dev/null | LC_ALL=C sort |
+   xargs sha256sum | sha256sum | cut -c1-16)
+}
+src_hash=$(sources_hash)
 bin=""
-if [[ -x "$prebuilt/spotrain" ]] && "${ours[@]}" "$prebuilt/spotrain" --version > "$logs/prebuilt.log" 2>&1; then
+if [[ -x "$prebuilt/spotrain" && "$(cat "$prebuilt/SOURCES" 2>/dev/null)" != "$src_hash" ]]; then
+  note "the binaries in $prebuilt were built from other sources (hash $(cat "$prebuilt/SOURCES" 2>/dev/null || echo none), these: $src_hash): building"
+elif [[ -x "$prebuilt/spotrain" ]] && "${ours[@]}" "$prebuilt/spotrain" --version > "$logs/prebuilt.log" 2>&1; then
   bin=$prebuilt
   note "using the binaries built beforehand in $prebuilt"
   record build "prebuilt ($prebuilt)" 0
@@ -269,7 +280,8 @@ if [[ -z "$bin" ]] &&
         [[ -x "$f" ]] || f=$build/tests/$t
         strip -o "$prebuilt/$t" "$f"
       done
-      note "stripped ${targets[*]} into $prebuilt ($(du -sh "$prebuilt" | cut -f1))"
+      echo "$src_hash" > "$prebuilt/SOURCES"
+      note "stripped ${targets[*]} into $prebuilt ($(du -sh "$prebuilt" | cut -f1); sources $src_hash)"
     fi
   fi
 fi
