@@ -71,6 +71,10 @@ BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, i
 
 std::string status_text(cudnnStatus_t st) { return cudnn_msg(st); }
 
+bool not_supported(cudnnStatus_t st) {
+  return CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED;
+}
+
 }  // namespace
 
 ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : handle_(handle) {
@@ -91,7 +95,7 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads)
       .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides)
       .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-  CUDNN_CHECK(conv.finalize());
+  if (!finalized(conv, "convolution descriptor")) return;
 
   const float alpha = 1.f, beta = 0.f;
   BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
@@ -101,7 +105,7 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  CUDNN_CHECK(fprop.finalize());
+  if (!finalized(fprop, "convolution forward")) return;
 
   const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
   BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
@@ -110,7 +114,7 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       .set(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y)
       .set(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum)
       .set(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
-  CUDNN_CHECK(stats.finalize());
+  if (!finalized(stats, "GenStats")) return;
 
   BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   cudnnBackendDescriptor_t ops[2] = {fprop.get(), stats.get()};
@@ -132,11 +136,13 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       continue;
     }
     int64_t count = 0;
-    if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr) !=
-            CUDNN_STATUS_SUCCESS ||
-        count <= 0)
+    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+        st != CUDNN_STATUS_SUCCESS || count <= 0) {
+      last = st != CUDNN_STATUS_SUCCESS ? "heuristics results: " + status_text(st)
+                                        : std::string("heuristics proposed no engine");
       continue;
+    }
     std::vector<BackendDesc> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
     for (int64_t i = 0; i < count; ++i) {
@@ -144,8 +150,12 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       raw.push_back(cfgs.back().get());
     }
     int64_t got = 0;
-    CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data());
+        st != CUDNN_STATUS_SUCCESS) {
+      last = "heuristics results: " + status_text(st);
+      continue;
+    }
     for (int64_t i = 0; i < got; ++i) {
       ++tried_;
       BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
@@ -159,6 +169,7 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
       CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                            CUDNN_TYPE_INT64, 1, &n, &ws));
       plan_ = std::move(plan);
+      config_ = std::move(cfgs[size_t(i)]);  // kept as long as the plan, as cuDNN's frontend does
       workspace_ = size_t(ws);
       accepted_ = true;
       return;
@@ -167,9 +178,23 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
   refusal_ = str(last, " (", tried_, " engines tried)");
 }
 
+// cuDNN's verdict on one descriptor of the graph: a refusal (NOT_SUPPORTED, e.g. a dtype no
+// engine family takes) is kept as the graph's answer; anything else is an error.
+bool ConvStatsGraph::finalized(BackendDesc& d, const char* what) {
+  const cudnnStatus_t st = d.finalize();
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  if (!not_supported(st)) CUDNN_CHECK(st);
+  refusal_ = str(what, ": ", status_text(st));
+  return false;
+}
+
 void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
                          void* workspace) const {
   SPOTRAIN_CHECK(accepted_, "internal: running a conv + statistics graph cuDNN refused: ", refusal_);
+  for (const void* p : {x, w, static_cast<const void*>(y), static_cast<const void*>(sum),
+                        static_cast<const void*>(sqsum)})
+    SPOTRAIN_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0,
+                   "internal: the conv + statistics graph needs 16-byte aligned buffers");
   void* ptrs[5] = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
   const int64_t uids[5] = {kX, kW, kY, kSum, kSqSum};
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);

@@ -2,7 +2,8 @@
 // batch-norm fusion: a convolution whose epilogue also writes the per-channel sum and sum of
 // squares of its output (what the following batch norm's statistics need), in one pass
 // instead of a second read of the output. Planned once per shape; where cuDNN has no engine
-// for the graph (shape, dtype or GPU), the plan says so and why. Internal to kernels/cuda/.
+// for the graph (shape, dtype or GPU; its documentation takes fp16 only for GenStats), the
+// plan says so and why. Internal to kernels/cuda/.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -58,7 +59,10 @@ class ConvStatsGraph {
   void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace) const;
 
  private:
+  bool finalized(BackendDesc& d, const char* what);
+
   cudnnHandle_t handle_;
+  BackendDesc config_;  // the engine configuration the plan was made from
   BackendDesc plan_;
   bool accepted_ = false;
   std::string refusal_;
