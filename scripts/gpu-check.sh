@@ -594,9 +594,10 @@ if rows or torch:
         if choices:
             bn = [c for c in choices if c.startswith("batchnorm")]
             odd = [c for c in choices if "fallback" in c or "refuse" in c]
-            fused = sum("conv+stats graph: accepted" in c for c in choices)
+            fused = sum(", conv+stats graph: accepted" in c for c in choices)
+            pro = sum(", bn-relu+conv+stats graph: accepted" in c for c in choices)
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
-                  f"cuDNN's conv+stats graph accepted for {fused}; "
+                  f"cuDNN's conv+stats graph accepted for {fused}, with the bn-relu prologue for {pro}; "
                   f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])

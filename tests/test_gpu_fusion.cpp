@@ -1,12 +1,14 @@
 // cuDNN's graph API on a GPU (kernels/cuda/cudnn_graph.h): the convolution whose epilogue
-// also writes the per-channel sum and sum of squares of its output, against the convolution
-// and the statistics computed on the host from the same rounded inputs, for ResNet-50-like
-// shapes at fp16 and bf16. A shape cuDNN refuses is skipped with its reason (the point of the
+// also writes the per-channel sum and sum of squares of its output (with and without the
+// scale-bias-ReLU prologue on its input), against the convolution and the statistics
+// computed on the host from the same rounded inputs, for ResNet-50-like shapes at fp16 and
+// bf16. A shape cuDNN refuses is skipped with its reason (the point of the
 // test on a new GPU or cuDNN is to learn which). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@ namespace {
 struct Case {
   const char* name;
   ConvShape shape;
+  bool prologue = false;  // relu(x * scale + bias) as the convolution's input
 };
 
 std::vector<Case> cases() {
@@ -33,6 +36,8 @@ std::vector<Case> cases() {
       {"f16_1x1_reduce", {DType::f16, 4, 256, 14, 14, 64, 1, 1, 1, 0}},
       // cuDNN documents GenStats for fp16 only: a refusal skips with its reason.
       {"bf16_1x1_reduce", {DType::bf16, 4, 256, 14, 14, 64, 1, 1, 1, 0}},
+      {"f16_bn_relu_3x3", {DType::f16, 4, 64, 28, 28, 64, 3, 3, 1, 1}, true},
+      {"f16_bn_relu_1x1_expand", {DType::f16, 4, 64, 28, 28, 256, 1, 1, 1, 0}, true},
   };
 }
 
@@ -62,7 +67,8 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
   const ConvShape s = GetParam().shape;
   const int64_t P = s.p(), Q = s.q();
   Handle handle;
-  ConvStatsGraph g(handle.h, s);
+  const bool pro = GetParam().prologue;
+  ConvStatsGraph g(handle.h, s, pro);
   if (!g.accepted()) GTEST_SKIP() << "cuDNN refused the conv + statistics graph: " << g.refusal();
 
   // x NHWC, w KRSC: small integers-ish values keep the fp32 reference close.
@@ -71,9 +77,27 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
   std::vector<float> xf(xb.size()), wf(wb.size());
   for (size_t i = 0; i < xb.size(); ++i) xf[i] = round_into(s.dtype, rng.normal(), &xb[i]);
   for (size_t i = 0; i < wb.size(); ++i) wf[i] = round_into(s.dtype, 0.1f * rng.normal(), &wb[i]);
+  // The prologue's per-channel scale and bias; what the convolution then reads is
+  // relu(x * scale + bias), computed in fp32 (cuDNN's virtual tensors are fp32) and most
+  // likely rounded to the 16-bit type for the tensor cores: the reference rounds too, and the
+  // tolerance below allows for either.
+  std::vector<uint16_t> sb(size_t(s.c)), bb(size_t(s.c));
+  std::vector<float> sf(sb.size()), bf(bb.size());
+  for (size_t i = 0; i < sb.size(); ++i) {
+    sf[i] = round_into(s.dtype, 1.f + 0.3f * rng.normal(), &sb[i]);
+    bf[i] = round_into(s.dtype, 0.3f * rng.normal(), &bb[i]);
+  }
+  if (pro)
+    for (size_t i = 0; i < xf.size(); ++i) {
+      const size_t c = i % size_t(s.c);
+      uint16_t unused = 0;
+      xf[i] = round_into(s.dtype, std::max(0.f, xf[i] * sf[c] + bf[c]), &unused);
+    }
   const size_t ybytes = size_t(s.n * P * Q * s.k) * 2;
   DeviceBuf dx(xb.size() * 2), dw(wb.size() * 2), dy(ybytes), dsum(size_t(s.k) * 4),
-      dsq(size_t(s.k) * 4), ws(g.workspace_bytes());
+      dsq(size_t(s.k) * 4), ws(g.workspace_bytes()), dscale(sb.size() * 2), dbias(bb.size() * 2);
+  CUDA_CHECK(cudaMemcpy(dscale.p, sb.data(), sb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dbias.p, bb.data(), bb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dw.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
   // The sums start as a sentinel, and the graph runs twice: they must be overwritten, not
@@ -82,7 +106,8 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
   CUDA_CHECK(cudaMemcpy(dsum.p, sentinel.data(), sentinel.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dsq.p, sentinel.data(), sentinel.size() * 4, cudaMemcpyHostToDevice));
   for (int run = 0; run < 2; ++run)
-    g.run(dx.p, dw.p, dy.p, static_cast<float*>(dsum.p), static_cast<float*>(dsq.p), ws.p);
+    g.run(dx.p, dw.p, dy.p, static_cast<float*>(dsum.p), static_cast<float*>(dsq.p), ws.p,
+          pro ? dscale.p : nullptr, pro ? dbias.p : nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> yb(ybytes / 2);
   std::vector<float> sum(size_t(s.k)), sq(size_t(s.k));
@@ -110,7 +135,8 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
             }
           const uint16_t bits = yb[size_t(((n * P + p) * Q + q) * s.k + k)];
           const double got = s.dtype == DType::f16 ? half_to_float(bits) : bf16_to_float(bits);
-          const double tol = (s.dtype == DType::f16 ? 2e-3 : 1.6e-2) * (std::fabs(acc) + 1.0);
+          const double tol =
+              (s.dtype == DType::f16 ? (pro ? 6e-3 : 2e-3) : 1.6e-2) * (std::fabs(acc) + 1.0);
           worst = std::max(worst, std::fabs(got - acc));
           bad_y += std::fabs(got - acc) > tol;
           ref_sum[size_t(k)] += got;

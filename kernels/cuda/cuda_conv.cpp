@@ -124,18 +124,23 @@ std::vector<std::string> CudaBackend::conv_choices() {
     return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
                f32 ? ", fp32 fallback" : "", ")");
   };
-  auto fusion = [&](ConvEntry& e) -> std::string {
-    if (e.shape.dtype == DType::f32) return "";
-    if (!e.stats_graph) {
+  auto verdict = [&](ConvEntry& e, std::unique_ptr<ConvStatsGraph>& slot, bool prologue,
+                     const char* name) -> std::string {
+    if (!slot) {
       try {
-        e.stats_graph = std::make_unique<ConvStatsGraph>(dnn_, e.shape);
+        slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, prologue);
       } catch (const Error& err) {
-        return str(", conv+stats graph: error (", err.what(), ")");
+        return str(", ", name, " graph: error (", err.what(), ")");
       }
     }
-    const ConvStatsGraph& g = *e.stats_graph;
-    return g.accepted() ? str(", conv+stats graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB)")
-                        : str(", conv+stats graph: refused (", g.refusal(), ")");
+    const ConvStatsGraph& g = *slot;
+    return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB)")
+                        : str(", ", name, " graph: refused (", g.refusal(), ")");
+  };
+  auto fusion = [&](ConvEntry& e) -> std::string {
+    if (e.shape.dtype == DType::f32) return "";
+    return verdict(e, e.stats_graph, false, "conv+stats") +
+           verdict(e, e.prologue_graph, true, "bn-relu+conv+stats");
   };
   std::vector<std::string> out;
   for (auto& [key, e] : conv_cache_)

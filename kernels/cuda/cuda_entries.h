@@ -70,8 +70,9 @@ struct CudaBackend::ConvEntry {
   // 1): conv2d_backward_data_add computes into a new tensor and adds instead.
   bool bd_add_refused = false;
   ConvShape shape;  // for the graph API
-  // The conv + batch-norm statistics graph for this shape (planned by kernel_choices).
-  std::unique_ptr<ConvStatsGraph> stats_graph;
+  // The conv + batch-norm statistics graphs for this shape, without and with the
+  // scale-bias-ReLU prologue (planned by kernel_choices).
+  std::unique_ptr<ConvStatsGraph> stats_graph, prologue_graph;
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));

@@ -44,7 +44,7 @@ cudnnStatus_t BackendDesc::finalize() { return cudnnBackendFinalize(d_); }
 
 namespace {
 
-enum Uid : int64_t { kX = 1, kW, kY, kSum, kSqSum };
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSqSum, kScale, kBias, kScaled, kBiased, kActivated };
 
 cudnnDataType_t graph_dtype(DType d) {
   switch (d) {
@@ -55,8 +55,10 @@ cudnnDataType_t graph_dtype(DType d) {
   }
 }
 
-// A tensor of logical dims (N, C, H, W) stored NHWC, 16-byte aligned.
-BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+// A tensor of logical dims (N, C, H, W) stored NHWC, 16-byte aligned; a virtual one lives only
+// inside the fused kernel.
+BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w,
+                        bool is_virtual = false) {
   const int64_t dims[4] = {n, c, h, w};
   const int64_t strides[4] = {h * w * c, 1, w * c, c};
   BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -64,12 +66,23 @@ BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, i
       .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims)
       .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides)
       .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
-      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, int64_t(16));
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, int64_t(16))
+      .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   CUDNN_CHECK(t.finalize());
   return t;
 }
 
 std::string status_text(cudnnStatus_t st) { return cudnn_msg(st); }
+
+// A pointwise operator computed in fp32 (plain ReLU: no clip, no slope set).
+BackendDesc pointwise(cudnnPointwiseMode_t mode) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  BackendDesc d(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  d.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+      .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+  CUDNN_CHECK(d.finalize());
+  return d;
+}
 
 bool not_supported(cudnnStatus_t st) {
   return CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED;
@@ -77,9 +90,38 @@ bool not_supported(cudnnStatus_t st) {
 
 }  // namespace
 
-ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : handle_(handle) {
+ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue)
+    : handle_(handle), prologue_(bn_relu_prologue) {
   const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
   BackendDesc x = nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w);
+  // The prologue: relu(x * scale + bias) per input channel, in fp32 inside the kernel, feeds
+  // the convolution (the previous batch norm applied as the convolution reads its input).
+  std::vector<BackendDesc> prologue;
+  BackendDesc conv_in;
+  if (prologue_) {
+    BackendDesc scale = nhwc_tensor(kScale, dt, 1, sh.c, 1, 1);
+    BackendDesc bias = nhwc_tensor(kBias, dt, 1, sh.c, 1, 1);
+    BackendDesc scaled = nhwc_tensor(kScaled, f32, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc biased = nhwc_tensor(kBiased, f32, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc act = nhwc_tensor(kActivated, f32, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc mul = pointwise(CUDNN_POINTWISE_MUL), add = pointwise(CUDNN_POINTWISE_ADD),
+                relu = pointwise(CUDNN_POINTWISE_RELU_FWD);
+    auto op = [&](const BackendDesc& pw, const BackendDesc& in, const BackendDesc* b,
+                  const BackendDesc& out, const char* what) {
+      BackendDesc o(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+      o.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+          .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in)
+          .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
+      if (b) o.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+      if (!finalized(o, what)) return false;
+      prologue.push_back(std::move(o));
+      return true;
+    };
+    if (!op(mul, x, &scale, scaled, "prologue scale") || !op(add, scaled, &bias, biased, "prologue bias") ||
+        !op(relu, biased, nullptr, act, "prologue ReLU"))
+      return;
+    conv_in = std::move(act);
+  }
   BackendDesc w = nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s);
   BackendDesc y = nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q());
   BackendDesc sum = nhwc_tensor(kSum, f32, 1, sh.k, 1, 1);
@@ -99,7 +141,7 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
 
   const float alpha = 1.f, beta = 0.f;
   BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
+  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, prologue_ ? conv_in : x)
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
@@ -117,8 +159,11 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh) : hand
   if (!finalized(stats, "GenStats")) return;
 
   BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  cudnnBackendDescriptor_t ops[2] = {fprop.get(), stats.get()};
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 2, ops)
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const BackendDesc& o : prologue) ops.push_back(o.get());
+  ops.push_back(fprop.get());
+  ops.push_back(stats.get());
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()), ops.data())
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
   if (cudnnStatus_t st = graph.finalize(); st != CUDNN_STATUS_SUCCESS) {
     refusal_ = "operation graph: " + status_text(st);
@@ -189,17 +234,26 @@ bool ConvStatsGraph::finalized(BackendDesc& d, const char* what) {
 }
 
 void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
-                         void* workspace) const {
+                         void* workspace, const void* scale, const void* bias) const {
   SPOTRAIN_CHECK(accepted_, "internal: running a conv + statistics graph cuDNN refused: ", refusal_);
   for (const void* p : {x, w, static_cast<const void*>(y), static_cast<const void*>(sum),
                         static_cast<const void*>(sqsum)})
     SPOTRAIN_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0,
                    "internal: the conv + statistics graph needs 16-byte aligned buffers");
-  void* ptrs[5] = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
-  const int64_t uids[5] = {kX, kW, kY, kSum, kSqSum};
+  SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
+  std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
+  std::vector<int64_t> uids = {kX, kW, kY, kSum, kSqSum};
+  if (prologue_) {
+    SPOTRAIN_CHECK((reinterpret_cast<uintptr_t>(scale) & 15) == 0 && (reinterpret_cast<uintptr_t>(bias) & 15) == 0,
+                   "internal: the prologue's scale and bias must be 16-byte aligned");
+    ptrs.push_back(const_cast<void*>(scale));
+    ptrs.push_back(const_cast<void*>(bias));
+    uids.push_back(kScale);
+    uids.push_back(kBias);
+  }
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 5, ptrs)
-      .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 5, uids)
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   CUDNN_CHECK(pack.finalize());
   CUDNN_CHECK(cudnnBackendExecute(handle_, plan_.get(), pack.get()));

@@ -1,7 +1,8 @@
-// cuDNN's graph (backend) API: descriptors owned by RAII, and the first fused graph of conv +
+// cuDNN's graph (backend) API: descriptors owned by RAII, and the first fused graphs of conv +
 // batch-norm fusion: a convolution whose epilogue also writes the per-channel sum and sum of
 // squares of its output (what the following batch norm's statistics need), in one pass
-// instead of a second read of the output. Planned once per shape; where cuDNN has no engine
+// instead of a second read of the output, optionally with a prologue applying the previous
+// batch norm's scale, bias and ReLU as the input is read. Planned once per shape; where cuDNN has no engine
 // for the graph (shape, dtype or GPU; its documentation takes fp16 only for GenStats), the
 // plan says so and why. Internal to kernels/cuda/.
 #pragma once
@@ -45,23 +46,27 @@ struct ConvShape {
   int64_t q() const { return (w + 2 * pad - s) / stride + 1; }  // output width
 };
 
-// y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph.
+// y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph. With
+// the prologue the convolution reads relu(x * scale + bias) (scale and bias per input channel,
+// in x's dtype): the previous batch norm and its ReLU applied as x is read, never written.
 class ConvStatsGraph {
  public:
-  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape);
+  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false);
   bool accepted() const { return accepted_; }
   // Why cuDNN refused the graph ("" when accepted).
   const std::string& refusal() const { return refusal_; }
   size_t workspace_bytes() const { return workspace_; }
   int engines_tried() const { return tried_; }
-  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each.
-  // Queued on the handle's stream.
-  void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace) const;
+  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each;
+  // scale, bias: c values in shape.dtype (the prologue only). Queued on the handle's stream.
+  void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace,
+           const void* scale = nullptr, const void* bias = nullptr) const;
 
  private:
   bool finalized(BackendDesc& d, const char* what);
 
   cudnnHandle_t handle_;
+  bool prologue_ = false;
   BackendDesc config_;  // the engine configuration the plan was made from
   BackendDesc plan_;
   bool accepted_ = false;
