@@ -15,8 +15,10 @@
 
 #include "core/half.h"
 #include "core/philox.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/cuda_util.h"
+#include "core/tensor.h"
 #include "kernels/ops.h"
 
 namespace spotrain::cuda {
@@ -38,6 +40,7 @@ std::vector<Case> cases() {
       {"bf16_1x1_reduce", {DType::bf16, 4, 256, 14, 14, 64, 1, 1, 1, 0}},
       {"f16_bn_relu_3x3", {DType::f16, 4, 64, 28, 28, 64, 3, 3, 1, 1}, true},
       {"f16_bn_relu_1x1_expand", {DType::f16, 4, 64, 28, 28, 256, 1, 1, 1, 0}, true},
+      {"f16_bn_relu_3x3_stride2", {DType::f16, 4, 128, 28, 28, 128, 3, 3, 2, 1}, true},
   };
 }
 
@@ -117,7 +120,9 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
 
   // The host reference: the convolution in fp32 (double accumulation), then per channel the
   // sum and sum of squares of the device's own output (what a batch norm would read).
-  int64_t bad_y = 0;
+  // Outputs whose window reaches into the padding are counted apart: with the prologue the
+  // reference pads after it (zeros, not relu(bias)), which no cuDNN document states.
+  int64_t bad_y = 0, bad_border = 0;
   double worst = 0;
   std::vector<double> ref_sum(size_t(s.k), 0.0), ref_sq(size_t(s.k), 0.0), abs_sum(size_t(s.k), 0.0);
   for (int64_t n = 0; n < s.n; ++n)
@@ -125,10 +130,14 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
       for (int64_t q = 0; q < Q; ++q)
         for (int64_t k = 0; k < s.k; ++k) {
           double acc = 0;
+          bool border = false;
           for (int64_t r = 0; r < s.r; ++r)
             for (int64_t t = 0; t < s.s; ++t) {
               const int64_t ih = p * s.stride - s.pad + r, iw = q * s.stride - s.pad + t;
-              if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+              if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) {
+                border = true;
+                continue;
+              }
               const float* xp = &xf[size_t(((n * s.h + ih) * s.w + iw) * s.c)];
               const float* wp = &wf[size_t(((k * s.r + r) * s.s + t) * s.c)];
               for (int64_t c = 0; c < s.c; ++c) acc += double(xp[c]) * wp[c];
@@ -138,12 +147,15 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
           const double tol =
               (s.dtype == DType::f16 ? (pro ? 6e-3 : 2e-3) : 1.6e-2) * (std::fabs(acc) + 1.0);
           worst = std::max(worst, std::fabs(got - acc));
-          bad_y += std::fabs(got - acc) > tol;
+          const bool bad = std::fabs(got - acc) > tol;
+          (border ? bad_border : bad_y) += bad;
           ref_sum[size_t(k)] += got;
           ref_sq[size_t(k)] += got * got;
           abs_sum[size_t(k)] += std::fabs(got);
         }
-  EXPECT_EQ(bad_y, 0) << "outputs away from the fp32 convolution; largest difference " << worst;
+  EXPECT_EQ(bad_y, 0) << "interior outputs away from the fp32 convolution; largest difference " << worst;
+  EXPECT_EQ(bad_border, 0) << "outputs at the padded border away from the reference (padding "
+                              "applied before the prologue?); largest difference " << worst;
   for (int64_t k = 0; k < s.k; ++k) {
     // The epilogue sums fp32 accumulators or the rounded outputs, in its own order: within
     // the rounding of the outputs summed.
@@ -155,6 +167,102 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ConvStats, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Two layers fused the way the training path will run them: conv1 with the statistics of
+// its output, the batch-norm finalize (launch_bn_finalize), then conv2 reading relu(bn1(y1))
+// through its prologue, against the backend's own ops (conv2d_forward, batchnorm_forward_train
+// with ReLU, conv2d_forward) on the same rounded inputs.
+TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
+  if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
+  const ConvShape s1{DType::f16, 4, 64, 28, 28, 64, 3, 3, 1, 1};
+  const ConvShape s2{DType::f16, 4, 64, 28, 28, 256, 1, 1, 1, 0};
+  Handle handle;
+  ConvStatsGraph g1(handle.h, s1), g2(handle.h, s2, /*bn_relu_prologue=*/true);
+  if (!g1.accepted()) GTEST_SKIP() << "cuDNN refused conv + statistics: " << g1.refusal();
+  if (!g2.accepted()) GTEST_SKIP() << "cuDNN refused the prologue graph: " << g2.refusal();
+
+  // Inputs rounded to fp16 on the host, so both paths start from the same values: x in NHWC,
+  // the weights as fp32 OIHW for the backend and fp16 KRSC for the graphs.
+  Philox rng(23, 5);
+  auto rounded = [&](float v, uint16_t* bits) { return round_into(DType::f16, v, bits); };
+  Tensor hx = Tensor::host({s1.n, s1.c, s1.h, s1.w}, DType::f32, Layout::nhwc);
+  std::vector<uint16_t> xb(size_t(hx.numel()));
+  for (size_t i = 0; i < xb.size(); ++i) hx.data<float>()[i] = rounded(rng.normal(), &xb[i]);
+  auto weights = [&](const ConvShape& s, Tensor* oihw, std::vector<uint16_t>* krsc) {
+    *oihw = Tensor::host({s.k, s.c, s.r, s.s});
+    krsc->assign(size_t(s.k * s.r * s.s * s.c), 0);
+    const float scale = 1.f / std::sqrt(float(s.c * s.r * s.s));
+    for (int64_t k = 0; k < s.k; ++k)
+      for (int64_t c = 0; c < s.c; ++c)
+        for (int64_t r = 0; r < s.r; ++r)
+          for (int64_t t = 0; t < s.s; ++t)
+            oihw->data<float>()[((k * s.c + c) * s.r + r) * s.s + t] =
+                rounded(scale * rng.normal(), &(*krsc)[size_t(((k * s.r + r) * s.s + t) * s.c + c)]);
+  };
+  Tensor hw1, hw2;
+  std::vector<uint16_t> w1b, w2b;
+  weights(s1, &hw1, &w1b);
+  weights(s2, &hw2, &w2b);
+  std::vector<float> gamma(size_t(s1.k)), beta(size_t(s1.k));
+  for (auto& g : gamma) g = 1.f + 0.2f * rng.normal();
+  for (auto& b : beta) b = 0.3f * rng.normal();
+  const float eps = 1e-5f;
+
+  // The fused path.
+  const int64_t m1 = s1.n * s1.p() * s1.q();
+  DeviceBuf dx(xb.size() * 2), dw1(w1b.size() * 2), dw2(w2b.size() * 2),
+      dy1(size_t(m1 * s1.k) * 2), dy2(size_t(s2.n * s2.p() * s2.q() * s2.k) * 2),
+      dsum1(size_t(s1.k) * 4), dsq1(size_t(s1.k) * 4), dsum2(size_t(s2.k) * 4), dsq2(size_t(s2.k) * 4),
+      dgamma(gamma.size() * 4), dbeta(beta.size() * 4), dmean(size_t(s1.k) * 4),
+      dinvstd(size_t(s1.k) * 4), dscale(size_t(s1.k) * 2), dbias(size_t(s1.k) * 2),
+      ws(std::max(g1.workspace_bytes(), g2.workspace_bytes()));
+  CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dw1.p, w1b.data(), w1b.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dw2.p, w2b.data(), w2b.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dgamma.p, gamma.data(), gamma.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dbeta.p, beta.data(), beta.size() * 4, cudaMemcpyHostToDevice));
+  g1.run(dx.p, dw1.p, dy1.p, static_cast<float*>(dsum1.p), static_cast<float*>(dsq1.p), ws.p);
+  launch_bn_finalize(static_cast<float*>(dsum1.p), static_cast<float*>(dsq1.p),
+                     static_cast<float*>(dgamma.p), static_cast<float*>(dbeta.p), int(s1.k), m1, eps,
+                     static_cast<float*>(dmean.p), static_cast<float*>(dinvstd.p), dscale.p, dbias.p,
+                     DType::f16, nullptr);
+  g2.run(dy1.p, dw2.p, dy2.p, static_cast<float*>(dsum2.p), static_cast<float*>(dsq2.p), ws.p,
+         dscale.p, dbias.p);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> y2b(size_t(s2.n * s2.p() * s2.q() * s2.k));
+  std::vector<float> mean(size_t(s1.k));
+  CUDA_CHECK(cudaMemcpy(y2b.data(), dy2.p, y2b.size() * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(mean.data(), dmean.p, mean.size() * 4, cudaMemcpyDeviceToHost));
+
+  // The backend's ops.
+  auto be = make_backend("cuda", BackendOptions{});
+  Tensor flat = be->zeros({2 * s1.k});
+  Tensor g = Tensor::view(flat, 0, {s1.k}), b = Tensor::view(flat, s1.k, {s1.k});
+  Tensor hg = Tensor::host({s1.k}), hb = Tensor::host({s1.k});
+  std::copy(gamma.begin(), gamma.end(), hg.data<float>());
+  std::copy(beta.begin(), beta.end(), hb.data<float>());
+  be->copy(be->from_host(hg), g);
+  be->copy(be->from_host(hb), b);
+  Tensor w1 = be->from_host(hw1), w2 = be->from_host(hw2);
+  Tensor y1 = be->conv2d_forward(be->upload_images(hx, DType::f16), w1, ConvParams{3, 3, 1, 1});
+  BnSaved saved;
+  Tensor a1 = be->batchnorm_forward_train(y1, g, b, eps, /*relu=*/true, saved);
+  Tensor y2 = be->conv2d_forward(a1, w2, ConvParams{1, 1, 1, 0});
+  Tensor ref = be->to_host(be->cast(y2, DType::f32));
+  Tensor ref_mean = be->to_host(saved.mean);
+
+  for (int64_t c = 0; c < s1.k; ++c)
+    EXPECT_NEAR(mean[size_t(c)], ref_mean.data<float>()[c], 2e-3 * (std::fabs(ref_mean.data<float>()[c]) + 1))
+        << "batch-norm mean of channel " << c;
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < y2b.size(); ++i) {
+    const double want = ref.data<float>()[i], got = half_to_float(y2b[i]);
+    worst = std::max(worst, std::fabs(got - want));
+    bad += std::fabs(got - want) > 1e-2 * (std::fabs(want) + 1.0);
+  }
+  EXPECT_EQ(bad, 0) << "fused conv2 outputs away from the backend's; largest difference " << worst;
+}
 
 }  // namespace
 }  // namespace spotrain::cuda

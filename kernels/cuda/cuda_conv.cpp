@@ -134,7 +134,8 @@ std::vector<std::string> CudaBackend::conv_choices() {
       }
     }
     const ConvStatsGraph& g = *slot;
-    return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB)")
+    return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
+                              prologue ? str(", ", g.intermediates(), " intermediates") : std::string(), ")")
                         : str(", ", name, " graph: refused (", g.refusal(), ")");
   };
   auto fusion = [&](ConvEntry& e) -> std::string {

@@ -554,6 +554,36 @@ void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const f
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename D>
+__global__ void bn_finalize_kernel(const float* sum, const float* sqsum, const float* gamma,
+                                   const float* beta, int c, float inv_count, float eps,
+                                   float* mean, float* invstd, typename D::T* scale,
+                                   typename D::T* bias) {
+  GRID_STRIDE(i, c) {
+    const float m = sum[i] * inv_count;
+    const float v = fmaxf(sqsum[i] * inv_count - m * m, 0.f);  // rounding can go below 0
+    const float is = rsqrtf(v + eps), sc = gamma[i] * is;
+    mean[i] = m;
+    invstd[i] = is;
+    D::st(scale, i, sc);
+    D::st(bias, i, beta[i] - m * sc);
+  }
+}
+
+void launch_bn_finalize(const float* sum, const float* sqsum, const float* gamma,
+                        const float* beta, int c, int64_t count, float eps, float* mean,
+                        float* invstd, void* scale, void* bias, DType dt, cudaStream_t s) {
+  if (c <= 0 || count <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    bn_finalize_kernel<D><<<blocks_for(c), kThreads, 0, s>>>(
+        sum, sqsum, gamma, beta, c, 1.f / float(count), eps, mean, invstd, static_cast<T*>(scale),
+        static_cast<T*>(bias));
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s) {
   if (c > 0) invstd_to_var_kernel<<<blocks_for(c), kThreads, 0, s>>>(invstd, var, c, eps);
   CUDA_CHECK_LAUNCH();

@@ -92,18 +92,34 @@ bool not_supported(cudnnStatus_t st) {
 
 ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue)
     : handle_(handle), prologue_(bn_relu_prologue) {
+  // The prologue's intermediates in fp32 (cuDNN's older samples), else in the 16-bit type
+  // (its documentation for some engines, and its newer samples): whichever cuDNN takes.
+  plan(sh, CUDNN_DATA_FLOAT);
+  if (!accepted_ && prologue_ && sh.dtype != DType::f32) {
+    const std::string first = refusal_;
+    refusal_.clear();
+    tried_ = 0;
+    plan(sh, graph_dtype(sh.dtype));
+    if (accepted_) intermediates_ = dtype_name(sh.dtype);
+    else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(sh.dtype), " intermediates: ", refusal_);
+  }
+}
+
+void ConvStatsGraph::plan(const ConvShape& sh, cudnnDataType_t inter) {
   const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
   BackendDesc x = nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w);
-  // The prologue: relu(x * scale + bias) per input channel, in fp32 inside the kernel, feeds
-  // the convolution (the previous batch norm applied as the convolution reads its input).
-  std::vector<BackendDesc> prologue;
+  // The prologue: relu(x * scale + bias) per input channel, inside the kernel, feeds the
+  // convolution (the previous batch norm applied as the convolution reads its input). Every
+  // descriptor an operation refers to is kept until the plan is made (`keep`), as cuDNN's
+  // frontend keeps them.
+  std::vector<BackendDesc> prologue, keep;
   BackendDesc conv_in;
   if (prologue_) {
     BackendDesc scale = nhwc_tensor(kScale, dt, 1, sh.c, 1, 1);
     BackendDesc bias = nhwc_tensor(kBias, dt, 1, sh.c, 1, 1);
-    BackendDesc scaled = nhwc_tensor(kScaled, f32, sh.n, sh.c, sh.h, sh.w, true);
-    BackendDesc biased = nhwc_tensor(kBiased, f32, sh.n, sh.c, sh.h, sh.w, true);
-    BackendDesc act = nhwc_tensor(kActivated, f32, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc scaled = nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc biased = nhwc_tensor(kBiased, inter, sh.n, sh.c, sh.h, sh.w, true);
+    BackendDesc act = nhwc_tensor(kActivated, inter, sh.n, sh.c, sh.h, sh.w, true);
     BackendDesc mul = pointwise(CUDNN_POINTWISE_MUL), add = pointwise(CUDNN_POINTWISE_ADD),
                 relu = pointwise(CUDNN_POINTWISE_RELU_FWD);
     auto op = [&](const BackendDesc& pw, const BackendDesc& in, const BackendDesc* b,
@@ -117,10 +133,12 @@ ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool b
       prologue.push_back(std::move(o));
       return true;
     };
-    if (!op(mul, x, &scale, scaled, "prologue scale") || !op(add, scaled, &bias, biased, "prologue bias") ||
-        !op(relu, biased, nullptr, act, "prologue ReLU"))
-      return;
+    const bool ok = op(mul, x, &scale, scaled, "prologue scale") &&
+                    op(add, scaled, &bias, biased, "prologue bias") &&
+                    op(relu, biased, nullptr, act, "prologue ReLU");
     conv_in = std::move(act);
+    for (BackendDesc* d : {&scale, &bias, &scaled, &biased, &mul, &add, &relu}) keep.push_back(std::move(*d));
+    if (!ok) return;
   }
   BackendDesc w = nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s);
   BackendDesc y = nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q());

@@ -53,6 +53,8 @@ class ConvStatsGraph {
  public:
   ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false);
   bool accepted() const { return accepted_; }
+  // The dtype of the prologue's intermediates cuDNN took ("fp32", or the 16-bit type).
+  const std::string& intermediates() const { return intermediates_; }
   // Why cuDNN refused the graph ("" when accepted).
   const std::string& refusal() const { return refusal_; }
   size_t workspace_bytes() const { return workspace_; }
@@ -63,6 +65,7 @@ class ConvStatsGraph {
            const void* scale = nullptr, const void* bias = nullptr) const;
 
  private:
+  void plan(const ConvShape& sh, cudnnDataType_t intermediates);
   bool finalized(BackendDesc& d, const char* what);
 
   cudnnHandle_t handle_;
@@ -71,6 +74,7 @@ class ConvStatsGraph {
   BackendDesc plan_;
   bool accepted_ = false;
   std::string refusal_;
+  std::string intermediates_ = "fp32";
   size_t workspace_ = 0;
   int tried_ = 0;
 };
