@@ -2,6 +2,8 @@
 // with the time into the run's log file when one is open; plus small formatting helpers for
 // fixed-point numbers and durations.
 #pragma once
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
@@ -34,6 +36,13 @@ inline void log_info(const std::string& s) {
   std::fprintf(stdout, "%s\n", s.c_str());
   std::fflush(stdout);
   log_to_file(s);
+}
+
+// This machine's host name (as log lines and lock notes name it).
+inline std::string host_name() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
 }
 
 inline std::string fmt_fixed(double v, int digits) {

@@ -1,22 +1,12 @@
 // Session (see session.h).
 #include "engine/session.h"
 
-#include <unistd.h>
-
 #include "comm/staged_comm.h"
 #include "core/log.h"
 #include "kernels/device_info.h"
 #include "kernels/op_profiler.h"
 
 namespace spotrain {
-
-namespace {
-std::string this_host() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  return host;
-}
-}  // namespace
 
 Session::Session(const SessionOptions& opt) {
   comm_ = make_communicator(opt.comm);
@@ -35,7 +25,7 @@ void Session::start_device_comm(const SessionOptions& opt) {
                  "unknown --device-comm '", opt.device_comm, "'; use auto, nccl or host");
   // Every rank names its host and GPU (through the worker, under --comm-timeout, like every
   // collective before the device communicator exists).
-  const uint64_t mine = device_key(this_host(), current_gpu_pci_bus_id());
+  const uint64_t mine = device_key(host_name(), backend_->gpu_pci_bus_id());
   std::vector<uint64_t> keys;
   worker_->run("check of which GPU each rank has", [&] { keys = comm_->allgather(mine); });
   const bool shared = ranks_share_a_device(keys);

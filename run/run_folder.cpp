@@ -113,9 +113,7 @@ void RunFolder::lock() {
                    holder.empty() ? std::string("holder unknown") : holder,
                    "); wait for it to end, stop it, or pass another --ckpt-dir");
   }
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  std::string me = str("pid ", ::getpid(), " on ", host, ", since ", utc_time_iso(), "\n");
+  std::string me = str("pid ", ::getpid(), " on ", host_name(), ", since ", utc_time_iso(), "\n");
   if (::ftruncate(lock_fd_, 0) == 0 && ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {
     // the lock holds without the note; only the message to a second process is poorer
   }
