@@ -25,13 +25,14 @@ namespace {
 struct BnConfig {
   cudnnBatchNormMode_t mode;
   cudnnBatchNormOps_t ops;
+  const char* name;  // for kernel_choices
 };
 // Tried in order at the first use of a shape; the first cuDNN accepts is kept. With ReLU the
 // search starts at 0 (fused), without at 1.
 const BnConfig kBnConfigs[] = {
-    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN_ACTIVATION},
-    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN},
-    {CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN},
+    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN_ACTIVATION, "persistent+relu"},
+    {CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, "persistent"},
+    {CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN, "spatial"},
 };
 constexpr int kNumBnConfigs = 3;
 }  // namespace
@@ -39,8 +40,7 @@ constexpr int kNumBnConfigs = 3;
 // The batch-norm part of kernel_choices(): per shape, the configuration without and with
 // ReLU, whether BN + Add + ReLU ran fused, and the fp32 fallback.
 std::vector<std::string> CudaBackend::bn_choices() const {
-  static const char* const names[] = {"persistent+relu", "persistent", "spatial"};
-  auto cfg = [](int i) { return i < 0 ? std::string("unused") : std::string(names[i]); };
+  auto cfg = [](int i) { return i < 0 ? std::string("unused") : std::string(kBnConfigs[i].name); };
   std::vector<std::string> out;
   for (const auto& [key, e] : bn_cache_) {
     std::string add = e->add_fused < 0 ? "unused" : e->add_fused ? "fused" : "refused (BN, Add, ReLU)";
