@@ -76,6 +76,12 @@ void Backend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, const C
   timed("conv2d_backward_weights", [&] { return conv_desc(x, dw, p); },
         [&] { conv2d_backward_weights_impl(x, dy, p, dw); });
 }
+Tensor Backend::conv2d_forward_bn_stats(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                        const BnApply* pro, float eps, BnSaved* stats) {
+  return timed(pro ? "bn_relu+conv2d_forward+stats" : "conv2d_forward+stats",
+               [&] { return conv_desc(x, w, p); },
+               [&] { return conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats); });
+}
 void Backend::conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
                                        const ConvParams& p, Tensor& acc) {
   timed("conv2d_backward_data_add", [&] { return conv_desc(x, w, p); },
@@ -190,6 +196,24 @@ void Backend::lerp(Tensor& dst, const Tensor& src, float weight) {
 void Backend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
                                             const ConvParams& p, Tensor& acc) {
   acc = add_forward(conv2d_backward_data(dy, w, x, p), acc, false);
+}
+
+// The composed conv + batch-norm statistics: the prologue as a batch norm with the given
+// statistics (the inference op), the convolution, then the statistics of y through a training
+// batch norm of unit scale and zero shift whose output is dropped.
+Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                             const BnApply* pro, float eps, BnSaved* stats) {
+  Tensor in = pro ? batchnorm_forward_infer(x, pro->gamma, pro->beta, pro->mean, pro->var,
+                                            pro->eps, true)
+                  : x;
+  Tensor y = conv2d_forward(in, w, p);
+  if (stats) {
+    const int64_t k = y.dim(1);
+    Tensor ones = zeros({k}), zero = zeros({k});
+    fill(ones, 1.f);
+    batchnorm_forward_train(y, ones, zero, eps, false, *stats);
+  }
+  return y;
 }
 
 Tensor Backend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z,

@@ -47,6 +47,15 @@ struct BnSaved {
   static constexpr int kComposedOutput = 2;
 };
 
+// relu(batchnorm(x)) with given batch statistics: what a convolution applies to its input as
+// it reads it under conv + batch-norm fusion (--fusion bn), in place of a batch-norm output
+// that is never written.
+struct BnApply {
+  Tensor gamma, beta;  // (C) fp32 parameters
+  Tensor mean, var;    // (C) fp32 batch statistics (a BnSaved's)
+  float eps = 1e-5f;
+};
+
 // One contiguous run of the flat parameter buffer sharing a weight decay.
 struct SgdSegment {
   int64_t offset = 0, count = 0;
@@ -140,6 +149,15 @@ class Backend {
   // backend can (cuDNN's beta = 1). acc has x's shape and dtype and belongs to the caller.
   void conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
                                 const ConvParams& p, Tensor& acc);
+
+  // Conv + batch-norm fusion (--fusion bn): y = conv2d_forward(in, w, p), where `in` is x, or
+  // relu(batchnorm(x)) with `pro`'s statistics (the previous batch norm and its ReLU applied
+  // as x is read); with `stats`, also the batch statistics of y for the batch norm that follows
+  // (eps is its epsilon): stats->mean, var and whatever batchnorm_backward(relu = false) and
+  // batchnorm_update_running need, as if batchnorm_forward_train had run on y. One cuDNN graph
+  // where cuDNN takes the shape (statistics made as y is written); the default composes the ops.
+  Tensor conv2d_forward_bn_stats(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                 const BnApply* pro, float eps, BnSaved* stats);
 
   // --- batch norm (statistics over N, H, W per channel; optional fused ReLU) ------------
   Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -257,6 +275,9 @@ class Backend {
                                             Tensor& dw) = 0;
   virtual void conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
                                              const ConvParams& p, Tensor& acc);
+  virtual Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w,
+                                              const ConvParams& p, const BnApply* pro, float eps,
+                                              BnSaved* stats);
   virtual Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
                                               const Tensor& beta, float eps, bool relu,
                                               BnSaved& saved) = 0;

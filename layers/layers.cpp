@@ -53,24 +53,55 @@ void Conv2d::validate(const Tensor& x) const {
 }
 
 Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
-  if (ctx.training) x_ = x;
-  return ctx.be.conv2d_forward(x, weight_.value, p_);
+  if (!ctx.training) return ctx.be.conv2d_forward(x, weight_.value, p_);
+  x_ = x;
+  if (!stats_for_ && !applies_) return ctx.be.conv2d_forward(x, weight_.value, p_);
+  // Fused: x is the un-normalized input of applies_, whose statistics its forward took.
+  if (applies_) {
+    const BatchNorm2d& bn = *applies_;
+    SPOTRAIN_CHECK(bn.saved_.mean.defined(), "internal: ", name_, " runs before ", bn.name());
+    pro_ = BnApply{bn.gamma_.value, bn.beta_.value, bn.saved_.mean, bn.saved_.var, bn.eps_};
+  }
+  BnSaved stats;
+  Tensor y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies_ ? &pro_ : nullptr,
+                                            stats_for_ ? stats_for_->eps_ : 0.f,
+                                            stats_for_ ? &stats : nullptr);
+  if (stats_for_) {
+    stats_for_->given_ = std::move(stats);
+    stats_for_->has_given_ = true;
+  }
+  return y;
 }
 
 Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
-  ctx.be.conv2d_backward_weights(x_, dy, p_, weight_.grad);
+  // Fused: what the forward read, relu(bn(x)), made again; the batch norm's backward takes it
+  // for its ReLU's mask.
+  Tensor in = x_;
+  if (pro_.mean.defined()) {
+    in = ctx.be.batchnorm_forward_infer(x_, pro_.gamma, pro_.beta, pro_.mean, pro_.var, pro_.eps,
+                                        true);
+    applies_->applied_ = in;
+  }
+  ctx.be.conv2d_backward_weights(in, dy, p_, weight_.grad);
   ctx.grad_ready(weight_);
   Tensor dx;
   if (needs_input_grad_ && acc_.defined()) {
-    ctx.be.conv2d_backward_data_add(dy, weight_.value, x_, p_, acc_);
+    ctx.be.conv2d_backward_data_add(dy, weight_.value, in, p_, acc_);
     dx = std::move(acc_);
   } else if (needs_input_grad_) {
-    dx = ctx.be.conv2d_backward_data(dy, weight_.value, x_, p_);
+    dx = ctx.be.conv2d_backward_data(dy, weight_.value, in, p_);
   }
-  acc_ = Tensor();
-  x_ = Tensor();
+  clear_stash();
   return dx;
+}
+
+void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b) {
+  SPOTRAIN_CHECK(bn.relu_ && a.out_ == bn.c_ && b.in_ == bn.c_,
+                 "internal: cannot fuse ", a.name(), ", ", bn.name(), " and ", b.name());
+  a.stats_for_ = &bn;
+  bn.deferred_ = true;
+  b.applies_ = &bn;
 }
 
 // ---- BatchNorm2d ----
@@ -103,6 +134,9 @@ void BatchNorm2d::clear_stash() {
   saved_ = BnSaved();
   z_ = Tensor();
   added_ = false;
+  given_ = BnSaved();
+  has_given_ = false;
+  applied_ = Tensor();
 }
 
 void BatchNorm2d::validate(const Tensor& x) const { check_4d(x, name_, c_); }
@@ -112,6 +146,16 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
     return ctx.be.batchnorm_forward_infer(x, gamma_.value, beta_.value, mean_.value, var_.value,
                                           eps_, relu_);
   x_ = x;
+  if (deferred_) {  // fused: the statistics came with x, the next convolution normalizes
+    SPOTRAIN_CHECK(has_given_ && !z_.defined(), "internal: ", name_,
+                   " runs fused without its convolution's statistics");
+    saved_ = std::move(given_);
+    has_given_ = false;
+    if (!ctx.replay)
+      ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
+                                      x.dim(0) * x.dim(2) * x.dim(3));
+    return x;
+  }
   added_ = z_.defined();
   SPOTRAIN_CHECK(!added_ || z_.shape() == x.shape(), name_, ": the residual branch ",
                  z_.describe(), " does not match ", x.describe());
@@ -129,6 +173,16 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor BatchNorm2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
+  if (deferred_) {  // dy is the gradient of relu(bn(x)), which the next convolution made again
+    SPOTRAIN_CHECK(applied_.defined(), "internal: ", name_, " backward before its convolution's");
+    Tensor g = ctx.be.relu_backward(dy, applied_);
+    Tensor dx = ctx.be.batchnorm_backward(g, x_, gamma_.value, beta_.value, saved_, eps_, false,
+                                          gamma_.grad, beta_.grad);
+    ctx.grad_ready(gamma_);
+    ctx.grad_ready(beta_);
+    clear_stash();
+    return dx;
+  }
   Tensor dx = added_ ? ctx.be.batchnorm_add_relu_backward(dy, x_, gamma_.value, beta_.value,
                                                           saved_, eps_, gamma_.grad, beta_.grad,
                                                           dz_)

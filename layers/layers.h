@@ -5,6 +5,8 @@
 
 namespace spotrain {
 
+class BatchNorm2d;
+
 class Conv2d final : public Layer {
  public:
   Conv2d(const std::string& name, int in_ch, int out_ch, int k, int stride, int pad);
@@ -12,6 +14,7 @@ class Conv2d final : public Layer {
   void clear_stash() override {
     x_ = Tensor();
     acc_ = Tensor();
+    pro_ = BnApply();
   }
   std::string kind() const override { return "Conv2d"; }
   Param& weight() { return weight_; }
@@ -27,11 +30,18 @@ class Conv2d final : public Layer {
   Tensor backward_impl(const Tensor& dy, Context& ctx) override;
 
  private:
+  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
   int in_, out_;
   ConvParams p_;
   Param weight_;  // (out, in, k, k)
   Tensor x_;      // stash: the input
   Tensor acc_;    // gradient the next backward adds its input gradient to
+  // Conv + batch-norm fusion (fuse_conv_bn_conv), in training: the batch norm after this
+  // convolution, whose statistics it computes, and the one before it, which it applies (with
+  // its ReLU) to its input as it reads it; pro_ stashes what it applied.
+  BatchNorm2d* stats_for_ = nullptr;
+  BatchNorm2d* applies_ = nullptr;
+  BnApply pro_;
 };
 
 class BatchNorm2d final : public Layer {
@@ -52,6 +62,7 @@ class BatchNorm2d final : public Layer {
   // for take_residual_grad().
   void set_residual(const Tensor& z) { z_ = z; }
   Tensor take_residual_grad() { return std::move(dz_); }
+  float eps() const { return eps_; }
 
  protected:
   void validate(const Tensor& x) const override;
@@ -59,6 +70,8 @@ class BatchNorm2d final : public Layer {
   Tensor backward_impl(const Tensor& dy, Context& ctx) override;
 
  private:
+  friend class Conv2d;
+  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
   int c_;
   bool relu_;
   float eps_, momentum_;
@@ -69,7 +82,22 @@ class BatchNorm2d final : public Layer {
   Tensor z_;              // residual input of the next forward (set_residual)
   bool added_ = false;    // the stashed forward was relu(bn(x) + z)
   Tensor dz_;             // gradient of that z, after backward
+  // Fused (fuse_conv_bn_conv), in training: the convolution before computes the batch
+  // statistics (given_), this layer passes its input through, and the convolution after
+  // applies the normalization and ReLU as it reads; its backward recomputes that output and
+  // leaves it here (applied_) for the ReLU's mask.
+  bool deferred_ = false;
+  BnSaved given_;
+  bool has_given_ = false;
+  Tensor applied_;
 };
+
+// Conv + batch-norm fusion (--fusion bn) of `a`, `bn` and `b`, consecutive in one branch with
+// bn a BatchNorm2d+ReLU: in training, a's forward also computes bn's batch statistics, bn
+// passes its input through, and b applies bn and its ReLU to what it reads (cuDNN's graph API
+// where it takes the shapes: Backend::conv2d_forward_bn_stats). bn's output is never written:
+// b's backward recomputes it. Evaluation runs the layers as they are.
+void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b);
 
 class ReLU final : public Layer {
  public:

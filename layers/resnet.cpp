@@ -48,9 +48,19 @@ void conv_bn(Sequential& seq, const std::string& prefix, const char* conv,
 
 }
 
+// --fusion bn: every Conv2d, BatchNorm2d+ReLU, Conv2d run of a block's main branch.
+void fuse_chains(Sequential& seq) {
+  for (size_t i = 0; i + 2 < seq.size(); ++i) {
+    auto* a = dynamic_cast<Conv2d*>(&seq.at(i));
+    auto* bn = dynamic_cast<BatchNorm2d*>(&seq.at(i + 1));
+    auto* b = dynamic_cast<Conv2d*>(&seq.at(i + 2));
+    if (a && bn && b && bn->fused_relu()) fuse_conv_bn_conv(*a, *bn, *b);
+  }
+}
+
 // One residual block named `prefix` (e.g. "layer2.0").
 std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, int in, int planes,
-                                  int stride, bool zero_init) {
+                                  int stride, bool zero_init, bool fusion) {
   auto main = std::make_unique<Sequential>(prefix);
   int out;
   if (bottleneck) {
@@ -63,6 +73,7 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
     conv_bn(*main, prefix, "conv1", "bn1", in, planes, 3, stride, true);
     conv_bn(*main, prefix, "conv2", "bn2", planes, planes, 3, 1, false, zero_init);
   }
+  if (fusion) fuse_chains(*main);
   std::unique_ptr<Sequential> shortcut;
   if (stride != 1 || in != out) {
     std::string d = join_name(prefix, "downsample");
@@ -153,6 +164,9 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
   check_resnet_options(opt.arch, opt.grad_checkpoint);
   SPOTRAIN_CHECK(opt.num_classes > 0, "number of classes must be positive");
   SPOTRAIN_CHECK(opt.in_channels > 0, "number of input channels must be positive");
+  SPOTRAIN_CHECK(opt.fusion == "none" || opt.fusion == "bn", "unknown --fusion '", opt.fusion,
+                 "'; use none or bn");
+  const bool fusion = opt.fusion == "bn";
   auto net = std::make_unique<Sequential>("");
   std::vector<std::unique_ptr<Sequential>> stages;
   int n_small = 0;
@@ -169,7 +183,7 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
       for (int b = 0; b < n_small; ++b) {
         int stride = (b == 0 && s > 0) ? 2 : 1;
         st->add(make_block(join_name(sname, std::to_string(b)), false, in, planes[s], stride,
-                           opt.zero_init_residual));
+                           opt.zero_init_residual, fusion));
         in = planes[s];
       }
       stages.push_back(std::move(st));
@@ -187,7 +201,7 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
       for (int b = 0; b < spec.blocks[s]; ++b) {
         int stride = (b == 0 && s > 0) ? 2 : 1;
         st->add(make_block(join_name(sname, std::to_string(b)), spec.bottleneck, in, planes,
-                           stride, opt.zero_init_residual));
+                           stride, opt.zero_init_residual, fusion));
         in = spec.bottleneck ? planes * 4 : planes;
       }
       stages.push_back(std::move(st));

@@ -19,6 +19,10 @@ struct ResNetOptions {
   // a stage per segment). The stem is always a segment of its own;
   // the last segment is never checkpointed (its replay would follow forward at once).
   std::string grad_checkpoint = "none";
+  // Conv + batch-norm fusion in training: "none", or "bn" (in each block, a convolution
+  // computes the batch statistics of the BN+ReLU after it and the next convolution applies
+  // that BN as it reads: fuse_conv_bn_conv in layers.h).
+  std::string fusion = "none";
 };
 
 // Throws Error naming the valid choices for an unknown arch or checkpoint mode.

@@ -85,6 +85,10 @@ enum SettingFlags : unsigned {
     "start each block's last BN gamma at 0", kSettingPlain, "")                                       \
   X(std::string, grad_checkpoint, "none", "--grad-checkpoint", "none|block|stage|every:K",        \
     kShowDefault, "")                                                                                 \
+  X(std::string, fusion, "none", "--fusion",                                                      \
+    "conv + batch-norm fusion in training: bn (a convolution makes the statistics of the BN+ReLU " \
+    "after it, the next one applies that BN as it reads; one cuDNN graph each where cuDNN takes "  \
+    "the shape, fp16/bf16) or none", kShowDefault, "none|bn")                                      \
   X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault, "fp32|tf32|bf16|fp16")           \
   X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault, "") \
   X(int64_t, max_overflow_steps, 50, "--max-overflow-steps",                                      \

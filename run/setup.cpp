@@ -28,6 +28,7 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
   s.net.in_channels = in_channels;
   s.net.zero_init_residual = cfg.zero_init_residual;
   s.net.grad_checkpoint = cfg.grad_checkpoint;
+  s.net.fusion = cfg.fusion;
   s.seed = cfg.seed;
   s.precision = parse_precision(cfg.precision);
   s.sgd.momentum = cfg.momentum;

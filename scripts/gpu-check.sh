@@ -23,9 +23,10 @@
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph profile
-# resume ranks2 more", run in that order of importance so that a short budget cuts only the
-# last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph (captured
-# or not); fp16 --profile with the kernels chosen per shape; "resume": a --cuda-graph run
+# fusion resume ranks2 more", run in that order of importance so that a short budget cuts only
+# the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph
+# (captured or not); fp16 --profile with the kernels chosen per shape; "fusion": fp16 with
+# --fusion bn, timed and profiled (which graphs cuDNN took and ran); "resume": a --cuda-graph run
 # stopped with a checkpoint and resumed, against one straight through; "ranks2": two ranks
 # on the one GPU (host-staged gradients), agreed stop and resume; "more": bf16, tf32, fp16
 # with checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
@@ -324,7 +325,7 @@ export bin logs ours_ld
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
-steps_wanted=" ${GPU_STEPS:-tests bench torch graph profile resume ranks2 more} "
+steps_wanted=" ${GPU_STEPS:-tests bench torch graph profile fusion resume ranks2 more} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
 # The loader step's JPEG folder is made in the background while the GPU steps run.
 jpegs=/tmp/spotrain-gpu-jpegs
@@ -424,6 +425,13 @@ if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
   [[ -n "$python" ]] && run_step torch-profile 120 env PYTHONUNBUFFERED=1 "$python" \
     "$repo/bench/torch_gpu_resnet50.py" --precision fp16 --batch-size 256 --image-size 224 \
     --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
+fi
+
+# Conv + batch-norm fusion (--fusion bn): fp16 timed as the plain fp16 run above (also end to
+# end), then profiled, whose chosen: lines say which graphs cuDNN took and which ran.
+if want fusion && [[ -n "$bin" && -n "$gpu" ]]; then
+  bench fp16-fusion fp16 none --fusion bn --end-to-end
+  bench profile-fp16-fusion fp16 none --fusion bn --profile
 fi
 
 # Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops, and fp16
@@ -544,7 +552,7 @@ compiled = []
 tc = os.path.join(out, "torch-compile.json")
 if os.path.exists(tc):
     compiled = json.load(open(tc))
-names = ["fp16", "fp16-graph", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
+names = ["fp16", "fp16-graph", "fp16-fusion", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
 names += sorted(f[6:-5] for f in os.listdir(out)
                 if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
 for name in names:
@@ -596,8 +604,10 @@ if rows or torch:
             odd = [c for c in choices if "fallback" in c or "refuse" in c]
             fused = sum(", conv+stats graph: accepted" in c for c in choices)
             pro = sum(", bn-relu+conv+stats graph: accepted" in c for c in choices)
+            ran = sum(c.count(", ran)") for c in choices)
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
-                  f"cuDNN's conv+stats graph accepted for {fused}, with the bn-relu prologue for {pro}; "
+                  f"cuDNN's conv+stats graph accepted for {fused}, with the bn-relu prologue for {pro}"
+                  f" ({ran} of them ran: --fusion bn); "
                   f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])

@@ -168,9 +168,9 @@ TEST_P(ConvStats, OutputAndStatisticsMatchTheUnfusedComputation) {
 INSTANTIATE_TEST_SUITE_P(Shapes, ConvStats, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// Two layers fused the way the training path will run them: conv1 with the statistics of
-// its output, the batch-norm finalize (launch_bn_finalize), then conv2 reading relu(bn1(y1))
-// through its prologue, against the backend's own ops (conv2d_forward, batchnorm_forward_train
+// Two layers fused the way the training path runs them (--fusion bn): conv1 with the
+// statistics of its output, the batch-norm finalize (launch_bn_stats_from_sums,
+// launch_bn_scale_bias), then conv2 reading relu(bn1(y1)) through its prologue, against the backend's own ops (conv2d_forward, batchnorm_forward_train
 // with ReLU, conv2d_forward) on the same rounded inputs.
 TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
@@ -214,7 +214,7 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
       dy1(size_t(m1 * s1.k) * 2), dy2(size_t(s2.n * s2.p() * s2.q() * s2.k) * 2),
       dsum1(size_t(s1.k) * 4), dsq1(size_t(s1.k) * 4), dsum2(size_t(s2.k) * 4), dsq2(size_t(s2.k) * 4),
       dgamma(gamma.size() * 4), dbeta(beta.size() * 4), dmean(size_t(s1.k) * 4),
-      dinvstd(size_t(s1.k) * 4), dscale(size_t(s1.k) * 2), dbias(size_t(s1.k) * 2),
+      dinvstd(size_t(s1.k) * 4), dvar(size_t(s1.k) * 4), dscale(size_t(s1.k) * 2), dbias(size_t(s1.k) * 2),
       ws(std::max(g1.workspace_bytes(), g2.workspace_bytes()));
   CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dw1.p, w1b.data(), w1b.size() * 2, cudaMemcpyHostToDevice));
@@ -222,10 +222,12 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   CUDA_CHECK(cudaMemcpy(dgamma.p, gamma.data(), gamma.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dbeta.p, beta.data(), beta.size() * 4, cudaMemcpyHostToDevice));
   g1.run(dx.p, dw1.p, dy1.p, static_cast<float*>(dsum1.p), static_cast<float*>(dsq1.p), ws.p);
-  launch_bn_finalize(static_cast<float*>(dsum1.p), static_cast<float*>(dsq1.p),
-                     static_cast<float*>(dgamma.p), static_cast<float*>(dbeta.p), int(s1.k), m1, eps,
-                     static_cast<float*>(dmean.p), static_cast<float*>(dinvstd.p), dscale.p, dbias.p,
-                     DType::f16, nullptr);
+  launch_bn_stats_from_sums(static_cast<float*>(dsum1.p), static_cast<float*>(dsq1.p), int(s1.k),
+                            m1, eps, static_cast<float*>(dmean.p), static_cast<float*>(dvar.p),
+                            static_cast<float*>(dinvstd.p), nullptr);
+  launch_bn_scale_bias(static_cast<float*>(dmean.p), static_cast<float*>(dvar.p),
+                       static_cast<float*>(dgamma.p), static_cast<float*>(dbeta.p), int(s1.k), eps,
+                       dscale.p, dbias.p, DType::f16, nullptr);
   g2.run(dy1.p, dw2.p, dy2.p, static_cast<float*>(dsum2.p), static_cast<float*>(dsq2.p), ws.p,
          dscale.p, dbias.p);
   CUDA_CHECK(cudaDeviceSynchronize());

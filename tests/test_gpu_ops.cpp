@@ -12,10 +12,12 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -293,6 +295,84 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
       Tensor ic = c->batchnorm_forward_infer(xc, gc, bc, rmc, rvc, 1e-5f, relu);
       Tensor ig = g->batchnorm_forward_infer(xg, gg, bg, rmg, rvg, 1e-5f, relu);
       EXPECT_CLOSE(*g, ig, *c, ic, tol);
+    }
+  }
+}
+
+// Conv + batch-norm fusion (--fusion bn): the convolution with the statistics of its output,
+// without and then with the previous batch norm and ReLU applied as it reads, against the
+// CPU's composition; the batch-norm backward and the running statistics run from those
+// statistics (no cuDNN forward of that shape chose a configuration). At 16 bits the GPU runs
+// cuDNN's graph where it takes the shape (kernel_choices says "ran"), else the composition.
+TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const Shape xs{4, 32, 10, 10};
+  const int64_t K = 64;
+  const float eps = 1e-5f;
+  const ConvParams p3{3, 3, 1, 1}, p1{1, 1, 1, 0};
+  Tensor hx = host_nhwc(xs, 340);
+  Tensor hw1 = host_plain({K, xs[1], 3, 3}, 341, 1.f / std::sqrt(float(xs[1] * 9)));
+  Tensor hw2 = host_plain({K, K, 1, 1}, 342, 1.f / std::sqrt(float(K)));
+  Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+  Tensor w1c = c->from_host(hw1), w1g = g->from_host(hw1);
+  Tensor w2c = c->from_host(hw2), w2g = g->from_host(hw2);
+  // conv1 with bn1's statistics
+  BnSaved sc, sg;
+  Tensor y1c = c->conv2d_forward_bn_stats(xc, w1c, p3, nullptr, eps, &sc);
+  Tensor y1g = g->conv2d_forward_bn_stats(xg, w1g, p3, nullptr, eps, &sg);
+  double tol = std::max(pr.tol, 10 * elem_tol(pr.dt));
+  EXPECT_CLOSE(*g, y1g, *c, y1c, tol);
+  EXPECT_CLOSE(*g, sg.mean, *c, sc.mean, tol);
+  EXPECT_CLOSE(*g, sg.var, *c, sc.var, tol);
+  // conv2 applying bn1 and its ReLU as it reads y1, with the statistics of its own output
+  BnParams pc = bn_params(*c, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
+  BnParams pg = bn_params(*g, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
+  BnApply ac{pc.gamma, pc.beta, sc.mean, sc.var, eps}, ag{pg.gamma, pg.beta, sg.mean, sg.var, eps};
+  BnSaved s2c, s2g;
+  Tensor y2c = c->conv2d_forward_bn_stats(y1c, w2c, p1, &ac, eps, &s2c);
+  Tensor y2g = g->conv2d_forward_bn_stats(y1g, w2g, p1, &ag, eps, &s2g);
+  EXPECT_CLOSE(*g, y2g, *c, y2c, 2 * tol);
+  EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
+  EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
+  // bn1's backward from the statistics conv1 made, and its running statistics
+  Tensor hdy = host_nhwc(y1c.shape(), 345);
+  Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+  g->fill(pg.dgamma, kNaN);
+  g->fill(pg.dbeta, kNaN);
+  Tensor dxc = c->batchnorm_backward(dyc, y1c, pc.gamma, pc.beta, sc, eps, false, pc.dgamma, pc.dbeta);
+  Tensor dxg = g->batchnorm_backward(dyg, y1g, pg.gamma, pg.beta, sg, eps, false, pg.dgamma, pg.dbeta);
+  EXPECT_CLOSE(*g, dxg, *c, dxc, 2 * tol);
+  EXPECT_CLOSE(*g, pg.dgamma, *c, pc.dgamma, 2 * tol);
+  EXPECT_CLOSE(*g, pg.dbeta, *c, pc.dbeta, 2 * tol);
+  Tensor rmc = c->zeros({K}), rvc = c->zeros({K}), rmg = g->zeros({K}), rvg = g->zeros({K});
+  c->batchnorm_update_running(rmc, rvc, sc, 0.1f, xs[0] * xs[2] * xs[3]);
+  g->batchnorm_update_running(rmg, rvg, sg, 0.1f, xs[0] * xs[2] * xs[3]);
+  EXPECT_CLOSE(*g, rmg, *c, rmc, tol);
+  EXPECT_CLOSE(*g, rvg, *c, rvc, tol);
+  // What ran, per shape (printed: which graphs this GPU and cuDNN take is what the test is
+  // for on a new one): conv1's statistics graph and conv2's prologue graph ran where cuDNN
+  // accepted them; fp32 has none.
+  auto verdict = [&](const char* input, const char* graph) {
+    for (const std::string& l : g->kernel_choices()) {
+      if (l.rfind("conv ", 0) != 0 || l.find(input) == std::string::npos) continue;
+      std::printf("  %s\n", l.c_str());
+      size_t at = l.find(std::string(", ") + graph + " graph: ");
+      return at == std::string::npos ? std::string("none") : l.substr(at, l.find(')', at) - at);
+    }
+    return std::string("no such shape");
+  };
+  for (auto [input, graph] : {std::pair{",4,32,10,10|", "conv+stats"},
+                              std::pair{",4,64,10,10|", "bn-relu+conv+stats"}}) {
+    const std::string v = verdict(input, graph);
+    if (pr.dt == DType::f32) {
+      EXPECT_EQ(v, "none") << input;
+    } else {
+      const bool accepted = v.find("graph: accepted") != std::string::npos;
+      EXPECT_EQ(v.find(", ran") != std::string::npos, accepted) << v;
+      EXPECT_TRUE(accepted || v.find("graph: refused") != std::string::npos) << v;
     }
   }
 }
@@ -684,11 +764,12 @@ struct TrainRun {
   std::unique_ptr<Sgd> sgd;
 };
 
-TrainRun make_run(std::unique_ptr<Backend> be) {
+TrainRun make_run(std::unique_ptr<Backend> be, const char* fusion = "none") {
   TrainRun r;
   r.be = std::move(be);
   ResNetOptions o;
   o.arch = "resnet20";
+  o.fusion = fusion;
   o.in_channels = 1;
   o.num_classes = 10;
   r.model = std::make_unique<Model>(build_resnet(o), *r.be);
@@ -826,6 +907,27 @@ TEST(GpuTraining, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_EQ(g.sgd->steps(), 1);
   auto p2 = values(*g.be, g.model->flat_params());
   EXPECT_NE(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "params did not change";
+}
+
+// --fusion bn at fp16 on the GPU (cuDNN's graphs where it takes resnet20's shapes): from the
+// same weights, the unfused run's losses, step for step, up to fp16 rounding.
+TEST(GpuTraining, FusedFp16StepsFollowTheUnfusedSteps) {
+  REQUIRE_GPU();
+  TrainRun plain = make_run(gpu()), fused = make_run(gpu(), "bn");
+  LossScaler sp{LossScalerOptions{}}, sf{LossScalerOptions{}};
+  StepRunner rp(*plain.model, *plain.sgd, sp, Precision::fp16),
+      rf(*fused.model, *fused.sgd, sf, Precision::fp16);
+  for (int step = 0; step < 5; ++step) {
+    Batch b = batch(32, 1500 + uint64_t(step));
+    StepResult a = rp.run(b.images, b.labels.data(), 0.05f, 0.1f);
+    StepResult f = rf.run(b.images, b.labels.data(), 0.05f, 0.1f);
+    EXPECT_EQ(f.overflow, a.overflow) << "step " << step;
+    EXPECT_NEAR(f.loss.loss, a.loss.loss, (step == 0 ? 2e-3 : 2e-2) * a.loss.loss) << "step " << step;
+  }
+  EXPECT_LE(nerr(values(*fused.be, fused.model->flat_params()),
+                 values(*plain.be, plain.model->flat_params())), 1e-2);
+  for (const std::string& l : fused.be->kernel_choices())
+    if (l.find("graph: accepted") != std::string::npos) std::printf("  %s\n", l.c_str());
 }
 
 // On the GPU, steps queued back to back (the loss and overflow verdict read a step later, the

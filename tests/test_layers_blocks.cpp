@@ -39,9 +39,10 @@ void randomize_params(Layer& l, uint32_t stream) {
 }
 
 // A block of resnet20 as build_resnet makes it: stage 0..2, block index.
-std::unique_ptr<Layer> resnet20_block(int stage, int index) {
+std::unique_ptr<Layer> resnet20_block(int stage, int index, const char* fusion = "none") {
   ResNetOptions o;
   o.arch = "resnet20";
+  o.fusion = fusion;
   auto net = build_resnet(o);
   auto layers = net->release();  // conv1, bn1, layer1, layer2, layer3, avgpool, fc
   auto* st = dynamic_cast<Sequential*>(layers.at(size_t(2 + stage)).get());
@@ -50,8 +51,9 @@ std::unique_ptr<Layer> resnet20_block(int stage, int index) {
   return std::move(blocks.at(size_t(index)));
 }
 
-// A torchvision Bottleneck (v1.5, stride on the 3x3) assembled as resnet.cpp does it.
-std::unique_ptr<Layer> bottleneck(int in, int planes, int stride) {
+// A torchvision Bottleneck (v1.5, stride on the 3x3) assembled as resnet.cpp does it; `fused`:
+// with --fusion bn's two links (conv1, bn1, conv2) and (conv2, bn2, conv3).
+std::unique_ptr<Layer> bottleneck(int in, int planes, int stride, bool fused = false) {
   auto main = std::make_unique<Sequential>("b");
   main->emplace<Conv2d>("b.conv1", in, planes, 1, 1, 0);
   main->emplace<BatchNorm2d>("b.bn1", planes, true);
@@ -59,6 +61,12 @@ std::unique_ptr<Layer> bottleneck(int in, int planes, int stride) {
   main->emplace<BatchNorm2d>("b.bn2", planes, true);
   main->emplace<Conv2d>("b.conv3", planes, planes * 4, 1, 1, 0);
   main->emplace<BatchNorm2d>("b.bn3", planes * 4, false);
+  auto conv = [&](size_t i) -> Conv2d& { return dynamic_cast<Conv2d&>(main->at(i)); };
+  auto bn = [&](size_t i) -> BatchNorm2d& { return dynamic_cast<BatchNorm2d&>(main->at(i)); };
+  if (fused) {
+    fuse_conv_bn_conv(conv(0), bn(1), conv(2));
+    fuse_conv_bn_conv(conv(2), bn(3), conv(4));
+  }
   auto sc = std::make_unique<Sequential>("b.downsample");
   sc->emplace<Conv2d>("b.downsample.0", in, planes * 4, 1, stride, 0);
   sc->emplace<BatchNorm2d>("b.downsample.1", planes * 4, false);
@@ -127,7 +135,10 @@ INSTANTIATE_TEST_SUITE_P(
         BlockCase{"basic_identity", [] { return resnet20_block(0, 0); }, 2, 16, 6, 6},
         BlockCase{"basic_downsample", [] { return resnet20_block(1, 0); }, 2, 16, 7, 7},
         BlockCase{"bottleneck_downsample", [] { return bottleneck(8, 4, 2); }, 2, 8, 7, 7},
-        BlockCase{"bottleneck_stride1", [] { return bottleneck(8, 4, 1); }, 2, 8, 5, 5}),
+        BlockCase{"bottleneck_stride1", [] { return bottleneck(8, 4, 1); }, 2, 8, 5, 5},
+        // --fusion bn: the batch norms the next convolution applies as it reads
+        BlockCase{"basic_fused", [] { return resnet20_block(1, 0, "bn"); }, 2, 16, 7, 7},
+        BlockCase{"bottleneck_fused", [] { return bottleneck(8, 4, 2, true); }, 2, 8, 7, 7}),
     [](const ::testing::TestParamInfo<BlockCase>& i) { return std::string(i.param.name); });
 
 // A residual block's last BN takes the shortcut and does Add and ReLU in one backend op
@@ -179,6 +190,67 @@ TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryO
   EXPECT_FALSE(prof.report().empty());
 }
 
+// Largest difference between a and b relative to b's RMS.
+double rel_diff(const Vec& a, const Vec& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d / std::max(rms(b), 1e-30);
+}
+
+// --fusion bn on a bottleneck: the plain block's output, gradients and running statistics up
+// to rounding, through the fused ops: conv1 makes bn1's statistics as it writes, conv2 and
+// conv3 apply bn1 and bn2 with their ReLU as they read, and those two batch norms never run a
+// forward of their own (their backward takes the output recomputed from the convolution's input).
+TEST(ConvBnFusion, BottleneckMatchesThePlainBlockThroughTheFusedOps) {
+  struct Outcome {
+    Vec y;
+    std::vector<Vec> grads, buffers;
+    std::map<std::string, double> calls;
+  };
+  auto run = [](bool fused) {
+    auto be = cpu_backend();
+    std::unique_ptr<Layer> block = bottleneck(8, 4, 2, fused);
+    randomize_params(*block, 150);
+    Shape s{2, 8, 7, 7};
+    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::blocked);
+    Outcome o;
+    OpProfiler prof(*be);
+    Context ctx = train_ctx(*be);
+    Tensor y = block->forward(x, ctx);
+    Tensor dx = block->backward(make_like(normals(y.numel(), 152), y), ctx);
+    prof.collect(true);
+    for (const auto& r : prof.by_op()) o.calls[r.name] = r.calls_per_step;
+    o.y = values(*be, y);
+    std::vector<Param*> ps;
+    block->collect_params(ps);
+    for (Param* p : ps) o.grads.push_back(to_vec(p->grad));
+    o.grads.push_back(values(*be, dx));
+    std::vector<Buffer*> bs;
+    block->collect_buffers(bs);
+    for (Buffer* b : bs) o.buffers.push_back(to_vec(b->value));
+    return o;
+  };
+  Outcome plain = run(false), fused = run(true);
+  EXPECT_LT(rel_diff(fused.y, plain.y), 1e-5);
+  ASSERT_EQ(fused.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i)
+    EXPECT_LT(rel_diff(fused.grads[i], plain.grads[i]), 1e-4) << "gradient " << i;
+  ASSERT_EQ(fused.buffers.size(), plain.buffers.size());
+  for (size_t i = 0; i < plain.buffers.size(); ++i)
+    EXPECT_LT(rel_diff(fused.buffers[i], plain.buffers[i]), 1e-5) << "buffer " << i;
+
+  EXPECT_EQ(plain.calls["batchnorm_forward+relu"], 2);
+  EXPECT_EQ(plain.calls.count("conv2d_forward+stats"), 0u);
+  EXPECT_EQ(fused.calls.count("batchnorm_forward+relu"), 0u) << "bn1 or bn2 ran on its own";
+  EXPECT_EQ(fused.calls["conv2d_forward+stats"], 1);          // conv1
+  EXPECT_EQ(fused.calls["bn_relu+conv2d_forward+stats"], 2);  // conv2, conv3
+  EXPECT_EQ(fused.calls["conv2d_forward"], 1);                 // the shortcut's
+  EXPECT_EQ(fused.calls["batchnorm_add_relu_forward"], 1);     // bn3, as before
+  EXPECT_EQ(fused.calls["batchnorm_infer"], 2);  // backward recomputes relu(bn1), relu(bn2)
+  EXPECT_EQ(fused.calls["relu_backward"], 2);
+}
+
 // ============================================================================================
 // Gradient checkpointing: bitwise the same gradients and running statistics.
 // ============================================================================================
@@ -195,9 +267,11 @@ Floats host_floats(Backend& be, const Tensor& t) {
   return Floats(h.data<float>(), h.data<float>() + h.numel());
 }
 
-StepOutcome resnet20_steps(Backend& be, const std::string& mode) {
+StepOutcome resnet20_steps(Backend& be, const std::string& mode,
+                           const std::string& fusion = "none") {
   ResNetOptions o;
   o.arch = "resnet20";
+  o.fusion = fusion;
   o.in_channels = 1;
   o.num_classes = 10;
   o.grad_checkpoint = mode;
@@ -263,6 +337,36 @@ TEST_P(Checkpointing, ModesGiveBitwiseIdenticalGradientsAndStatistics) {
     EXPECT_TRUE(close(to_vec(ref.logits[s]), to_vec(single.logits[s]), 1e-4)) << "step " << s;
     EXPECT_TRUE(close(to_vec(ref.grads[s]), to_vec(single.grads[s]), 1e-4)) << "step " << s;
   }
+}
+
+// --fusion bn over two steps of resnet20: the plain model's numbers up to rounding, and under
+// gradient checkpointing bitwise its own (a replay hands the same statistics on, and never
+// counts them twice in the running statistics).
+TEST(ConvBnFusion, ResNet20StepsMatchThePlainModelAndCheckpointingReplaysThemExactly) {
+  auto be = cpu_backend(1);
+  StepOutcome plain = resnet20_steps(*be, "none");
+  StepOutcome fused = resnet20_steps(*be, "none", "bn");
+  ASSERT_EQ(fused.names, plain.names) << "fusion changed the parameters a checkpoint holds";
+  for (size_t s = 0; s < plain.grads.size(); ++s) {
+    EXPECT_NEAR(fused.losses[s], plain.losses[s], 1e-5 * std::fabs(plain.losses[s]));
+    EXPECT_LT(rel_diff(to_vec(fused.logits[s]), to_vec(plain.logits[s])), 1e-4) << "step " << s;
+    EXPECT_LT(rel_diff(to_vec(fused.grads[s]), to_vec(plain.grads[s])), 1e-3) << "step " << s;
+    size_t nan = size_t(std::count_if(fused.grads[s].begin(), fused.grads[s].end(),
+                                      [](float v) { return std::isnan(v); }));
+    EXPECT_EQ(nan, 0u) << "gradient elements left unwritten";
+  }
+  ASSERT_EQ(fused.buffers.size(), plain.buffers.size());
+  for (size_t b = 0; b < plain.buffers.size(); ++b)
+    EXPECT_LT(rel_diff(to_vec(fused.buffers[b]), to_vec(plain.buffers[b])), 1e-4) << "buffer " << b;
+  EXPECT_LT(rel_diff(to_vec(fused.eval_logits), to_vec(plain.eval_logits)), 1e-3);
+
+  StepOutcome replayed = resnet20_steps(*be, "block", "bn");
+  for (size_t s = 0; s < fused.grads.size(); ++s) {
+    EXPECT_TRUE(bitwise_equal(replayed.logits[s], fused.logits[s])) << "logits, step " << s;
+    EXPECT_TRUE(bitwise_equal(replayed.grads[s], fused.grads[s])) << "gradients, step " << s;
+  }
+  for (size_t b = 0; b < fused.buffers.size(); ++b)
+    EXPECT_TRUE(bitwise_equal(replayed.buffers[b], fused.buffers[b])) << "buffer " << b;
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),

@@ -19,6 +19,8 @@
 
 namespace spotrain::cuda {
 
+class ConvStatsGraph;  // cudnn_graph.h
+
 // The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
 Allocator& device_allocator();
 // Another caching device allocator of the same kind (a captured step's own pool).
@@ -79,6 +81,8 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   void fill_impl(Tensor& t, float value) override;
   void copy_impl(const Tensor& src, Tensor& dst) override;
   Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) override;
+  Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                      const BnApply* pro, float eps, BnSaved* stats) override;
   Tensor conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
                               const ConvParams& p) override;
   void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
@@ -127,6 +131,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   struct BnEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x);
+  // The conv + batch-norm statistics graph of a shape, without or with the BN-ReLU prologue,
+  // planned at its first use (cuda_fusion.cpp); nullptr where the graph does not apply.
+  ConvStatsGraph* stats_graph(ConvEntry& e, bool prologue);
   std::vector<std::string> conv_choices();  // the parts of kernel_choices()
   std::vector<std::string> bn_choices() const;
   // A new device tensor (NaN-filled when poisoning).

@@ -73,6 +73,7 @@ struct CudaBackend::ConvEntry {
   // The conv + batch-norm statistics graphs for this shape, without and with the
   // scale-bias-ReLU prologue (planned by kernel_choices).
   std::unique_ptr<ConvStatsGraph> stats_graph, prologue_graph;
+  bool stats_ran = false, prologue_ran = false;  // conv2d_forward_bn_stats ran them
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
@@ -80,6 +81,11 @@ struct CudaBackend::ConvEntry {
     if (conv) CUDNN_WARN(cudnnDestroyConvolutionDescriptor(conv));
   }
 };
+
+// BnSaved::backend_state slots of the CUDA batch norm: cuDNN's reserve space, its saved inverse
+// standard deviation, and (with a ReLU) the forward output for the mask: the same slot as the
+// composed default.
+constexpr int kBnReserve = 0, kBnInvStd = 1, kBnOutput = BnSaved::kComposedOutput;
 
 struct CudaBackend::BnEntry {
   cudnnTensorDescriptor_t x = nullptr, stats = nullptr;

@@ -554,32 +554,46 @@ void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const f
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename D>
-__global__ void bn_finalize_kernel(const float* sum, const float* sqsum, const float* gamma,
-                                   const float* beta, int c, float inv_count, float eps,
-                                   float* mean, float* invstd, typename D::T* scale,
-                                   typename D::T* bias) {
+__global__ void bn_stats_from_sums_kernel(const float* sum, const float* sqsum, int c,
+                                          float inv_count, float eps, float* mean, float* var,
+                                          float* invstd) {
   GRID_STRIDE(i, c) {
     const float m = sum[i] * inv_count;
     const float v = fmaxf(sqsum[i] * inv_count - m * m, 0.f);  // rounding can go below 0
-    const float is = rsqrtf(v + eps), sc = gamma[i] * is;
     mean[i] = m;
-    invstd[i] = is;
-    D::st(scale, i, sc);
-    D::st(bias, i, beta[i] - m * sc);
+    var[i] = v;
+    invstd[i] = rsqrtf(v + eps);
   }
 }
 
-void launch_bn_finalize(const float* sum, const float* sqsum, const float* gamma,
-                        const float* beta, int c, int64_t count, float eps, float* mean,
-                        float* invstd, void* scale, void* bias, DType dt, cudaStream_t s) {
+template <typename D>
+__global__ void bn_scale_bias_kernel(const float* mean, const float* var, const float* gamma,
+                                     const float* beta, int c, float eps, typename D::T* scale,
+                                     typename D::T* bias) {
+  GRID_STRIDE(i, c) {
+    const float sc = gamma[i] * rsqrtf(var[i] + eps);
+    D::st(scale, i, sc);
+    D::st(bias, i, beta[i] - mean[i] * sc);
+  }
+}
+
+void launch_bn_stats_from_sums(const float* sum, const float* sqsum, int c, int64_t count,
+                               float eps, float* mean, float* var, float* invstd, cudaStream_t s) {
   if (c <= 0 || count <= 0) return;
+  bn_stats_from_sums_kernel<<<blocks_for(c), kThreads, 0, s>>>(sum, sqsum, c, 1.f / float(count),
+                                                                eps, mean, var, invstd);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_bn_scale_bias(const float* mean, const float* var, const float* gamma,
+                          const float* beta, int c, float eps, void* scale, void* bias, DType dt,
+                          cudaStream_t s) {
+  if (c <= 0) return;
   dispatch(dt, [&](auto d) {
     using D = decltype(d);
     using T = typename D::T;
-    bn_finalize_kernel<D><<<blocks_for(c), kThreads, 0, s>>>(
-        sum, sqsum, gamma, beta, c, 1.f / float(count), eps, mean, invstd, static_cast<T*>(scale),
-        static_cast<T*>(bias));
+    bn_scale_bias_kernel<D><<<blocks_for(c), kThreads, 0, s>>>(
+        mean, var, gamma, beta, c, eps, static_cast<T*>(scale), static_cast<T*>(bias));
   });
   CUDA_CHECK_LAUNCH();
 }

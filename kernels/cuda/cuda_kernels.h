@@ -36,13 +36,16 @@ void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const f
                      cudaStream_t s);
 // var = 1 / invstd^2 - eps (the biased batch variance from cuDNN's saved inverse std).
 void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s);
-// Batch-norm finalize for the fused graphs (cudnn_graph.h): from the per-channel sum and sum
-// of squares of `count` values, the mean, the inverse standard deviation (biased variance, as
-// training normalizes) and the equivalent scale and bias, x * scale + bias = gamma * (x -
-// mean) * invstd + beta, stored in dt for a convolution's prologue.
-void launch_bn_finalize(const float* sum, const float* sqsum, const float* gamma,
-                        const float* beta, int c, int64_t count, float eps, float* mean,
-                        float* invstd, void* scale, void* bias, DType dt, cudaStream_t s);
+// Batch-norm finalize for the fused graphs (cudnn_graph.h), in two halves. From the per-channel
+// sum and sum of squares of `count` values: the batch mean, the biased variance (as training
+// normalizes) and its inverse standard deviation (cuDNN's saved form, for its backward).
+void launch_bn_stats_from_sums(const float* sum, const float* sqsum, int c, int64_t count,
+                               float eps, float* mean, float* var, float* invstd, cudaStream_t s);
+// From the batch statistics, the equivalent scale and bias, x * scale + bias = gamma * (x -
+// mean) / sqrt(var + eps) + beta, stored in dt for a convolution's prologue.
+void launch_bn_scale_bias(const float* mean, const float* var, const float* gamma,
+                          const float* beta, int c, float eps, void* scale, void* bias, DType dt,
+                          cudaStream_t s);
 void launch_bn_running(float* rm, float* rv, const float* mean, const float* var, int c,
                        float momentum, double unbias, cudaStream_t s);
 // Max pooling of NHWC x (n, c, h, w) with a k x k window: y (n, c, oh, ow) and idx, the

@@ -11,10 +11,6 @@
 
 namespace spotrain::cuda {
 
-// BnSaved::backend_state slots: cuDNN's reserve space, its saved inverse standard deviation,
-// and (with a ReLU) the forward output for the mask: the same slot as the composed default.
-constexpr int kBnReserve = 0, kBnInvStd = 1, kBnOutput = BnSaved::kComposedOutput;
-
 namespace {
 const float kOne = 1.f, kZero = 0.f;
 }  // namespace
@@ -192,25 +188,45 @@ Tensor CudaBackend::batchnorm_backward_impl(const Tensor& dy, const Tensor& x, c
                                    eps, false, dgamma, dbeta),
                 x.dtype());
   }
-  int chosen = e.cfg[relu ? 1 : 0];
-  SPOTRAIN_CHECK(chosen >= 0 && saved.backend_state[kBnInvStd].defined() && (!relu || saved.backend_state[kBnOutput].defined()),
+  int& chosen = e.cfg[relu ? 1 : 0];
+  // Statistics made by conv2d_forward_bn_stats (--fusion bn): no cuDNN forward of this shape
+  // chose a configuration; the plain ones are probed here, persistent first.
+  const bool probing = chosen < 0 && !relu;
+  SPOTRAIN_CHECK((chosen >= 0 || probing) && saved.backend_state[kBnInvStd].defined() &&
+                     (!relu || saved.backend_state[kBnOutput].defined()),
                  "internal: batch-norm backward without its training forward");
-  const BnConfig& cf = kBnConfigs[chosen];
-  bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-  cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
-  Tensor g = relu && !fused ? relu_backward(dy, saved.backend_state[kBnOutput]) : dy;
   int64_t c = x.dim(1);
   Tensor dx = alloc_like(x);
   BnArgs a = bn_args(gamma, beta, c, nullptr);
-  size_t ws = 0;
-  CUDNN_CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-      dnn_, cf.mode, cf.ops, e.x, fused ? e.x : nullptr, e.x, nullptr, e.x, e.stats, act, &ws));
   const Tensor& reserve = saved.backend_state[kBnReserve];
-  CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
-      dnn_, cf.mode, cf.ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), fused ? e.x : nullptr,
-      fused ? saved.backend_state[kBnOutput].raw() : nullptr, e.x, g.raw(), nullptr, nullptr, e.x, dx.raw(), e.stats,
-      a.g, a.b, a.dg, a.db, double(eps), saved.mean.raw(), saved.backend_state[kBnInvStd].raw(), act, workspace(ws), ws,
-      reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0));
+  Tensor g = dy;
+  for (int i = probing ? 1 : chosen; i <= (probing ? kNumBnConfigs - 1 : chosen); ++i) {
+    const BnConfig& cf = kBnConfigs[i];
+    bool fused = cf.ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    cudnnActivationDescriptor_t act = fused ? e.act : nullptr;
+    if (relu && !fused) g = relu_backward(dy, saved.backend_state[kBnOutput]);
+    size_t ws = 0, rs = 0;
+    cudnnStatus_t st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+        dnn_, cf.mode, cf.ops, e.x, fused ? e.x : nullptr, e.x, nullptr, e.x, e.stats, act, &ws);
+    // A configuration whose forward keeps a reserve space cannot run without that forward.
+    if (st == CUDNN_STATUS_SUCCESS && probing)
+      st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x, &rs);
+    if (st == CUDNN_STATUS_SUCCESS && rs > 0) st = CUDNN_STATUS_NOT_SUPPORTED;
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cudnnBatchNormalizationBackwardEx(
+          dnn_, cf.mode, cf.ops, &kOne, &kZero, &kOne, &kZero, e.x, x.raw(), fused ? e.x : nullptr,
+          fused ? saved.backend_state[kBnOutput].raw() : nullptr, e.x, g.raw(), nullptr, nullptr,
+          e.x, dx.raw(), e.stats, a.g, a.b, a.dg, a.db, double(eps), saved.mean.raw(),
+          saved.backend_state[kBnInvStd].raw(), act, workspace(ws), ws,
+          reserve.defined() ? reserve.raw() : nullptr, reserve.defined() ? reserve.nbytes() : 0);
+    if (probing && i < kNumBnConfigs - 1 &&
+        (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+         CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM))
+      continue;
+    CUDNN_CHECK(st);
+    chosen = i;
+    break;
+  }
   bn_grads_out(a, c, dgamma, dbeta);
   return dx;
 }

@@ -47,6 +47,7 @@ struct BenchOptions {
   int threads = 0;
   std::string precision = "fp32";
   std::string grad_checkpoint = "none";
+  std::string fusion = "none";
   std::string device = "auto";
   std::string data = "synthetic";  // synthetic | imagefolder:DIR | shards:DIR (training transforms)
   int workers = 4;                  // loader threads for real data
@@ -69,6 +70,7 @@ RunConfig run_config_of(const BenchOptions& o) {
   c.threads = o.threads;
   c.precision = o.precision;
   c.grad_checkpoint = o.grad_checkpoint;
+  c.fusion = o.fusion;
   c.device = o.device;
   c.data = o.data;
   c.workers = o.workers;
@@ -313,6 +315,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                    {"images_per_sec_per_rank", s.rank_ips},
                    {"input_bound", s.input_bound},
                    {"grad_checkpoint", o.grad_checkpoint},
+                   {"fusion", o.fusion},
                    {"ranks", session.world()},
                    {"steps", o.steps},
                    {"images_per_sec", s.median},
@@ -414,6 +417,10 @@ Command add_bench(CLI::App& app) {
   bench->add_option("--threads", bo.threads, "compute threads (0 = all cores)");
   bench->add_option("--precision", bo.precision, "fp32|tf32|bf16|fp16")->capture_default_str();
   bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
+      ->capture_default_str();
+  bench->add_option("--fusion", bo.fusion,
+                    "none|bn: conv + batch-norm fusion in training (see train --help)")
+      ->check(CLI::IsMember({"none", "bn"}))
       ->capture_default_str();
   bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
   bench->add_option("--data", bo.data,
