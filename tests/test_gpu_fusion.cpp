@@ -170,8 +170,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvStats, ::testing::ValuesIn(cases()),
 
 // Two layers fused the way the training path runs them (--fusion bn): conv1 with the
 // statistics of its output, the batch-norm finalize (launch_bn_stats_from_sums,
-// launch_bn_scale_bias), then conv2 reading relu(bn1(y1)) through its prologue, against the backend's own ops (conv2d_forward, batchnorm_forward_train
-// with ReLU, conv2d_forward) on the same rounded inputs.
+// launch_bn_scale_bias), then conv2 reading relu(bn1(y1)) through its prologue, against the
+// backend's own ops (conv2d_forward, batchnorm_forward_train with ReLU, conv2d_forward) on the
+// same rounded inputs.
 TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
   const ConvShape s1{DType::f16, 4, 64, 28, 28, 64, 3, 3, 1, 1};
