@@ -82,6 +82,14 @@ Tensor Backend::conv2d_forward_bn_stats(const Tensor& x, const Tensor& w, const 
                [&] { return conv_desc(x, w, p); },
                [&] { return conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats); });
 }
+Tensor Backend::conv2d_backward_bn_relu(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                        const ConvParams& p, const BnApply& pro,
+                                        const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                        Tensor& dbeta) {
+  return timed("conv2d_backward+bn_relu", [&] { return conv_desc(x, w, p); }, [&] {
+    return conv2d_backward_bn_relu_impl(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
+  });
+}
 void Backend::conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
                                        const ConvParams& p, Tensor& acc) {
   timed("conv2d_backward_data_add", [&] { return conv_desc(x, w, p); },
@@ -214,6 +222,19 @@ Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, c
     batchnorm_forward_train(y, ones, zero, eps, false, *stats);
   }
   return y;
+}
+
+// The composed backward through conv and the BN-ReLU prologue: the convolution's input made
+// again (the forward never wrote it), its weight and data gradients, the ReLU's mask from that
+// input, then the batch norm's backward from the statistics the forward made.
+Tensor Backend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                             const ConvParams& p, const BnApply& pro,
+                                             const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                             Tensor& dbeta) {
+  Tensor a = batchnorm_forward_infer(x, pro.gamma, pro.beta, pro.mean, pro.var, pro.eps, true);
+  conv2d_backward_weights(a, dy, p, dw);
+  Tensor g = relu_backward(conv2d_backward_data(dy, w, a, p), a);
+  return batchnorm_backward(g, x, pro.gamma, pro.beta, saved, pro.eps, false, dgamma, dbeta);
 }
 
 Tensor Backend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z,

@@ -158,6 +158,14 @@ class Backend {
   // where cuDNN takes the shape (statistics made as y is written); the default composes the ops.
   Tensor conv2d_forward_bn_stats(const Tensor& x, const Tensor& w, const ConvParams& p,
                                  const BnApply* pro, float eps, BnSaved* stats);
+  // Backward of conv2d_forward_bn_stats with a prologue, through the convolution and the
+  // prologue's batch norm and ReLU at once: writes the convolution's dw and the batch norm's
+  // dgamma and dbeta (its statistics in `saved`, as the op that made them left them; `pro`
+  // holds the same mean and var) and returns the gradient of x, the batch norm's input. The
+  // default makes relu(batchnorm(x)) again and composes the ops.
+  Tensor conv2d_backward_bn_relu(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                 const ConvParams& p, const BnApply& pro, const BnSaved& saved,
+                                 Tensor& dw, Tensor& dgamma, Tensor& dbeta);
 
   // --- batch norm (statistics over N, H, W per channel; optional fused ReLU) ------------
   Tensor batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -278,6 +286,10 @@ class Backend {
   virtual Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w,
                                               const ConvParams& p, const BnApply* pro, float eps,
                                               BnSaved* stats);
+  virtual Tensor conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                              const ConvParams& p, const BnApply& pro,
+                                              const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                              Tensor& dbeta);
   virtual Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
                                               const Tensor& beta, float eps, bool relu,
                                               BnSaved& saved) = 0;

@@ -75,22 +75,29 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
-  // Fused: what the forward read, relu(bn(x)), made again; the batch norm's backward takes it
-  // for its ReLU's mask.
-  Tensor in = x_;
   if (pro_.mean.defined()) {
-    in = ctx.be.batchnorm_forward_infer(x_, pro_.gamma, pro_.beta, pro_.mean, pro_.var, pro_.eps,
-                                        true);
-    applies_->applied_ = in;
+    // Fused: backward through this convolution and the batch norm + ReLU it applied at once;
+    // that batch norm's own backward then passes the gradient of its input through.
+    BatchNorm2d& bn = *applies_;
+    SPOTRAIN_CHECK(needs_input_grad_ && !acc_.defined(), "internal: ", name_,
+                   " cannot apply a batch norm as the first layer of a block");
+    Tensor dx = ctx.be.conv2d_backward_bn_relu(dy, weight_.value, x_, p_, pro_, bn.saved_,
+                                               weight_.grad, bn.gamma_.grad, bn.beta_.grad);
+    ctx.grad_ready(weight_);
+    ctx.grad_ready(bn.gamma_);
+    ctx.grad_ready(bn.beta_);
+    bn.input_grad_done_ = true;
+    clear_stash();
+    return dx;
   }
-  ctx.be.conv2d_backward_weights(in, dy, p_, weight_.grad);
+  ctx.be.conv2d_backward_weights(x_, dy, p_, weight_.grad);
   ctx.grad_ready(weight_);
   Tensor dx;
   if (needs_input_grad_ && acc_.defined()) {
-    ctx.be.conv2d_backward_data_add(dy, weight_.value, in, p_, acc_);
+    ctx.be.conv2d_backward_data_add(dy, weight_.value, x_, p_, acc_);
     dx = std::move(acc_);
   } else if (needs_input_grad_) {
-    dx = ctx.be.conv2d_backward_data(dy, weight_.value, in, p_);
+    dx = ctx.be.conv2d_backward_data(dy, weight_.value, x_, p_);
   }
   clear_stash();
   return dx;
@@ -136,7 +143,7 @@ void BatchNorm2d::clear_stash() {
   added_ = false;
   given_ = BnSaved();
   has_given_ = false;
-  applied_ = Tensor();
+  input_grad_done_ = false;
 }
 
 void BatchNorm2d::validate(const Tensor& x) const { check_4d(x, name_, c_); }
@@ -173,15 +180,10 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor BatchNorm2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
-  if (deferred_) {  // dy is the gradient of relu(bn(x)), which the next convolution made again
-    SPOTRAIN_CHECK(applied_.defined(), "internal: ", name_, " backward before its convolution's");
-    Tensor g = ctx.be.relu_backward(dy, applied_);
-    Tensor dx = ctx.be.batchnorm_backward(g, x_, gamma_.value, beta_.value, saved_, eps_, false,
-                                          gamma_.grad, beta_.grad);
-    ctx.grad_ready(gamma_);
-    ctx.grad_ready(beta_);
+  if (deferred_) {  // the next convolution's backward went through this layer too: dy is x's
+    SPOTRAIN_CHECK(input_grad_done_, "internal: ", name_, " backward before its convolution's");
     clear_stash();
-    return dx;
+    return dy;
   }
   Tensor dx = added_ ? ctx.be.batchnorm_add_relu_backward(dy, x_, gamma_.value, beta_.value,
                                                           saved_, eps_, gamma_.grad, beta_.grad,

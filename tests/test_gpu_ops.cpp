@@ -300,9 +300,9 @@ TEST_P(GpuOps, BatchNormTrainBackwardRunningAndInference) {
 }
 
 // Conv + batch-norm fusion (--fusion bn): the convolution with the statistics of its output,
-// without and then with the previous batch norm and ReLU applied as it reads, against the
-// CPU's composition; the batch-norm backward and the running statistics run from those
-// statistics (no cuDNN forward of that shape chose a configuration). At 16 bits the GPU runs
+// without and then with the previous batch norm and ReLU applied as it reads, and the backward
+// through both at once, against the CPU's composition; the batch-norm backward and the running
+// statistics run from those statistics (no cuDNN forward of that shape chose a configuration). At 16 bits the GPU runs
 // cuDNN's graph where it takes the shape (kernel_choices says "ran"), else the composition.
 TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   REQUIRE_GPU();
@@ -337,6 +337,21 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   EXPECT_CLOSE(*g, y2g, *c, y2c, 2 * tol);
   EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
   EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
+  // Backward through conv2 and bn1 + ReLU at once, from the statistics conv1 made
+  Tensor hdy2 = host_nhwc(y2c.shape(), 346);
+  Tensor dy2c = c->upload_images(hdy2, pr.dt), dy2g = g->upload_images(hdy2, pr.dt);
+  BnParams qc = bn_params(*c, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
+  BnParams qg = bn_params(*g, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
+  Tensor dw2c = c->zeros({K, K, 1, 1}), dw2g = g->zeros({K, K, 1, 1});
+  g->fill(dw2g, kNaN);
+  g->fill(qg.dgamma, kNaN);
+  g->fill(qg.dbeta, kNaN);
+  Tensor dy1c = c->conv2d_backward_bn_relu(dy2c, w2c, y1c, p1, ac, sc, dw2c, qc.dgamma, qc.dbeta);
+  Tensor dy1g = g->conv2d_backward_bn_relu(dy2g, w2g, y1g, p1, ag, sg, dw2g, qg.dgamma, qg.dbeta);
+  EXPECT_CLOSE(*g, dy1g, *c, dy1c, 4 * tol);
+  EXPECT_CLOSE(*g, dw2g, *c, dw2c, 2 * tol);
+  EXPECT_CLOSE(*g, qg.dgamma, *c, qc.dgamma, 4 * tol);
+  EXPECT_CLOSE(*g, qg.dbeta, *c, qc.dbeta, 4 * tol);
   // bn1's backward from the statistics conv1 made, and its running statistics
   Tensor hdy = host_nhwc(y1c.shape(), 345);
   Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
