@@ -602,12 +602,15 @@ if rows or torch:
         if choices:
             bn = [c for c in choices if c.startswith("batchnorm")]
             odd = [c for c in choices if "fallback" in c or "refuse" in c]
-            fused = sum(", conv+stats graph: accepted" in c for c in choices)
-            pro = sum(", bn-relu+conv+stats graph: accepted" in c for c in choices)
-            ran = sum(c.count(", ran)") for c in choices)
+            def verdict(c, g):  # "accepted (2 MiB, ran" / "refused (..." / ""
+                part = c.split(f", {g} graph: ", 1)
+                return part[1].split(")")[0] if len(part) > 1 else ""
+            graphs = ["conv+stats", "bn-relu+conv+stats", "bn-relu+wgrad", "dgrad+drelu+dbn"]
+            took = ", ".join(f"{g} {sum(verdict(c, g).startswith('accepted') for c in choices)}"
+                             f" ({sum(verdict(c, g).endswith(', ran') for c in choices)} ran)"
+                             for g in graphs)
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
-                  f"cuDNN's conv+stats graph accepted for {fused}, with the bn-relu prologue for {pro}"
-                  f" ({ran} of them ran: --fusion bn); "
+                  f"cuDNN's fusion graphs accepted (ran under --fusion bn) per shape: {took}; "
                   f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])

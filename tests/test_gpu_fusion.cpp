@@ -3,7 +3,10 @@
 // scale-bias-ReLU prologue on its input), against the convolution and the statistics
 // computed on the host from the same rounded inputs, for ResNet-50-like shapes at fp16 and
 // bf16. A shape cuDNN refuses is skipped with its reason (the point of the
-// test on a new GPU or cuDNN is to learn which). Skips without a GPU.
+// test on a new GPU or cuDNN is to learn which). The backward graphs (weight gradient with the
+// prologue; data gradient with the ReLU backward and the batch-norm weight gradients) are
+// checked through the backend's op, GpuOps.ConvolutionWithBatchNormStatisticsAndPrologue.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>

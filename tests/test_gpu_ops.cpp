@@ -368,8 +368,8 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   EXPECT_CLOSE(*g, rmg, *c, rmc, tol);
   EXPECT_CLOSE(*g, rvg, *c, rvc, tol);
   // What ran, per shape (printed: which graphs this GPU and cuDNN take is what the test is
-  // for on a new one): conv1's statistics graph and conv2's prologue graph ran where cuDNN
-  // accepted them; fp32 has none.
+  // for on a new one): conv1's statistics graph and conv2's prologue graph and backward graphs
+  // ran where cuDNN accepted them; fp32 has none.
   auto verdict = [&](const char* input, const char* graph) {
     for (const std::string& l : g->kernel_choices()) {
       if (l.rfind("conv ", 0) != 0 || l.find(input) == std::string::npos) continue;
@@ -380,7 +380,9 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
     return std::string("no such shape");
   };
   for (auto [input, graph] : {std::pair{",4,32,10,10|", "conv+stats"},
-                              std::pair{",4,64,10,10|", "bn-relu+conv+stats"}}) {
+                              std::pair{",4,64,10,10|", "bn-relu+conv+stats"},
+                              std::pair{",4,64,10,10|", "bn-relu+wgrad"},
+                              std::pair{",4,64,10,10|", "dgrad+drelu+dbn"}}) {
     const std::string v = verdict(input, graph);
     if (pr.dt == DType::f32) {
       EXPECT_EQ(v, "none") << input;

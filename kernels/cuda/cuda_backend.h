@@ -19,7 +19,7 @@
 
 namespace spotrain::cuda {
 
-class ConvStatsGraph;  // cudnn_graph.h
+class FusedGraph;  // cudnn_graph.h
 
 // The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
 Allocator& device_allocator();
@@ -83,6 +83,10 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) override;
   Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
                                       const BnApply* pro, float eps, BnSaved* stats) override;
+  Tensor conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                      const ConvParams& p, const BnApply& pro,
+                                      const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                      Tensor& dbeta) override;
   Tensor conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
                               const ConvParams& p) override;
   void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
@@ -131,9 +135,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   struct BnEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x);
-  // The conv + batch-norm statistics graph of a shape, without or with the BN-ReLU prologue,
-  // planned at its first use (cuda_fusion.cpp); nullptr where the graph does not apply.
-  ConvStatsGraph* stats_graph(ConvEntry& e, bool prologue);
+  // Fused graph `which` (FusionGraph, cuda_entries.h) of a convolution shape, planned at its
+  // first use (cuda_fusion.cpp); nullptr where cuDNN refused it or it does not apply (fp32).
+  FusedGraph* fusion_graph(ConvEntry& e, int which);
   std::vector<std::string> conv_choices();  // the parts of kernel_choices()
   std::vector<std::string> bn_choices() const;
   // A new device tensor (NaN-filled when poisoning).

@@ -114,8 +114,9 @@ constexpr const char* kNewShapeWhileCapturing =
 // The convolution part of kernel_choices(): per shape, the algorithm of each direction that
 // ran (cuDNN's enum value), its math and workspace, the fp32 fallbacks, and for 16-bit
 // shapes whether cuDNN's graph API takes the convolution with the batch-norm statistics of
-// its output in its epilogue, without and with the BN-ReLU prologue (planned here where
-// --fusion bn has not already, once per shape; nothing runs), and whether the graph ran.
+// its output in its epilogue, without and with the BN-ReLU prologue, and the fused backward
+// graphs of the latter (planned here where --fusion bn has not already, once per shape; nothing
+// runs), and whether each graph ran.
 std::vector<std::string> CudaBackend::conv_choices() {
   auto math = [](cudnnMathType_t m) {
     return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
@@ -125,22 +126,24 @@ std::vector<std::string> CudaBackend::conv_choices() {
     return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
                f32 ? ", fp32 fallback" : "", ")");
   };
-  auto verdict = [&](ConvEntry& e, bool prologue, bool ran, const char* name) -> std::string {
+  auto verdict = [&](ConvEntry& e, int which) -> std::string {
+    const char* name = fusion_graph_name(which);
     try {
-      stats_graph(e, prologue);
+      fusion_graph(e, which);
     } catch (const Error& err) {
       return str(", ", name, " graph: error (", err.what(), ")");
     }
-    const ConvStatsGraph& g = *(prologue ? e.prologue_graph : e.stats_graph);
+    const FusedGraph& g = *e.fused[which];
     return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
-                              prologue ? str(", ", g.intermediates(), " intermediates") : std::string(),
-                              ran ? ", ran" : "", ")")
+                              which != kStatsGraph ? str(", ", g.intermediates(), " intermediates") : std::string(),
+                              e.fused_ran[which] ? ", ran" : "", ")")
                         : str(", ", name, " graph: refused (", g.refusal(), ")");
   };
   auto fusion = [&](ConvEntry& e) -> std::string {
     if (e.shape.dtype == DType::f32) return "";
-    return verdict(e, false, e.stats_ran, "conv+stats") +
-           verdict(e, true, e.prologue_ran, "bn-relu+conv+stats");
+    std::string v;
+    for (int which = 0; which < kFusionGraphs; ++which) v += verdict(e, which);
+    return v;
   };
   std::vector<std::string> out;
   for (auto& [key, e] : conv_cache_)

@@ -53,6 +53,16 @@ inline cudnnTensorDescriptor_t nhwc_desc(DType dt, int64_t n, int64_t c, int64_t
 }
 
 
+// The fused graphs of --fusion bn per convolution shape (cudnn_graph.h, cuda_fusion.cpp): the
+// convolution with its output's statistics, the same reading relu(bn(x)), and the backward of
+// the latter: its weight gradient, and its data gradient through the ReLU and the batch norm.
+enum FusionGraph : int { kStatsGraph, kPrologueGraph, kWgradGraph, kDgradGraph, kFusionGraphs };
+inline const char* fusion_graph_name(int g) {
+  static const char* const names[kFusionGraphs] = {"conv+stats", "bn-relu+conv+stats",
+                                                   "bn-relu+wgrad", "dgrad+drelu+dbn"};
+  return names[g];
+}
+
 struct CudaBackend::ConvEntry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -70,10 +80,10 @@ struct CudaBackend::ConvEntry {
   // 1): conv2d_backward_data_add computes into a new tensor and adds instead.
   bool bd_add_refused = false;
   ConvShape shape;  // for the graph API
-  // The conv + batch-norm statistics graphs for this shape, without and with the
-  // scale-bias-ReLU prologue (planned by kernel_choices).
-  std::unique_ptr<ConvStatsGraph> stats_graph, prologue_graph;
-  bool stats_ran = false, prologue_ran = false;  // conv2d_forward_bn_stats ran them
+  // The conv + batch-norm fusion graphs of this shape (FusionGraph), planned at their first
+  // use or by kernel_choices, and whether each ran.
+  std::unique_ptr<FusedGraph> fused[kFusionGraphs];
+  bool fused_ran[kFusionGraphs] = {};
   ~ConvEntry() {
     if (x) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));

@@ -1,9 +1,12 @@
-// CUDA backend: conv + batch-norm fusion (--fusion bn) through cuDNN's graph API. A
-// convolution writes its output and the per-channel sums the next batch norm needs in one
-// graph, optionally applying the previous batch norm and its ReLU as it reads its input
-// (ConvStatsGraph, cudnn_graph.h); two small kernels turn the sums into the batch statistics
-// and the statistics into the prologue's scale and bias. A shape, dtype or GPU cuDNN refuses
-// runs the composed ops (Backend's default), decided once per shape and named by
+// CUDA backend: conv + batch-norm fusion (--fusion bn) through cuDNN's graph API
+// (cudnn_graph.h). Forward: a convolution writes its output and the per-channel sums the next
+// batch norm needs in one graph, optionally applying the previous batch norm and its ReLU as it
+// reads its input; small kernels turn the sums into the batch statistics and the statistics
+// into the prologue's scale and bias. Backward through such a convolution and its prologue: the
+// weight gradient with the same prologue, and the data gradient fused with the ReLU's backward
+// and the batch norm's weight gradients, whose coefficients give the batch norm's input
+// gradient in one elementwise kernel. Each graph cuDNN refuses for a shape, dtype or GPU runs
+// as the composed ops (Backend's defaults), decided once per shape and graph and named by
 // kernel_choices(); fp32 and --deterministic always run them.
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -11,17 +14,31 @@
 
 namespace spotrain::cuda {
 
-ConvStatsGraph* CudaBackend::stats_graph(ConvEntry& e, bool prologue) {
+FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
   if (e.shape.dtype == DType::f32) return nullptr;
-  std::unique_ptr<ConvStatsGraph>& slot = prologue ? e.prologue_graph : e.stats_graph;
+  std::unique_ptr<FusedGraph>& slot = e.fused[which];
   if (!slot) {
     // Planning finalizes engines (no kernel runs), but a step being recorded meets no new
     // shape: the eager warm-up steps plan every graph first.
     SPOTRAIN_CHECK(!capturing_, "internal: a fusion graph first planned while capturing a step");
-    slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, prologue);
+    switch (which) {
+      case kStatsGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, false); break;
+      case kPrologueGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true); break;
+      case kWgradGraph: slot = std::make_unique<ConvWgradGraph>(dnn_, e.shape); break;
+      default: slot = std::make_unique<DgradDreluDbnGraph>(dnn_, e.shape); break;
+    }
   }
   return slot->accepted() ? slot.get() : nullptr;
 }
+
+namespace {
+// The prologue's scale and bias in x's dtype: x * scale + bias = bn(x) with pro's statistics.
+void scale_bias(const BnApply& pro, DType dt, Tensor& scale, Tensor& bias, cudaStream_t s) {
+  launch_bn_scale_bias(pro.mean.data<float>(), pro.var.data<float>(), pro.gamma.data<float>(),
+                       pro.beta.data<float>(), int(pro.gamma.numel()), pro.eps, scale.raw(),
+                       bias.raw(), dt, s);
+}
+}  // namespace
 
 Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w,
                                                  const ConvParams& p, const BnApply* pro,
@@ -29,7 +46,8 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
   check_activation(x, "conv2d");
   auto& e = conv_entry(x, w, p);
   // The graphs' reductions are not documented as deterministic: --deterministic composes.
-  ConvStatsGraph* g = opt_.deterministic ? nullptr : stats_graph(e, pro != nullptr);
+  const int which = pro ? kPrologueGraph : kStatsGraph;
+  auto* g = static_cast<ConvStatsGraph*>(opt_.deterministic ? nullptr : fusion_graph(e, which));
   if (!g) return Backend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1), k = w.dim(0);
@@ -47,13 +65,11 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
                    " channels, the input ", x.describe());
     scale = alloc({c}, dt);
     bias = alloc({c}, dt);
-    launch_bn_scale_bias(pro->mean.data<float>(), pro->var.data<float>(),
-                         pro->gamma.data<float>(), pro->beta.data<float>(), int(c), pro->eps,
-                         scale.raw(), bias.raw(), dt, compute_);
+    scale_bias(*pro, dt, scale, bias, compute_);
   }
   g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, workspace(g->workspace_bytes()),
          pro ? scale.raw() : nullptr, pro ? bias.raw() : nullptr);
-  (pro ? e.prologue_ran : e.stats_ran) = true;
+  e.fused_ran[which] = true;
   if (stats) {
     *stats = BnSaved();
     stats->mean = alloc({k}, DType::f32);
@@ -64,6 +80,81 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
                               stats->backend_state[kBnInvStd].data<float>(), compute_);
   }
   return y;
+}
+
+Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w,
+                                                 const Tensor& x, const ConvParams& p,
+                                                 const BnApply& pro, const BnSaved& saved,
+                                                 Tensor& dw, Tensor& dgamma, Tensor& dbeta) {
+  check_activation(x, "conv2d_backward_bn_relu");
+  check_activation(dy, "conv2d_backward_bn_relu");
+  auto& e = conv_entry(x, w, p);
+  auto* wg = static_cast<ConvWgradGraph*>(opt_.deterministic ? nullptr : fusion_graph(e, kWgradGraph));
+  auto* dg = static_cast<DgradDreluDbnGraph*>(
+      opt_.deterministic || !saved.backend_state[kBnInvStd].defined() ? nullptr
+                                                                       : fusion_graph(e, kDgradGraph));
+  if (!wg && !dg)
+    return Backend::conv2d_backward_bn_relu_impl(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
+  const DType dt = x.dtype();
+  const int64_t c = x.dim(1);
+  // relu(bn(x)), the convolution's input, made only for a part whose graph cuDNN refused.
+  Tensor a;
+  auto applied = [&]() -> const Tensor& {
+    if (!a.defined())
+      a = batchnorm_forward_infer(x, pro.gamma, pro.beta, pro.mean, pro.var, pro.eps, true);
+    return a;
+  };
+
+  // The weight gradient, in the filter's (O, H, W, I) layout and x's dtype, then into dw.
+  if (wg) {
+    Tensor scale = alloc({c}, dt), bias = alloc({c}, dt);
+    scale_bias(pro, dt, scale, bias, compute_);
+    Tensor tmp(dw.shape(), dt, allocator(), Layout::nhwc);
+    wg->run(x.raw(), dy.raw(), tmp.raw(), scale.raw(), bias.raw(), workspace(wg->workspace_bytes()));
+    launch_ohwi_to_oihw(tmp.raw(), dt, dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
+                        int(dw.dim(2)), int(dw.dim(3)), compute_);
+    e.fused_ran[kWgradGraph] = true;
+  } else {
+    conv2d_backward_weights(applied(), dy, p, dw);
+  }
+
+  if (!dg) {
+    Tensor in = applied();
+    Tensor g = relu_backward(conv2d_backward_data(dy, w, in, p), in);
+    return batchnorm_backward(g, x, pro.gamma, pro.beta, saved, pro.eps, false, dgamma, dbeta);
+  }
+  // The data gradient through the ReLU, the batch norm's weight gradients and the
+  // coefficients of its input gradient; every per-channel buffer 16-byte aligned (gamma and
+  // beta are views of the flat parameter buffer: copied where they are not).
+  const int64_t c4 = (c + 3) / 4 * 4;
+  Tensor per_channel = alloc({5 * c4}, DType::f32);
+  float* out = per_channel.data<float>();
+  Tensor hg, hb;
+  DgradDreluDbnGraph::Args args;
+  args.dy = dy.raw();
+  args.w = weights_as(w, dt);
+  args.x = x.raw();
+  args.mean = saved.mean.data<float>();
+  args.invstd = saved.backend_state[kBnInvStd].data<float>();
+  args.gamma = aligned(pro.gamma, hg);
+  args.beta = aligned(pro.beta, hb);
+  Tensor g = alloc_like(x);
+  args.g = g.raw();
+  args.dgamma = out;
+  args.dbeta = out + c4;
+  args.eq_dy = out + 2 * c4;
+  args.eq_x = out + 3 * c4;
+  args.eq_bias = out + 4 * c4;
+  dg->run(args, workspace(dg->workspace_bytes()));
+  e.fused_ran[kDgradGraph] = true;
+  CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), args.dgamma, size_t(c) * 4, cudaMemcpyDeviceToDevice,
+                             compute_));
+  CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), args.dbeta, size_t(c) * 4, cudaMemcpyDeviceToDevice,
+                             compute_));
+  Tensor dx = alloc_like(x);
+  launch_bn_bwd_apply(g.raw(), x.raw(), dx.raw(), dt, x.numel(), int(c), args.eq_dy, args.eq_x,
+                      args.eq_bias, compute_);
+  return dx;
 }
 
 }  // namespace spotrain::cuda

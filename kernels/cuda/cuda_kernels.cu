@@ -541,6 +541,30 @@ void launch_ohwi_to_oihw(const void* in, DType dt, float* out, int o, int i, int
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename D>
+__global__ void bn_bwd_apply_kernel(const typename D::T* g, const typename D::T* x,
+                                    typename D::T* dx, int64_t n, int c, const float* eq_g,
+                                    const float* eq_x, const float* eq_bias) {
+  GRID_STRIDE(i, n) {
+    int ch = int(i % c);
+    D::st(dx, i, eq_g[ch] * D::ld(g, i) + eq_x[ch] * D::ld(x, i) + eq_bias[ch]);
+  }
+}
+
+void launch_bn_bwd_apply(const void* g, const void* x, void* dx, DType dt, int64_t n, int c,
+                         const float* eq_g, const float* eq_x, const float* eq_bias,
+                         cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    bn_bwd_apply_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
+        static_cast<const T*>(g), static_cast<const T*>(x), static_cast<T*>(dx), n, c, eq_g, eq_x,
+        eq_bias);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const float* mean,
                      const float* var, const float* gamma, const float* beta, float eps, bool relu,
                      cudaStream_t s) {

@@ -34,6 +34,12 @@ void launch_ohwi_to_oihw(const void* in, DType dt, float* out, int o, int i, int
 void launch_bn_infer(const void* x, void* y, DType dt, int64_t n, int c, const float* mean,
                      const float* var, const float* gamma, const float* beta, float eps, bool relu,
                      cudaStream_t s);
+// The batch norm's input gradient from the coefficients cuDNN's BN_BWD_WEIGHTS graph node
+// gives: dx = eq_g * g + eq_x * x + eq_bias per channel (NHWC, c innermost; g the gradient of
+// the batch norm's output, x its input).
+void launch_bn_bwd_apply(const void* g, const void* x, void* dx, DType dt, int64_t n, int c,
+                         const float* eq_g, const float* eq_x, const float* eq_bias,
+                         cudaStream_t s);
 // var = 1 / invstd^2 - eps (the biased batch variance from cuDNN's saved inverse std).
 void launch_invstd_to_var(const float* invstd, float* var, int c, float eps, cudaStream_t s);
 // Batch-norm finalize for the fused graphs (cudnn_graph.h), in two halves. From the per-channel

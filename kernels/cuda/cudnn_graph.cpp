@@ -1,7 +1,7 @@
-// BackendDesc and ConvStatsGraph (see cudnn_graph.h). The graph: a forward convolution into
-// y, and a GenStats operation on y (mode SUM_SQSUM, fp32). Engines come from cuDNN's
-// heuristics (mode A, then the fallback list); the first whose execution plan finalizes is
-// kept.
+// BackendDesc, FusedGraph and the fused graphs of conv + batch-norm fusion (see
+// cudnn_graph.h). Each graph's operations are built by its build(); FusedGraph makes the
+// operation graph, asks cuDNN's heuristics for engines (mode A, then the fallback list) and
+// keeps the first whose execution plan finalizes.
 #include "kernels/cuda/cudnn_graph.h"
 
 #include "kernels/cuda/cuda_util.h"
@@ -44,7 +44,13 @@ cudnnStatus_t BackendDesc::finalize() { return cudnnBackendFinalize(d_); }
 
 namespace {
 
-enum Uid : int64_t { kX = 1, kW, kY, kSum, kSqSum, kScale, kBias, kScaled, kBiased, kActivated };
+// The tensors' unique ids (one namespace for every graph).
+enum Uid : int64_t {
+  kX = 1, kW, kY, kSum, kSqSum, kScale, kBias, kScaled, kBiased, kActivated,  // forward
+  kDy, kDw,                                                                  // weight gradient
+  kMean, kInvStd, kGamma, kBeta, kG, kDgamma, kDbeta, kEqDy, kEqX, kEqBias,  // data gradient
+  kDgradOut, kCentered, kNormed, kGammaed, kBnOut,
+};
 
 cudnnDataType_t graph_dtype(DType d) {
   switch (d) {
@@ -88,66 +94,17 @@ bool not_supported(cudnnStatus_t st) {
   return CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED;
 }
 
-}  // namespace
-
-ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue)
-    : handle_(handle), prologue_(bn_relu_prologue) {
-  // The prologue's intermediates in fp32 (cuDNN's older samples), else in the 16-bit type
-  // (its documentation for some engines, and its newer samples): whichever cuDNN takes.
-  plan(sh, CUDNN_DATA_FLOAT);
-  if (!accepted_ && prologue_ && sh.dtype != DType::f32) {
-    const std::string first = refusal_;
-    refusal_.clear();
-    tried_ = 0;
-    plan(sh, graph_dtype(sh.dtype));
-    if (accepted_) intermediates_ = dtype_name(sh.dtype);
-    else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(sh.dtype), " intermediates: ", refusal_);
-  }
+// A per-channel fp32 tensor (1, c, 1, 1).
+BackendDesc channel_tensor(int64_t uid, int64_t c) {
+  return nhwc_tensor(uid, CUDNN_DATA_FLOAT, 1, c, 1, 1);
 }
 
-void ConvStatsGraph::plan(const ConvShape& sh, cudnnDataType_t inter) {
-  const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
-  BackendDesc x = nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w);
-  // The prologue: relu(x * scale + bias) per input channel, inside the kernel, feeds the
-  // convolution (the previous batch norm applied as the convolution reads its input). Every
-  // descriptor an operation refers to is kept until the plan is made (`keep`), as cuDNN's
-  // frontend keeps them.
-  std::vector<BackendDesc> prologue, keep;
-  BackendDesc conv_in;
-  if (prologue_) {
-    BackendDesc scale = nhwc_tensor(kScale, dt, 1, sh.c, 1, 1);
-    BackendDesc bias = nhwc_tensor(kBias, dt, 1, sh.c, 1, 1);
-    BackendDesc scaled = nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true);
-    BackendDesc biased = nhwc_tensor(kBiased, inter, sh.n, sh.c, sh.h, sh.w, true);
-    BackendDesc act = nhwc_tensor(kActivated, inter, sh.n, sh.c, sh.h, sh.w, true);
-    BackendDesc mul = pointwise(CUDNN_POINTWISE_MUL), add = pointwise(CUDNN_POINTWISE_ADD),
-                relu = pointwise(CUDNN_POINTWISE_RELU_FWD);
-    auto op = [&](const BackendDesc& pw, const BackendDesc& in, const BackendDesc* b,
-                  const BackendDesc& out, const char* what) {
-      BackendDesc o(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-      o.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
-          .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in)
-          .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
-      if (b) o.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-      if (!finalized(o, what)) return false;
-      prologue.push_back(std::move(o));
-      return true;
-    };
-    const bool ok = op(mul, x, &scale, scaled, "prologue scale") &&
-                    op(add, scaled, &bias, biased, "prologue bias") &&
-                    op(relu, biased, nullptr, act, "prologue ReLU");
-    conv_in = std::move(act);
-    for (BackendDesc* d : {&scale, &bias, &scaled, &biased, &mul, &add, &relu}) keep.push_back(std::move(*d));
-    if (!ok) return;
-  }
-  BackendDesc w = nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s);
-  BackendDesc y = nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q());
-  BackendDesc sum = nhwc_tensor(kSum, f32, 1, sh.k, 1, 1);
-  BackendDesc sqsum = nhwc_tensor(kSqSum, f32, 1, sh.k, 1, 1);
-
-  BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+// The convolution of `sh` (cross-correlation, fp32 accumulation), not yet finalized.
+BackendDesc conv_descriptor(const ConvShape& sh) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   const int64_t pads[2] = {sh.pad, sh.pad}, strides[2] = {sh.stride, sh.stride}, dil[2] = {1, 1};
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, int64_t(2))
       .set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)
       .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
@@ -155,39 +112,45 @@ void ConvStatsGraph::plan(const ConvShape& sh, cudnnDataType_t inter) {
       .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads)
       .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides)
       .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-  if (!finalized(conv, "convolution descriptor")) return;
+  return conv;
+}
 
-  const float alpha = 1.f, beta = 0.f;
-  BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, prologue_ ? conv_in : x)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  if (!finalized(fprop, "convolution forward")) return;
+void check_aligned(const std::vector<void*>& ptrs) {
+  for (const void* p : ptrs)
+    SPOTRAIN_CHECK(p && (reinterpret_cast<uintptr_t>(p) & 15) == 0,
+                   "internal: a fused cuDNN graph needs 16-byte aligned buffers");
+}
 
-  const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
-  BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
-  stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &gmode)
-      .set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32)
-      .set(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y)
-      .set(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum)
-      .set(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
-  if (!finalized(stats, "GenStats")) return;
+}  // namespace
 
+// ---- FusedGraph ------------------------------------------------------------------------------
+
+void FusedGraph::plan_either(DType dt, bool has_prologue) {
+  plan(CUDNN_DATA_FLOAT);
+  if (accepted_ || !has_prologue || dt == DType::f32) return;
+  const std::string first = refusal_;
+  refusal_.clear();
+  tried_ = 0;
+  plan(graph_dtype(dt));
+  if (accepted_) intermediates_ = dtype_name(dt);
+  else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
+}
+
+void FusedGraph::plan(cudnnDataType_t inter) {
+  // Every descriptor an operation refers to is kept until the plan is made, as cuDNN's
+  // frontend keeps them.
+  std::vector<BackendDesc> ops;
+  std::deque<BackendDesc> keep;
+  if (!build(inter, ops, keep)) return;
   BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  std::vector<cudnnBackendDescriptor_t> ops;
-  for (const BackendDesc& o : prologue) ops.push_back(o.get());
-  ops.push_back(fprop.get());
-  ops.push_back(stats.get());
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()), ops.data())
+  std::vector<cudnnBackendDescriptor_t> raw_ops;
+  for (const BackendDesc& o : ops) raw_ops.push_back(o.get());
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(raw_ops.size()), raw_ops.data())
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
   if (cudnnStatus_t st = graph.finalize(); st != CUDNN_STATUS_SUCCESS) {
     refusal_ = "operation graph: " + status_text(st);
     return;
   }
-
   // Engines from the heuristics, best first; the first whose plan finalizes is kept.
   std::string last = "no engine proposed";
   for (cudnnBackendHeurMode_t hm : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -243,7 +206,7 @@ void ConvStatsGraph::plan(const ConvShape& sh, cudnnDataType_t inter) {
 
 // cuDNN's verdict on one descriptor of the graph: a refusal (NOT_SUPPORTED, e.g. a dtype no
 // engine family takes) is kept as the graph's answer; anything else is an error.
-bool ConvStatsGraph::finalized(BackendDesc& d, const char* what) {
+bool FusedGraph::finalized(BackendDesc& d, const char* what) {
   const cudnnStatus_t st = d.finalize();
   if (st == CUDNN_STATUS_SUCCESS) return true;
   if (!not_supported(st)) CUDNN_CHECK(st);
@@ -251,30 +214,248 @@ bool ConvStatsGraph::finalized(BackendDesc& d, const char* what) {
   return false;
 }
 
-void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
-                         void* workspace, const void* scale, const void* bias) const {
-  SPOTRAIN_CHECK(accepted_, "internal: running a conv + statistics graph cuDNN refused: ", refusal_);
-  for (const void* p : {x, w, static_cast<const void*>(y), static_cast<const void*>(sum),
-                        static_cast<const void*>(sqsum)})
-    SPOTRAIN_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0,
-                   "internal: the conv + statistics graph needs 16-byte aligned buffers");
-  SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
-  std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
-  std::vector<int64_t> uids = {kX, kW, kY, kSum, kSqSum};
-  if (prologue_) {
-    SPOTRAIN_CHECK((reinterpret_cast<uintptr_t>(scale) & 15) == 0 && (reinterpret_cast<uintptr_t>(bias) & 15) == 0,
-                   "internal: the prologue's scale and bias must be 16-byte aligned");
-    ptrs.push_back(const_cast<void*>(scale));
-    ptrs.push_back(const_cast<void*>(bias));
-    uids.push_back(kScale);
-    uids.push_back(kBias);
-  }
+bool FusedGraph::pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x,
+                              const BackendDesc* b, const BackendDesc& y,
+                              std::vector<BackendDesc>& ops, std::deque<BackendDesc>& keep,
+                              const char* what, float alpha2) {
+  keep.push_back(pointwise(mode));
+  BackendDesc o(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  o.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, keep.back())
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  if (b) o.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+  if (alpha2 != 1.f) o.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha2);
+  if (!finalized(o, what)) return false;
+  ops.push_back(std::move(o));
+  return true;
+}
+
+const BackendDesc* FusedGraph::bn_relu_prologue(const ConvShape& sh, cudnnDataType_t inter,
+                                                const BackendDesc& x,
+                                                std::vector<BackendDesc>& ops,
+                                                std::deque<BackendDesc>& keep) {
+  const cudnnDataType_t dt = graph_dtype(sh.dtype);
+  keep.push_back(nhwc_tensor(kScale, dt, 1, sh.c, 1, 1));
+  const BackendDesc& scale = keep.back();
+  keep.push_back(nhwc_tensor(kBias, dt, 1, sh.c, 1, 1));
+  const BackendDesc& bias = keep.back();
+  keep.push_back(nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true));
+  const BackendDesc& scaled = keep.back();
+  keep.push_back(nhwc_tensor(kBiased, inter, sh.n, sh.c, sh.h, sh.w, true));
+  const BackendDesc& biased = keep.back();
+  keep.push_back(nhwc_tensor(kActivated, inter, sh.n, sh.c, sh.h, sh.w, true));
+  const BackendDesc& out = keep.back();
+  const bool ok =
+      pointwise_op(CUDNN_POINTWISE_MUL, x, &scale, scaled, ops, keep, "prologue scale") &&
+      pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, biased, ops, keep, "prologue bias") &&
+      pointwise_op(CUDNN_POINTWISE_RELU_FWD, biased, nullptr, out, ops, keep, "prologue ReLU");
+  return ok ? &out : nullptr;
+}
+
+void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+                         void* workspace) const {
+  SPOTRAIN_CHECK(accepted_, "internal: running a fused graph cuDNN refused: ", refusal_);
+  check_aligned(ptrs);
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
       .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   CUDNN_CHECK(pack.finalize());
   CUDNN_CHECK(cudnnBackendExecute(handle_, plan_.get(), pack.get()));
+}
+
+// ---- ConvStatsGraph: [relu(x * scale + bias)] -> conv -> y, GenStats(y) --------------------
+
+ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue)
+    : FusedGraph(handle), sh_(sh), prologue_(bn_relu_prologue) {
+  plan_either(sh.dtype, prologue_);
+}
+
+bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+                           std::deque<BackendDesc>& keep) {
+  const ConvShape& sh = sh_;
+  const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
+  keep.push_back(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc& x = keep.back();
+  const BackendDesc* in = prologue_ ? bn_relu_prologue(sh, inter, x, ops, keep) : &x;
+  if (!in) return false;
+  keep.push_back(nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
+  const BackendDesc& w = keep.back();
+  keep.push_back(nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q()));
+  const BackendDesc& y = keep.back();
+  keep.push_back(channel_tensor(kSum, sh.k));
+  const BackendDesc& sum = keep.back();
+  keep.push_back(channel_tensor(kSqSum, sh.k));
+  const BackendDesc& sqsum = keep.back();
+  keep.push_back(conv_descriptor(sh));
+  if (!finalized(keep.back(), "convolution descriptor")) return false;
+  const BackendDesc& conv = keep.back();
+
+  const float alpha = 1.f, beta = 0.f;
+  BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *in)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  if (!finalized(fprop, "convolution forward")) return false;
+  ops.push_back(std::move(fprop));
+
+  const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
+  BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+  stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &gmode)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum)
+      .set(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
+  if (!finalized(stats, "GenStats")) return false;
+  ops.push_back(std::move(stats));
+  return true;
+}
+
+void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
+                         void* workspace, const void* scale, const void* bias) const {
+  SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
+  std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
+  std::vector<int64_t> uids = {kX, kW, kY, kSum, kSqSum};
+  if (prologue_) {
+    ptrs.push_back(const_cast<void*>(scale));
+    ptrs.push_back(const_cast<void*>(bias));
+    uids.push_back(kScale);
+    uids.push_back(kBias);
+  }
+  execute(uids, ptrs, workspace);
+}
+
+// ---- ConvWgradGraph: relu(x * scale + bias), dy -> conv weight gradient ---------------------
+
+ConvWgradGraph::ConvWgradGraph(cudnnHandle_t handle, const ConvShape& sh)
+    : FusedGraph(handle), sh_(sh) {
+  plan_either(sh.dtype, true);
+}
+
+bool ConvWgradGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+                           std::deque<BackendDesc>& keep) {
+  const ConvShape& sh = sh_;
+  const cudnnDataType_t dt = graph_dtype(sh.dtype);
+  keep.push_back(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc* in = bn_relu_prologue(sh, inter, keep.back(), ops, keep);
+  if (!in) return false;
+  keep.push_back(nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
+  const BackendDesc& dy = keep.back();
+  keep.push_back(nhwc_tensor(kDw, dt, sh.k, sh.c, sh.r, sh.s));
+  const BackendDesc& dw = keep.back();
+  keep.push_back(conv_descriptor(sh));
+  if (!finalized(keep.back(), "convolution descriptor")) return false;
+  const BackendDesc& conv = keep.back();
+  const float alpha = 1.f, beta = 0.f;
+  BackendDesc wgrad(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+  wgrad.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *in)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  if (!finalized(wgrad, "convolution weight gradient")) return false;
+  ops.push_back(std::move(wgrad));
+  return true;
+}
+
+void ConvWgradGraph::run(const void* x, const void* dy, void* dw, const void* scale,
+                         const void* bias, void* workspace) const {
+  execute({kX, kDy, kDw, kScale, kBias},
+          {const_cast<void*>(x), const_cast<void*>(dy), dw, const_cast<void*>(scale),
+           const_cast<void*>(bias)},
+          workspace);
+}
+
+// ---- DgradDreluDbnGraph: dgrad -> ReLU backward (mask from bn(x)) -> BN weight gradients ----
+
+DgradDreluDbnGraph::DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& sh)
+    : FusedGraph(handle), sh_(sh) {
+  plan_either(sh.dtype, true);
+}
+
+bool DgradDreluDbnGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+                               std::deque<BackendDesc>& keep) {
+  const ConvShape& sh = sh_;
+  const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
+  auto tensor = [&](BackendDesc d) -> const BackendDesc& {
+    keep.push_back(std::move(d));
+    return keep.back();
+  };
+  const BackendDesc& dy = tensor(nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
+  const BackendDesc& w = tensor(nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
+  const BackendDesc& x = tensor(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc& mean = tensor(channel_tensor(kMean, sh.c));
+  const BackendDesc& invstd = tensor(channel_tensor(kInvStd, sh.c));
+  const BackendDesc& gamma = tensor(channel_tensor(kGamma, sh.c));
+  const BackendDesc& beta = tensor(channel_tensor(kBeta, sh.c));
+  const BackendDesc& g = tensor(nhwc_tensor(kG, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc& dgamma = tensor(channel_tensor(kDgamma, sh.c));
+  const BackendDesc& dbeta = tensor(channel_tensor(kDbeta, sh.c));
+  const BackendDesc& eq_dy = tensor(channel_tensor(kEqDy, sh.c));
+  const BackendDesc& eq_x = tensor(channel_tensor(kEqX, sh.c));
+  const BackendDesc& eq_bias = tensor(channel_tensor(kEqBias, sh.c));
+  auto inner = [&](int64_t uid) -> const BackendDesc& {
+    return tensor(nhwc_tensor(uid, inter, sh.n, sh.c, sh.h, sh.w, true));
+  };
+  const BackendDesc& dgrad_out = inner(kDgradOut);
+  const BackendDesc& centered = inner(kCentered);
+  const BackendDesc& normed = inner(kNormed);
+  const BackendDesc& gammaed = inner(kGammaed);
+  const BackendDesc& bn_out = inner(kBnOut);
+  const BackendDesc& conv = tensor(conv_descriptor(sh));
+  if (!finalized(keep.back(), "convolution descriptor")) return false;
+
+  const float alpha = 1.f, beta0 = 0.f;
+  BackendDesc dgrad(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+  dgrad.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dgrad_out)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta0);
+  if (!finalized(dgrad, "convolution data gradient")) return false;
+  ops.push_back(std::move(dgrad));
+  // The batch norm's output made again, for the ReLU's mask.
+  if (!pointwise_op(CUDNN_POINTWISE_ADD, x, &mean, centered, ops, keep, "x - mean", -1.f) ||
+      !pointwise_op(CUDNN_POINTWISE_MUL, centered, &invstd, normed, ops, keep, "* invstd") ||
+      !pointwise_op(CUDNN_POINTWISE_MUL, normed, &gamma, gammaed, ops, keep, "* gamma") ||
+      !pointwise_op(CUDNN_POINTWISE_ADD, gammaed, &beta, bn_out, ops, keep, "+ beta"))
+    return false;
+  keep.push_back(pointwise(CUDNN_POINTWISE_RELU_BWD));
+  BackendDesc drelu(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  drelu.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, keep.back())
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dgrad_out)
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, bn_out)
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, g);
+  if (!finalized(drelu, "ReLU backward")) return false;
+  ops.push_back(std::move(drelu));
+  BackendDesc bnw(CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR);
+  bnw.set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC, mean)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC, invstd)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC, gamma)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC, x)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC, g)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC, dgamma)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC, dbeta)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC, eq_dy)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC, eq_x)
+      .set(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS, eq_bias);
+  if (!finalized(bnw, "batch-norm weight gradients")) return false;
+  ops.push_back(std::move(bnw));
+  return true;
+}
+
+void DgradDreluDbnGraph::run(const Args& a, void* workspace) const {
+  auto p = [](const void* q) { return const_cast<void*>(q); };
+  execute({kDy, kW, kX, kMean, kInvStd, kGamma, kBeta, kG, kDgamma, kDbeta, kEqDy, kEqX, kEqBias},
+          {p(a.dy), p(a.w), p(a.x), p(a.mean), p(a.invstd), p(a.gamma), p(a.beta), a.g, a.dgamma,
+           a.dbeta, a.eq_dy, a.eq_x, a.eq_bias},
+          workspace);
 }
 
 }  // namespace spotrain::cuda

@@ -1,12 +1,17 @@
-// cuDNN's graph (backend) API: descriptors owned by RAII, and the first fused graphs of conv +
-// batch-norm fusion: a convolution whose epilogue also writes the per-channel sum and sum of
-// squares of its output (what the following batch norm's statistics need), in one pass
-// instead of a second read of the output, optionally with a prologue applying the previous
-// batch norm's scale, bias and ReLU as the input is read. Planned once per shape; where cuDNN has no engine
-// for the graph (shape, dtype or GPU; its documentation takes fp16 only for GenStats), the
-// plan says so and why. Internal to kernels/cuda/.
+// cuDNN's graph (backend) API: descriptors owned by RAII, and the fused graphs of conv +
+// batch-norm fusion (--fusion bn), each planned once per shape; where cuDNN has no engine for a
+// graph (shape, dtype or GPU), the plan says so and why, and the caller runs separate ops.
+//   forward:  a convolution whose epilogue also writes the per-channel sum and sum of squares
+//             of its output (the next batch norm's statistics), optionally with a prologue
+//             applying the previous batch norm's scale, bias and ReLU as the input is read;
+//   backward: the weight gradient with that prologue, and the data gradient fused with the
+//             ReLU's backward (its mask made again from the batch norm's input) and the batch
+//             norm's weight gradients, which also yields the per-channel coefficients of the
+//             batch norm's input gradient (dx = a * g + b * x + c, one elementwise kernel).
+// Internal to kernels/cuda/.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -46,30 +51,50 @@ struct ConvShape {
   int64_t q() const { return (w + 2 * pad - s) / stride + 1; }  // output width
 };
 
-// y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph. With
-// the prologue the convolution reads relu(x * scale + bias) (scale and bias per input channel,
-// in x's dtype): the previous batch norm and its ReLU applied as x is read, never written.
-class ConvStatsGraph {
+// What every fused graph shares: the plan of the first engine cuDNN's heuristics propose whose
+// execution plan finalizes (mode A, then the fallback list), or why none did.
+class FusedGraph {
  public:
-  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false);
+  virtual ~FusedGraph() = default;
   bool accepted() const { return accepted_; }
-  // The dtype of the prologue's intermediates cuDNN took ("fp32", or the 16-bit type).
-  const std::string& intermediates() const { return intermediates_; }
   // Why cuDNN refused the graph ("" when accepted).
   const std::string& refusal() const { return refusal_; }
   size_t workspace_bytes() const { return workspace_; }
   int engines_tried() const { return tried_; }
-  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each;
-  // scale, bias: c values in shape.dtype (the prologue only). Queued on the handle's stream.
-  void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace,
-           const void* scale = nullptr, const void* bias = nullptr) const;
+  // The dtype of the prologue's intermediates cuDNN took ("fp32", or the 16-bit type).
+  const std::string& intermediates() const { return intermediates_; }
 
- private:
-  void plan(const ConvShape& sh, cudnnDataType_t intermediates);
+ protected:
+  explicit FusedGraph(cudnnHandle_t handle) : handle_(handle) {}
+  // Plans with the prologue's intermediates in fp32 (cuDNN's older samples), and where that is
+  // refused and the graph has a prologue, in the 16-bit type (its newer ones).
+  void plan_either(DType dt, bool has_prologue);
+  // Builds the graph's operations with intermediates of type `inter` into `ops` (and every
+  // descriptor they refer to into `keep`, whose elements stay where they are as it grows);
+  // false on a refusal (refusal_ says which).
+  virtual bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+                     std::deque<BackendDesc>& keep) = 0;
+  // Finalizes `d`; a refusal (NOT_SUPPORTED) is kept as refusal_ and gives false, anything
+  // else throws.
   bool finalized(BackendDesc& d, const char* what);
+  // Appends the BN-ReLU prologue relu(x * scale + bias) on x (of shape sh's input) to `ops`
+  // and returns its virtual result (kept in `keep`), the convolution's input; nullptr on a
+  // refusal.
+  const BackendDesc* bn_relu_prologue(const ConvShape& sh, cudnnDataType_t inter,
+                                      const BackendDesc& x, std::vector<BackendDesc>& ops,
+                                      std::deque<BackendDesc>& keep);
+  // Appends the pointwise operation y = x (mode) b; alpha2 scales b (x - b: ADD with -1).
+  bool pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const BackendDesc* b,
+                    const BackendDesc& y, std::vector<BackendDesc>& ops,
+                    std::deque<BackendDesc>& keep, const char* what, float alpha2 = 1.f);
+  // Runs the plan on the handle's stream: tensors by unique id, each 16-byte aligned.
+  void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+               void* workspace) const;
 
   cudnnHandle_t handle_;
-  bool prologue_ = false;
+
+ private:
+  void plan(cudnnDataType_t inter);
   BackendDesc config_;  // the engine configuration the plan was made from
   BackendDesc plan_;
   bool accepted_ = false;
@@ -77,6 +102,63 @@ class ConvStatsGraph {
   std::string intermediates_ = "fp32";
   size_t workspace_ = 0;
   int tried_ = 0;
+};
+
+// y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph. With
+// the prologue the convolution reads relu(x * scale + bias) (scale and bias per input channel,
+// in x's dtype): the previous batch norm and its ReLU applied as x is read, never written.
+class ConvStatsGraph : public FusedGraph {
+ public:
+  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false);
+  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each;
+  // scale, bias: c values in shape.dtype (the prologue only). Queued on the handle's stream.
+  void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace,
+           const void* scale = nullptr, const void* bias = nullptr) const;
+
+ private:
+  bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+             std::deque<BackendDesc>& keep) override;
+  ConvShape sh_;
+  bool prologue_;
+};
+
+// dw = the weight gradient of conv(relu(x * scale + bias), w) for output gradient dy: the
+// convolution's input made again inside the kernel from the batch norm's input x.
+class ConvWgradGraph : public FusedGraph {
+ public:
+  ConvWgradGraph(cudnnHandle_t handle, const ConvShape& shape);
+  // x: NHWC (n, c, h, w), dy: NHWC (n, k, p, q), dw: KRSC, scale and bias: c values, all in
+  // shape.dtype.
+  void run(const void* x, const void* dy, void* dw, const void* scale, const void* bias,
+           void* workspace) const;
+
+ private:
+  bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+             std::deque<BackendDesc>& keep) override;
+  ConvShape sh_;
+};
+
+// The data gradient of conv(relu(bn(x)), w) through the ReLU, and the batch norm's weight
+// gradients: g = relu_backward(conv_dgrad(dy, w), bn(x)) with bn(x) = (x - mean) * invstd *
+// gamma + beta made again inside the kernel; dgamma, dbeta; and the coefficients of the batch
+// norm's input gradient dx = eq_dy * g + eq_x * x + eq_bias per channel.
+class DgradDreluDbnGraph : public FusedGraph {
+ public:
+  DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& shape);
+  // dy: NHWC (n, k, p, q), w: KRSC, x and g: NHWC (n, c, h, w), all in shape.dtype; the
+  // per-channel arguments are c floats each.
+  struct Args {
+    const void *dy, *w, *x;
+    const float *mean, *invstd, *gamma, *beta;
+    void* g;
+    float *dgamma, *dbeta, *eq_dy, *eq_x, *eq_bias;
+  };
+  void run(const Args& a, void* workspace) const;
+
+ private:
+  bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
+             std::deque<BackendDesc>& keep) override;
+  ConvShape sh_;
 };
 
 }  // namespace spotrain::cuda
