@@ -87,8 +87,9 @@ enum SettingFlags : unsigned {
     kShowDefault, "")                                                                                 \
   X(std::string, fusion, "none", "--fusion",                                                      \
     "conv + batch-norm fusion in training: bn (a convolution makes the statistics of the BN+ReLU " \
-    "after it, the next one applies that BN as it reads; one cuDNN graph each where cuDNN takes "  \
-    "the shape, fp16/bf16) or none", kShowDefault, "none|bn")                                      \
+    "after it, the next one applies that BN as it reads, and its backward goes through that BN; " \
+    "cuDNN graphs on a GPU at fp16/bf16 where cuDNN takes the shape) or none", kShowDefault,      \
+    "none|bn")                                                                                     \
   X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault, "fp32|tf32|bf16|fp16")           \
   X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault, "") \
   X(int64_t, max_overflow_steps, 50, "--max-overflow-steps",                                      \

@@ -428,9 +428,13 @@ if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
 fi
 
 # Conv + batch-norm fusion (--fusion bn): fp16 timed as the plain fp16 run above (also end to
-# end), then profiled, whose chosen: lines say which graphs cuDNN took and which ran.
+# end), then with the step replayed from a CUDA Graph (cuDNN's graphs recorded too, or NOT
+# captured), then profiled, whose chosen: lines say which graphs cuDNN took and which ran.
 if want fusion && [[ -n "$bin" && -n "$gpu" ]]; then
   bench fp16-fusion fp16 none --fusion bn --end-to-end
+  bench fp16-fusion-graph fp16 none --fusion bn --cuda-graph --end-to-end
+  grep -q '"cuda_graph": true' "$logs/bench-fp16-fusion-graph.json" 2>/dev/null &&
+    restatus "$(laststatus): captured" || restatus "$(laststatus): NOT captured"
   bench profile-fp16-fusion fp16 none --fusion bn --profile
 fi
 
@@ -552,7 +556,8 @@ compiled = []
 tc = os.path.join(out, "torch-compile.json")
 if os.path.exists(tc):
     compiled = json.load(open(tc))
-names = ["fp16", "fp16-graph", "fp16-fusion", "bf16", "tf32", "fp16-ckpt", "loader-fp16"]
+names = ["fp16", "fp16-graph", "fp16-fusion", "fp16-fusion-graph", "bf16", "tf32", "fp16-ckpt",
+         "loader-fp16"]
 names += sorted(f[6:-5] for f in os.listdir(out)
                 if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
 for name in names:
@@ -569,7 +574,7 @@ json.dump({"gpu": gpu or "no CUDA device",
 if rows or torch:
     print()
     print("ResNet-50 224x224, batch 256, synthetic data: training images/s (median; p10-p90)")
-    print(f"{'engine':<9} {'run':<14} {'ckpt':<6} {'images/s':>9} {'p10-p90':>13} {'peak GiB':>9} {'wait':>5} {'vs torch':>8}")
+    print(f"{'engine':<9} {'run':<21} {'ckpt':<6} {'images/s':>9} {'p10-p90':>13} {'peak GiB':>9} {'wait':>5} {'vs torch':>8}")
     gib = lambda b: f"{b / 2**30:.2f}" if b else "-"
     for r in rows:
         t = torch.get(r["precision"])
@@ -579,17 +584,17 @@ if rows or torch:
         ph = r.get("phases") or {}
         step = sum(v for v in ph.values() if isinstance(v, (int, float)))
         wait = f"{100 * ph.get('data', 0) / step:.0f}%" if step and r.get("data", "synthetic") != "synthetic" else ""
-        print(f"{'spotrain':<9} {r['name']:<14} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
+        print(f"{'spotrain':<9} {r['name']:<21} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
               f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {wait:>5} {ratio:>8}")
         e2e = r.get("images_per_sec_end_to_end")
         if isinstance(e2e, (int, float)):
             ratio = f"{e2e / t['images_per_sec']:.2f}x" if t and plain else ""
-            print(f"{'spotrain':<9} {r['name'] + ' e2e':<14} {r['grad_checkpoint']:<6} {e2e:>9.1f} "
+            print(f"{'spotrain':<9} {r['name'] + ' e2e':<21} {r['grad_checkpoint']:<6} {e2e:>9.1f} "
                   f"{'':>13} {'':>9} {'':>5} {ratio:>8}")
         if r.get("name", "").endswith("-graph") and not r.get("cuda_graph"):
             print(f"          ({r['name']}: the step was NOT captured; these are eager steps)")
     for p, t in list(torch.items()) + [(t["precision"] + "-compile", t) for t in compiled]:
-        print(f"{'pytorch':<9} {p:<14} {'none':<6} {t['images_per_sec']:>9.1f} "
+        print(f"{'pytorch':<9} {p:<21} {'none':<6} {t['images_per_sec']:>9.1f} "
               f"{t['images_per_sec_p10']:>6.0f}-{t['images_per_sec_p90']:<6.0f} {gib(t.get('peak_memory_bytes')):>9}")
     for r in rows:
         ph = r.get("phases") or {}
