@@ -115,8 +115,8 @@ constexpr const char* kNewShapeWhileCapturing =
 // ran (cuDNN's enum value), its math and workspace, the fp32 fallbacks, and for 16-bit
 // shapes whether cuDNN's graph API takes the convolution with the batch-norm statistics of
 // its output in its epilogue, without and with the BN-ReLU prologue, and the fused backward
-// graphs of the latter (planned here where --fusion bn has not already, once per shape; nothing
-// runs), and whether each graph ran.
+// graphs of the latter, as --fusion bn planned them (without it, the two forward graphs are
+// planned here, once per shape; nothing runs), and whether each graph ran.
 std::vector<std::string> CudaBackend::conv_choices() {
   auto math = [](cudnnMathType_t m) {
     return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
@@ -128,21 +128,22 @@ std::vector<std::string> CudaBackend::conv_choices() {
   };
   auto verdict = [&](ConvEntry& e, int which) -> std::string {
     const char* name = fusion_graph_name(which);
-    try {
-      fusion_graph(e, which);
-    } catch (const Error& err) {
-      return str(", ", name, " graph: error (", err.what(), ")");
-    }
+    fusion_graph(e, which);
     const FusedGraph& g = *e.fused[which];
     return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
                               which != kStatsGraph ? str(", ", g.intermediates(), " intermediates") : std::string(),
                               e.fused_ran[which] ? ", ran" : "", ")")
                         : str(", ", name, " graph: refused (", g.refusal(), ")");
   };
+  // The graphs --fusion bn planned for this shape; without it, the two forward ones are
+  // planned here (runtime-compiled engines can take a while to plan: not all four everywhere).
   auto fusion = [&](ConvEntry& e) -> std::string {
     if (e.shape.dtype == DType::f32) return "";
+    bool any = false;
+    for (const auto& g : e.fused) any |= g != nullptr;
     std::string v;
-    for (int which = 0; which < kFusionGraphs; ++which) v += verdict(e, which);
+    for (int which = 0; which < kFusionGraphs; ++which)
+      if (e.fused[which] || (!any && which <= kPrologueGraph)) v += verdict(e, which);
     return v;
   };
   std::vector<std::string> out;

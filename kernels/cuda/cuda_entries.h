@@ -101,6 +101,10 @@ struct CudaBackend::BnEntry {
   cudnnTensorDescriptor_t x = nullptr, stats = nullptr;
   cudnnActivationDescriptor_t act = nullptr;
   int cfg[2] = {-1, -1};  // chosen config without / with ReLU
+  // Backward without ReLU from statistics that came with no reserve space (conv + batch-norm
+  // fusion makes them outside cuDNN): the first configuration needing none, probed apart
+  // from the forward's choice.
+  int cfg_bare = -1;
   // relu(bn(x) + z) through cuDNN's BN_ADD_ACTIVATION: 1 it runs, 0 cuDNN refused this shape
   // or dtype (the op is then composed of BN and Add), -1 not tried yet.
   int add_fused = -1;

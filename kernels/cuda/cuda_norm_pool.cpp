@@ -34,14 +34,16 @@ constexpr int kNumBnConfigs = 3;
 }  // namespace
 
 // The batch-norm part of kernel_choices(): per shape, the configuration without and with
-// ReLU, whether BN + Add + ReLU ran fused, and the fp32 fallback.
+// ReLU, whether BN + Add + ReLU ran fused, the backward's from statistics without a reserve
+// space (--fusion bn), and the fp32 fallback.
 std::vector<std::string> CudaBackend::bn_choices() const {
   auto cfg = [](int i) { return i < 0 ? std::string("unused") : std::string(kBnConfigs[i].name); };
   std::vector<std::string> out;
   for (const auto& [key, e] : bn_cache_) {
     std::string add = e->add_fused < 0 ? "unused" : e->add_fused ? "fused" : "refused (BN, Add, ReLU)";
     out.push_back(str("batchnorm ", key, ": ", e->f32 ? "fp32 fallback" : "cuDNN", ", plain ",
-                      cfg(e->cfg[0]), ", with relu ", cfg(e->cfg[1]), ", bn+add+relu ", add));
+                      cfg(e->cfg[0]), ", with relu ", cfg(e->cfg[1]), ", bn+add+relu ", add,
+                      ", backward without reserve ", cfg(e->cfg_bare)));
   }
   return out;
 }
@@ -188,17 +190,19 @@ Tensor CudaBackend::batchnorm_backward_impl(const Tensor& dy, const Tensor& x, c
                                    eps, false, dgamma, dbeta),
                 x.dtype());
   }
-  int& chosen = e.cfg[relu ? 1 : 0];
-  // Statistics made by conv2d_forward_bn_stats (--fusion bn): no cuDNN forward of this shape
-  // chose a configuration; the plain ones are probed here, persistent first.
-  const bool probing = chosen < 0 && !relu;
+  const Tensor& reserve = saved.backend_state[kBnReserve];
+  // Statistics with no reserve space (conv2d_forward_bn_stats under --fusion bn makes them
+  // outside cuDNN, or a forward that kept none): the plain configurations that need none are
+  // probed here, persistent first, and the choice kept apart from the forward's.
+  const bool bare = !relu && !reserve.defined();
+  int& chosen = bare ? e.cfg_bare : e.cfg[relu ? 1 : 0];
+  const bool probing = chosen < 0 && bare;
   SPOTRAIN_CHECK((chosen >= 0 || probing) && saved.backend_state[kBnInvStd].defined() &&
                      (!relu || saved.backend_state[kBnOutput].defined()),
                  "internal: batch-norm backward without its training forward");
   int64_t c = x.dim(1);
   Tensor dx = alloc_like(x);
   BnArgs a = bn_args(gamma, beta, c, nullptr);
-  const Tensor& reserve = saved.backend_state[kBnReserve];
   Tensor g = dy;
   for (int i = probing ? 1 : chosen; i <= (probing ? kNumBnConfigs - 1 : chosen); ++i) {
     const BnConfig& cf = kBnConfigs[i];
@@ -209,7 +213,7 @@ Tensor CudaBackend::batchnorm_backward_impl(const Tensor& dy, const Tensor& x, c
     cudnnStatus_t st = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
         dnn_, cf.mode, cf.ops, e.x, fused ? e.x : nullptr, e.x, nullptr, e.x, e.stats, act, &ws);
     // A configuration whose forward keeps a reserve space cannot run without that forward.
-    if (st == CUDNN_STATUS_SUCCESS && probing)
+    if (st == CUDNN_STATUS_SUCCESS && bare)
       st = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(dnn_, cf.mode, cf.ops, act, e.x, &rs);
     if (st == CUDNN_STATUS_SUCCESS && rs > 0) st = CUDNN_STATUS_NOT_SUPPORTED;
     if (st == CUDNN_STATUS_SUCCESS)

@@ -125,9 +125,9 @@ void check_aligned(const std::vector<void*>& ptrs) {
 
 // ---- FusedGraph ------------------------------------------------------------------------------
 
-void FusedGraph::plan_either(DType dt, bool has_prologue) {
+void FusedGraph::plan_either(DType dt, bool retry_16bit) {
   plan(CUDNN_DATA_FLOAT);
-  if (accepted_ || !has_prologue || dt == DType::f32) return;
+  if (accepted_ || !retry_16bit || dt == DType::f32) return;
   const std::string first = refusal_;
   refusal_.clear();
   tried_ = 0;

@@ -61,14 +61,15 @@ class FusedGraph {
   const std::string& refusal() const { return refusal_; }
   size_t workspace_bytes() const { return workspace_; }
   int engines_tried() const { return tried_; }
-  // The dtype of the prologue's intermediates cuDNN took ("fp32", or the 16-bit type).
+  // The dtype of the graph's virtual intermediates cuDNN took ("fp32", or the 16-bit type).
   const std::string& intermediates() const { return intermediates_; }
 
  protected:
   explicit FusedGraph(cudnnHandle_t handle) : handle_(handle) {}
-  // Plans with the prologue's intermediates in fp32 (cuDNN's older samples), and where that is
-  // refused and the graph has a prologue, in the 16-bit type (its newer ones).
-  void plan_either(DType dt, bool has_prologue);
+  // Plans with the virtual intermediates in fp32 (cuDNN's older samples), and where that is
+  // refused and `retry_16bit`, in the 16-bit type (its newer ones).
+  void plan_either(DType dt, bool retry_16bit);
+  void refuse(std::string why) { refusal_ = std::move(why); }
   // Builds the graph's operations with intermediates of type `inter` into `ops` (and every
   // descriptor they refer to into `keep`, whose elements stay where they are as it grows);
   // false on a refusal (refusal_ says which).
@@ -102,6 +103,21 @@ class FusedGraph {
   std::string intermediates_ = "fp32";
   size_t workspace_ = 0;
   int tried_ = 0;
+};
+
+// A graph whose building failed with an error rather than cuDNN's refusal (a descriptor cuDNN
+// would not finalize, say): refused, with that error as the reason, so the caller runs the
+// separate ops as for any refusal.
+class FailedGraph : public FusedGraph {
+ public:
+  FailedGraph(cudnnHandle_t handle, std::string why) : FusedGraph(handle) {
+    refuse("error: " + std::move(why));
+  }
+
+ private:
+  bool build(cudnnDataType_t, std::vector<BackendDesc>&, std::deque<BackendDesc>&) override {
+    return false;
+  }
 };
 
 // y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph. With
