@@ -610,7 +610,8 @@ if rows or torch:
             def verdict(c, g):  # "accepted (2 MiB, ran" / "refused (..." / ""
                 part = c.split(f", {g} graph: ", 1)
                 return part[1].split(")")[0] if len(part) > 1 else ""
-            graphs = ["conv+stats", "bn-relu+conv+stats", "bn-relu+wgrad", "dgrad+drelu+dbn"]
+            graphs = ["conv+stats", "bn-relu+conv+stats", "bn-relu+conv", "bn-relu+wgrad",
+                      "dgrad+drelu+dbn"]
             took = ", ".join(f"{g} {sum(verdict(c, g).startswith('accepted') for c in choices)}"
                              f" ({sum(verdict(c, g).endswith(', ran') for c in choices)} ran)"
                              for g in graphs)

@@ -337,6 +337,8 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   EXPECT_CLOSE(*g, y2g, *c, y2c, 2 * tol);
   EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
   EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
+  // the same without the statistics (a block's last convolution)
+  EXPECT_CLOSE(*g, g->conv2d_forward_bn_stats(y1g, w2g, p1, &ag, eps, nullptr), *c, y2c, 2 * tol);
   // Backward through conv2 and bn1 + ReLU at once, from the statistics conv1 made
   Tensor hdy2 = host_nhwc(y2c.shape(), 346);
   Tensor dy2c = c->upload_images(hdy2, pr.dt), dy2g = g->upload_images(hdy2, pr.dt);
@@ -381,6 +383,7 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   };
   for (auto [input, graph] : {std::pair{",4,32,10,10|", "conv+stats"},
                               std::pair{",4,64,10,10|", "bn-relu+conv+stats"},
+                              std::pair{",4,64,10,10|", "bn-relu+conv"},
                               std::pair{",4,64,10,10|", "bn-relu+wgrad"},
                               std::pair{",4,64,10,10|", "dgrad+drelu+dbn"}}) {
     const std::string v = verdict(input, graph);

@@ -54,12 +54,17 @@ inline cudnnTensorDescriptor_t nhwc_desc(DType dt, int64_t n, int64_t c, int64_t
 
 
 // The fused graphs of --fusion bn per convolution shape (cudnn_graph.h, cuda_fusion.cpp): the
-// convolution with its output's statistics, the same reading relu(bn(x)), and the backward of
-// the latter: its weight gradient, and its data gradient through the ReLU and the batch norm.
-enum FusionGraph : int { kStatsGraph, kPrologueGraph, kWgradGraph, kDgradGraph, kFusionGraphs };
+// convolution with its output's statistics, the same reading relu(bn(x)), the latter without
+// the statistics (a block's last convolution: its batch norm makes its own), and the backward
+// of a convolution reading relu(bn(x)): its weight gradient, and its data gradient through the
+// ReLU and the batch norm.
+enum FusionGraph : int {
+  kStatsGraph, kPrologueGraph, kPrologueOnlyGraph, kWgradGraph, kDgradGraph, kFusionGraphs
+};
 inline const char* fusion_graph_name(int g) {
   static const char* const names[kFusionGraphs] = {"conv+stats", "bn-relu+conv+stats",
-                                                   "bn-relu+wgrad", "dgrad+drelu+dbn"};
+                                                   "bn-relu+conv", "bn-relu+wgrad",
+                                                   "dgrad+drelu+dbn"};
   return names[g];
 }
 

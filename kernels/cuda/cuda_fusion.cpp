@@ -1,7 +1,7 @@
 // CUDA backend: conv + batch-norm fusion (--fusion bn) through cuDNN's graph API
 // (cudnn_graph.h). Forward: a convolution writes its output and the per-channel sums the next
 // batch norm needs in one graph, optionally applying the previous batch norm and its ReLU as it
-// reads its input; small kernels turn the sums into the batch statistics and the statistics
+// reads its input (a block's last convolution: that prologue alone); small kernels turn the sums into the batch statistics and the statistics
 // into the prologue's scale and bias. Backward through such a convolution and its prologue: the
 // weight gradient with the same prologue, and the data gradient fused with the ReLU's backward
 // and the batch norm's weight gradients, whose coefficients give the batch norm's input
@@ -25,6 +25,9 @@ FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
       switch (which) {
         case kStatsGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, false); break;
         case kPrologueGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true); break;
+        case kPrologueOnlyGraph:
+          slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true, false);
+          break;
         case kWgradGraph: slot = std::make_unique<ConvWgradGraph>(dnn_, e.shape); break;
         default: slot = std::make_unique<DgradDreluDbnGraph>(dnn_, e.shape); break;
       }
@@ -50,18 +53,23 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
   check_activation(x, "conv2d");
   auto& e = conv_entry(x, w, p);
   // The graphs' reductions are not documented as deterministic: --deterministic composes.
-  const int which = pro ? kPrologueGraph : kStatsGraph;
-  auto* g = static_cast<ConvStatsGraph*>(opt_.deterministic ? nullptr : fusion_graph(e, which));
+  const int which = !pro ? kStatsGraph : stats ? kPrologueGraph : kPrologueOnlyGraph;
+  auto* g = static_cast<ConvStatsGraph*>(
+      opt_.deterministic || (!pro && !stats) ? nullptr : fusion_graph(e, which));
   if (!g) return Backend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1), k = w.dim(0);
   Tensor y = alloc({x.dim(0), k, e.oh, e.ow}, dt, Layout::nhwc);
   // sum and sum of squares, each at a 16-byte aligned offset
   const int64_t k4 = (k + 3) / 4 * 4;
-  Tensor sums = alloc({2 * k4}, DType::f32);
-  float* sum = sums.data<float>();
-  float* sqsum = sum + k4;
-  CUDA_CHECK(cudaMemsetAsync(sum, 0, size_t(2 * k4) * 4, compute_));
+  Tensor sums;
+  float *sum = nullptr, *sqsum = nullptr;
+  if (stats) {
+    sums = alloc({2 * k4}, DType::f32);
+    sum = sums.data<float>();
+    sqsum = sum + k4;
+    CUDA_CHECK(cudaMemsetAsync(sum, 0, size_t(2 * k4) * 4, compute_));
+  }
   Tensor scale, bias;
   if (pro) {
     SPOTRAIN_CHECK(pro->gamma.numel() == c && pro->mean.numel() == c,

@@ -264,10 +264,11 @@ void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<voi
   CUDNN_CHECK(cudnnBackendExecute(handle_, plan_.get(), pack.get()));
 }
 
-// ---- ConvStatsGraph: [relu(x * scale + bias)] -> conv -> y, GenStats(y) --------------------
+// ---- ConvStatsGraph: [relu(x * scale + bias)] -> conv -> y [, GenStats(y)] -----------------
 
-ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue)
-    : FusedGraph(handle), sh_(sh), prologue_(bn_relu_prologue) {
+ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue,
+                               bool with_stats)
+    : FusedGraph(handle), sh_(sh), prologue_(bn_relu_prologue), stats_(with_stats) {
   plan_either(sh.dtype, prologue_);
 }
 
@@ -283,10 +284,6 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
   const BackendDesc& w = keep.back();
   keep.push_back(nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q()));
   const BackendDesc& y = keep.back();
-  keep.push_back(channel_tensor(kSum, sh.k));
-  const BackendDesc& sum = keep.back();
-  keep.push_back(channel_tensor(kSqSum, sh.k));
-  const BackendDesc& sqsum = keep.back();
   keep.push_back(conv_descriptor(sh));
   if (!finalized(keep.back(), "convolution descriptor")) return false;
   const BackendDesc& conv = keep.back();
@@ -301,7 +298,12 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
   if (!finalized(fprop, "convolution forward")) return false;
   ops.push_back(std::move(fprop));
+  if (!stats_) return true;
 
+  keep.push_back(channel_tensor(kSum, sh.k));
+  const BackendDesc& sum = keep.back();
+  keep.push_back(channel_tensor(kSqSum, sh.k));
+  const BackendDesc& sqsum = keep.back();
   const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
   BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
   stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &gmode)
@@ -317,8 +319,14 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
 void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
                          void* workspace, const void* scale, const void* bias) const {
   SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
-  std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y, sum, sqsum};
-  std::vector<int64_t> uids = {kX, kW, kY, kSum, kSqSum};
+  std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y};
+  std::vector<int64_t> uids = {kX, kW, kY};
+  if (stats_) {
+    ptrs.push_back(sum);
+    ptrs.push_back(sqsum);
+    uids.push_back(kSum);
+    uids.push_back(kSqSum);
+  }
   if (prologue_) {
     ptrs.push_back(const_cast<void*>(scale));
     ptrs.push_back(const_cast<void*>(bias));

@@ -123,11 +123,14 @@ class FailedGraph : public FusedGraph {
 // y = conv(x, w) and, per output channel, sum(y) and sum(y^2) in fp32, in one graph. With
 // the prologue the convolution reads relu(x * scale + bias) (scale and bias per input channel,
 // in x's dtype): the previous batch norm and its ReLU applied as x is read, never written.
+// Without the statistics (with_stats false) it is the prologue and the convolution alone.
 class ConvStatsGraph : public FusedGraph {
  public:
-  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false);
-  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each;
-  // scale, bias: c values in shape.dtype (the prologue only). Queued on the handle's stream.
+  ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false,
+                 bool with_stats = true);
+  // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each
+  // (the statistics only); scale, bias: c values in shape.dtype (the prologue only). Queued on
+  // the handle's stream.
   void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace,
            const void* scale = nullptr, const void* bias = nullptr) const;
 
@@ -135,7 +138,7 @@ class ConvStatsGraph : public FusedGraph {
   bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
              std::deque<BackendDesc>& keep) override;
   ConvShape sh_;
-  bool prologue_;
+  bool prologue_, stats_;
 };
 
 // dw = the weight gradient of conv(relu(x * scale + bias), w) for output gradient dy: the
