@@ -1,5 +1,6 @@
 // The basic layers of ResNet-class models: Conv2d, BatchNorm2d (optional fused ReLU), ReLU,
-// MaxPool2d, GlobalAvgPool, Linear. Each stashes exactly what its backward needs.
+// MaxPool2d, GlobalAvgPool, Linear. Each stashes exactly what its backward needs. A Conv2d,
+// BatchNorm2d+ReLU, Conv2d run can be linked for conv + batch-norm fusion (fuse_conv_bn_conv).
 #pragma once
 #include "layers/layer.h"
 
@@ -62,7 +63,6 @@ class BatchNorm2d final : public Layer {
   // for take_residual_grad().
   void set_residual(const Tensor& z) { z_ = z; }
   Tensor take_residual_grad() { return std::move(dz_); }
-  float eps() const { return eps_; }
 
  protected:
   void validate(const Tensor& x) const override;
