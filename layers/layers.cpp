@@ -1,6 +1,8 @@
 // Basic layers (see layers.h): validation, stash management and calls into the Backend.
 #include "layers/layers.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace spotrain {
@@ -66,10 +68,7 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
   Tensor y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies_ ? &pro_ : nullptr,
                                             stats_for_ ? stats_for_->eps_ : 0.f,
                                             stats_for_ ? &stats : nullptr);
-  if (stats_for_) {
-    stats_for_->given_ = std::move(stats);
-    stats_for_->has_given_ = true;
-  }
+  if (stats_for_) stats_for_->given_ = std::move(stats);
   return y;
 }
 
@@ -142,7 +141,6 @@ void BatchNorm2d::clear_stash() {
   z_ = Tensor();
   added_ = false;
   given_ = BnSaved();
-  has_given_ = false;
   input_grad_done_ = false;
 }
 
@@ -154,10 +152,9 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
                                           eps_, relu_);
   x_ = x;
   if (deferred_) {  // fused: the statistics came with x, the next convolution normalizes
-    SPOTRAIN_CHECK(has_given_ && !z_.defined(), "internal: ", name_,
+    SPOTRAIN_CHECK(given_.mean.defined() && !z_.defined(), "internal: ", name_,
                    " runs fused without its convolution's statistics");
-    saved_ = std::move(given_);
-    has_given_ = false;
+    saved_ = std::exchange(given_, BnSaved());
     if (!ctx.replay)
       ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                       x.dim(0) * x.dim(2) * x.dim(3));

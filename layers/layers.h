@@ -87,17 +87,16 @@ class BatchNorm2d final : public Layer {
   // applies the normalization and ReLU as it reads; that convolution's backward computes this
   // layer's gradients too (input_grad_done_), and this backward passes its gradient through.
   bool deferred_ = false;
-  BnSaved given_;
-  bool has_given_ = false;
+  BnSaved given_;  // empty until the convolution before hands its statistics over
   bool input_grad_done_ = false;
 };
 
 // Conv + batch-norm fusion (--fusion bn) of `a`, `bn` and `b`, consecutive in one branch with
 // bn a BatchNorm2d+ReLU: in training, a's forward also computes bn's batch statistics, bn
-// passes its input through, and b applies bn and its ReLU to what it reads (cuDNN's graph API
-// where it takes the shapes: Backend::conv2d_forward_bn_stats). bn's output is never written;
-// b's backward goes through bn as well (Backend::conv2d_backward_bn_relu). Evaluation runs
-// the layers as they are.
+// passes its input through, and b applies bn and its ReLU to what it reads
+// (Backend::conv2d_forward_bn_stats, fused where the backend can). bn's output is never
+// written; b's backward goes through bn as well (Backend::conv2d_backward_bn_relu).
+// Evaluation runs the layers as they are.
 void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b);
 
 class ReLU final : public Layer {
