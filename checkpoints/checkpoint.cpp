@@ -31,13 +31,33 @@
   ([&]() {                                                                            \
     auto r_ = (call);                                                                 \
     if (r_ < 0) SPOTRAIN_THROW("HDF5 call failed: ", #call, " at ", __FILE__, ":", __LINE__, \
-                               " while ", what);                                     \
+                               " while ", what, hdf5_system_error());                 \
     return r_;                                                                        \
   }())
 
 namespace spotrain {
 
 namespace {
+
+// The operating system's reason behind the HDF5 call that just failed, as ": <strerror>"
+// (HDF5's file drivers put "error message = '...'" on the error stack when a read or write
+// fails, e.g. "No space left on device"), or "" when the failure was HDF5's own.
+std::string hdf5_system_error() {
+  std::string reason;
+  auto visit = [](unsigned, const H5E_error2_t* err, void* out) -> herr_t {
+    const char* key = "error message = '";
+    const char* at = err->desc ? std::strstr(err->desc, key) : nullptr;
+    auto& found = *static_cast<std::string*>(out);
+    if (at && found.empty()) {
+      at += std::strlen(key);
+      const char* end = std::strchr(at, '\'');
+      found.assign(at, end ? end : at + std::strlen(at));
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, visit, &reason);
+  return reason.empty() ? std::string() : ": " + reason;
+}
 
 // Owns one HDF5 identifier and closes it with the right function.
 class H5Id {

@@ -125,22 +125,35 @@ void CheckpointManager::poll() {
                " s (background)"));
 }
 
+std::string checkpoint_failure_cause(const std::string& what, const std::string& dir,
+                                     int64_t free_bytes, bool writable, int64_t bytes_each) {
+  auto mib = [](int64_t b) { return fmt_fixed(double(b) / double(1 << 20), 1) + " MiB"; };
+  // The system's own reason when the write carried one; else what the folder looks like now
+  // (a failed write removes its partial file, so the free space seen here may have grown back).
+  const bool no_space = what.find("No space left on device") != std::string::npos ||
+                        what.find("Disk quota exceeded") != std::string::npos;
+  const bool read_only = what.find("Read-only file system") != std::string::npos;
+  if (read_only || (!no_space && !writable && free_bytes > bytes_each))
+    return "the folder " + dir + " is no longer writable (read-only or gone)";
+  if (no_space || free_bytes < bytes_each + (1 << 20)) {
+    const bool room_now = free_bytes >= bytes_each;
+    return std::string("the disk is full (") + (room_now ? "the write ran out of space; " : "") +
+           mib(free_bytes) + " free in " + dir + (room_now ? " now" : "") +
+           ", a checkpoint needs " + mib(bytes_each) + ")";
+  }
+  return what;
+}
+
 std::string CheckpointManager::failure(const std::string& path, const std::exception& e) const {
   namespace fs = std::filesystem;
   const std::string& dir = policy_.dir;
-  std::string why = e.what();
   std::error_code ec;
   int64_t free_bytes = int64_t(fs::space(dir, ec).available);
   if (test_hooks().free_bytes >= 0) free_bytes = test_hooks().free_bytes;
   const std::string probe = dir + "/.write-test";
   bool writable = bool(std::ofstream(probe));
   fs::remove(probe, ec);
-  auto mib = [](int64_t b) { return fmt_fixed(double(b) / double(1 << 20), 1) + " MiB"; };
-  if (!writable && free_bytes > bytes_each_)
-    why = "the folder " + dir + " is no longer writable (read-only or gone)";
-  else if (free_bytes < bytes_each_ + (1 << 20))
-    why = "the disk is full (" + mib(free_bytes) + " free in " + dir + ", a checkpoint needs " +
-          mib(bytes_each_) + ")";
+  std::string why = checkpoint_failure_cause(e.what(), dir, free_bytes, writable, bytes_each_);
   std::string safe = "no earlier checkpoint of this run";
   std::ifstream latest(dir + "/latest");
   std::string name;

@@ -29,6 +29,12 @@ struct CheckpointPolicy {
   std::string writer_tag;
 };
 
+// Why a checkpoint write that failed with `what` failed, in a user's words: the folder no
+// longer writable, or the disk full (the system's reason in `what` first, else the folder's
+// state now: `free_bytes`, `writable`), else `what` itself.
+std::string checkpoint_failure_cause(const std::string& what, const std::string& dir,
+                                     int64_t free_bytes, bool writable, int64_t bytes_each);
+
 class CheckpointManager {
  public:
   // Prepares `policy.dir` for checkpoints of about `bytes_each` bytes; throws Error when it

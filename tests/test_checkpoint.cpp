@@ -262,3 +262,23 @@ TEST(CheckpointManager, RefusesAFolderItCannotWrite) {
   });
   EXPECT_NE(e.find("not writable"), std::string::npos) << e;
 }
+
+// A failed write is named by the system's reason it carried, even when the folder looks
+// roomy again by the time it is reported (the partial file removed, other files deleted).
+TEST(CheckpointManager, NamesAFailedWriteByTheSystemsReasonFirst) {
+  const int64_t mib = 1 << 20, need = 3 * mib;
+  const std::string hdf5 = "HDF5 call failed: H5Dwrite(...) while layer1.0.conv1.weight";
+  // No space, said by the system, with 50 MiB free now.
+  std::string c = checkpoint_failure_cause(hdf5 + ": No space left on device", "/ck", 50 * mib, true, need);
+  EXPECT_EQ(c.rfind("the disk is full (the write ran out of space; 50.0 MiB free in /ck now", 0), 0) << c;
+  // The same without the reason: the folder looks fine, so the raw message stands.
+  EXPECT_EQ(checkpoint_failure_cause(hdf5, "/ck", 50 * mib, true, need), hdf5);
+  // Without the reason but with too little room left: the disk is full.
+  c = checkpoint_failure_cause(hdf5, "/ck", mib / 2, true, need);
+  EXPECT_EQ(c, "the disk is full (0.5 MiB free in /ck, a checkpoint needs 3.0 MiB)");
+  // Read-only, said by the system or seen in the folder.
+  EXPECT_EQ(checkpoint_failure_cause(hdf5 + ": Read-only file system", "/ck", mib, true, need),
+            "the folder /ck is no longer writable (read-only or gone)");
+  EXPECT_EQ(checkpoint_failure_cause(hdf5, "/ck", 50 * mib, false, need),
+            "the folder /ck is no longer writable (read-only or gone)");
+}

@@ -192,7 +192,7 @@ TEST(NodeLocal, TwoOfThreeDisksLostLoseNothingAndAllLostIsRefused) {
   const fs::path d = fresh_dir("spotrain_node_local_3"), mount = d / "ckpt", disks = d / "disks";
   const std::string own = on_own_disk(d, "on-disks", disks, mount);
   const std::string args = train(mount, "--steps 9 --ckpt-every 3");
-  Launch a = run(launcher(d, 3, "SPOTRAIN_FAULT=die:1:5,die:2:5 EXTRA_ENV=SPOTRAIN_FAULT SURVIVOR_WAIT=4", own) + args);
+  Launch a = run(launcher(d, 3, "SPOTRAIN_FAULT=die:1:5,die:2:5 EXTRA_ENV=SPOTRAIN_FAULT SURVIVOR_WAIT=6", own) + args);
   EXPECT_EQ(a.code, 76) << a.out;
   EXPECT_TRUE(contains(a.out, "rank 0: saved the last step every rank finished, step 4")) << a.out;
   fs::remove_all(disks / "disk-1");
