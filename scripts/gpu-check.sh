@@ -538,7 +538,7 @@ fi
 
 # ---- the table -------------------------------------------------------------------------------
 "${python:-python3}" - "$logs" "$gpu" "$out/results.json" > "$out/summary.txt" <<'EOF'
-import json, os, sys
+import json, os, re, sys
 out, gpu, results = sys.argv[1], sys.argv[2], sys.argv[3]
 print(f"GPU check ({gpu or 'no CUDA device'})")
 for line in open(os.path.join(out, "version.log")) if os.path.exists(os.path.join(out, "version.log")) else []:
@@ -607,7 +607,7 @@ if rows or torch:
         if choices:
             bn = [c for c in choices if c.startswith("batchnorm")]
             odd = [c for c in choices if "fallback" in c or "refuse" in c]
-            def verdict(c, g):  # "accepted (2 MiB, ran" / "refused (..." / ""
+            def verdict(c, g):  # "accepted (engine 12, 2 MiB, ..., ran" / "refused (..." / ""
                 part = c.split(f", {g} graph: ", 1)
                 return part[1].split(")")[0] if len(part) > 1 else ""
             graphs = ["conv+stats", "bn-relu+conv+stats", "bn-relu+conv", "bn-relu+wgrad",
@@ -615,8 +615,10 @@ if rows or torch:
             took = ", ".join(f"{g} {sum(verdict(c, g).startswith('accepted') for c in choices)}"
                              f" ({sum(verdict(c, g).endswith(', ran') for c in choices)} ran)"
                              for g in graphs)
+            planning = sum(float(m) for c in choices for m in re.findall(r"planned in ([0-9.]+) s", c))
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
-                  f"cuDNN's fusion graphs accepted (ran under --fusion bn) per shape: {took}; "
+                  f"cuDNN's fusion graphs accepted (ran under --fusion bn) per shape: {took}, "
+                  f"planned in {planning:.1f} s in all; "
                   f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])

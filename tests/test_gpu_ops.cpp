@@ -397,6 +397,58 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   }
 }
 
+// The prologue's graphs where padding and stride matter (a block's 3x3 convolution, stride 1
+// and 2): the padded border must read zeros, not relu(bias), in the forward, the weight
+// gradient and the data gradient. Against the CPU's composition, with a nonzero bn shift.
+TEST_P(GpuOps, FusedPrologueHoldsAtPaddedAndStridedConvolutions) {
+  REQUIRE_GPU();
+  Prec pr = GetParam();
+  auto c = cpu();
+  auto g = gpu(pr.tf32);
+  const Shape xs{4, 32, 9, 9};
+  const float eps = 1e-5f;
+  const double tol = std::max(pr.tol, 10 * elem_tol(pr.dt));
+  uint64_t seed = 900;
+  for (int stride : {1, 2}) {
+    SCOPED_TRACE("3x3 stride " + std::to_string(stride));
+    const ConvParams p{3, 3, stride, 1};
+    const int64_t C = xs[1], K = 48;
+    // x plays the batch norm's input, its batch statistics made by each backend's own
+    // batch-norm forward; beta well above zero, so relu(bias) at the border would show
+    Tensor hx = host_nhwc(xs, ++seed);
+    Tensor xc = c->upload_images(hx, pr.dt), xg = g->upload_images(hx, pr.dt);
+    Tensor hgamma = host_plain({C}, ++seed, 0.2f, 1.f), hbeta = host_plain({C}, ++seed, 0.3f, 0.8f);
+    BnParams pc = bn_params(*c, hgamma, hbeta), pg = bn_params(*g, hgamma, hbeta);
+    BnSaved sc, sg;
+    c->batchnorm_forward_train(xc, pc.gamma, pc.beta, eps, false, sc);
+    g->batchnorm_forward_train(xg, pg.gamma, pg.beta, eps, false, sg);
+    BnApply ac{pc.gamma, pc.beta, sc.mean, sc.var, eps}, ag{pg.gamma, pg.beta, sg.mean, sg.var, eps};
+    Tensor hw = host_plain({K, C, 3, 3}, ++seed, 1.f / std::sqrt(float(C * 9)));
+    Tensor wc = c->from_host(hw), wg = g->from_host(hw);
+    BnSaved s2c, s2g;
+    Tensor yc = c->conv2d_forward_bn_stats(xc, wc, p, &ac, eps, &s2c);
+    Tensor yg = g->conv2d_forward_bn_stats(xg, wg, p, &ag, eps, &s2g);
+    EXPECT_CLOSE(*g, yg, *c, yc, 2 * tol);
+    EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
+    EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
+    EXPECT_CLOSE(*g, g->conv2d_forward_bn_stats(xg, wg, p, &ag, eps, nullptr), *c, yc, 2 * tol);
+    Tensor hdy = host_nhwc(yc.shape(), ++seed);
+    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
+    Tensor dwc = c->zeros({K, C, 3, 3}), dwg = g->zeros({K, C, 3, 3});
+    g->fill(dwg, kNaN);
+    g->fill(pg.dgamma, kNaN);
+    g->fill(pg.dbeta, kNaN);
+    Tensor dxc = c->conv2d_backward_bn_relu(dyc, wc, xc, p, ac, sc, dwc, pc.dgamma, pc.dbeta);
+    Tensor dxg = g->conv2d_backward_bn_relu(dyg, wg, xg, p, ag, sg, dwg, pg.dgamma, pg.dbeta);
+    EXPECT_CLOSE(*g, dxg, *c, dxc, 4 * tol);
+    EXPECT_CLOSE(*g, dwg, *c, dwc, 2 * tol);
+    EXPECT_CLOSE(*g, pg.dgamma, *c, pc.dgamma, 4 * tol);
+    EXPECT_CLOSE(*g, pg.dbeta, *c, pc.dbeta, 4 * tol);
+  }
+  for (const std::string& l : g->kernel_choices())
+    if (l.rfind("conv ", 0) == 0) std::printf("  %s\n", l.c_str());
+}
+
 // acc += backward-data (cuDNN's beta = 1), first at a shape's first use (the algorithm search
 // must not overwrite acc), then again with the algorithm chosen; against the CPU's sum.
 TEST_P(GpuOps, ConvolutionBackwardDataAddsIntoTheGivenGradient) {

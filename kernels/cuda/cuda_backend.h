@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -138,6 +139,10 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   // Fused graph `which` (FusionGraph, cuda_entries.h) of a convolution shape, planned at its
   // first use (cuda_fusion.cpp); nullptr where cuDNN refused it or it does not apply (fp32).
   FusedGraph* fusion_graph(ConvEntry& e, int which);
+  // Runs graph `which` of `e` through `run`. An accepted graph whose first run fails (an
+  // engine that planned but will not execute) is refused from then on and this returns false:
+  // the caller runs the separate ops. Later runs, and any run while capturing, throw as usual.
+  bool run_fused(ConvEntry& e, int which, const std::function<void()>& run);
   std::vector<std::string> conv_choices();  // the parts of kernel_choices()
   std::vector<std::string> bn_choices() const;
   // A new device tensor (NaN-filled when poisoning).

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "core/log.h"
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
 
@@ -130,10 +131,13 @@ std::vector<std::string> CudaBackend::conv_choices() {
     const char* name = fusion_graph_name(which);
     fusion_graph(e, which);
     const FusedGraph& g = *e.fused[which];
-    return g.accepted() ? str(", ", name, " graph: accepted (", (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
+    const std::string planned = str(", planned in ", fmt_fixed(g.plan_seconds(), 2), " s");
+    return g.accepted() ? str(", ", name, " graph: accepted (engine ", g.engine(),
+                              g.lowered_precision() ? " of lowered precision" : "", ", ",
+                              (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
                               which != kStatsGraph ? str(", ", g.intermediates(), " intermediates") : std::string(),
-                              e.fused_ran[which] ? ", ran" : "", ")")
-                        : str(", ", name, " graph: refused (", g.refusal(), ")");
+                              planned, e.fused_ran[which] ? ", ran" : "", ")")
+                        : str(", ", name, " graph: refused (", g.refusal(), planned, ")");
   };
   // The graphs --fusion bn planned for this shape; without it, the two forward ones are
   // planned here (runtime-compiled engines can take a while to plan: not all four everywhere).

@@ -1,13 +1,14 @@
 // CUDA backend: conv + batch-norm fusion (--fusion bn) through cuDNN's graph API
 // (cudnn_graph.h). Forward: a convolution writes its output and the per-channel sums the next
 // batch norm needs in one graph, optionally applying the previous batch norm and its ReLU as it
-// reads its input (a block's last convolution: that prologue alone); small kernels turn the sums into the batch statistics and the statistics
-// into the prologue's scale and bias. Backward through such a convolution and its prologue: the
+// reads its input (a block's last convolution: that prologue alone); small kernels turn the
+// sums into the batch statistics and the statistics into the prologue's scale and bias. Backward through such a convolution and its prologue: the
 // weight gradient with the same prologue, and the data gradient fused with the ReLU's backward
 // and the batch norm's weight gradients, whose coefficients give the batch norm's input
-// gradient in one elementwise kernel. Each graph cuDNN refuses for a shape, dtype or GPU runs
-// as the composed ops (Backend's defaults), decided once per shape and graph and named by
-// kernel_choices(); fp32 and --deterministic always run them.
+// gradient in one elementwise kernel. Each graph cuDNN refuses for a shape, dtype or GPU (or
+// accepts but then fails to run the first time) runs as the composed ops (Backend's
+// defaults), decided once per shape and graph and named by kernel_choices(); fp32 and
+// --deterministic always run them.
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.h"
@@ -36,6 +37,21 @@ FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
     }
   }
   return slot->accepted() ? slot.get() : nullptr;
+}
+
+bool CudaBackend::run_fused(ConvEntry& e, int which, const std::function<void()>& run) {
+  if (e.fused_ran[which] || capturing_) {
+    run();
+  } else {
+    try {
+      run();
+    } catch (const Error& err) {
+      e.fused[which]->failed_to_run(err.what());
+      return false;
+    }
+  }
+  e.fused_ran[which] = true;
+  return true;
 }
 
 namespace {
@@ -79,9 +95,11 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
     bias = alloc({c}, dt);
     scale_bias(*pro, dt, scale, bias, compute_);
   }
-  g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, workspace(g->workspace_bytes()),
-         pro ? scale.raw() : nullptr, pro ? bias.raw() : nullptr);
-  e.fused_ran[which] = true;
+  if (!run_fused(e, which, [&] {
+        g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, workspace(g->workspace_bytes()),
+               pro ? scale.raw() : nullptr, pro ? bias.raw() : nullptr);
+      }))
+    return Backend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
   if (stats) {
     *stats = BnSaved();
     stats->mean = alloc({k}, DType::f32);
@@ -118,23 +136,26 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
   };
 
   // The weight gradient, in the filter's (O, H, W, I) layout and x's dtype, then into dw.
+  bool wgrad_done = false;
   if (wg) {
     Tensor scale = alloc({c}, dt), bias = alloc({c}, dt);
     scale_bias(pro, dt, scale, bias, compute_);
     Tensor tmp(dw.shape(), dt, allocator(), Layout::nhwc);
-    wg->run(x.raw(), dy.raw(), tmp.raw(), scale.raw(), bias.raw(), workspace(wg->workspace_bytes()));
-    launch_ohwi_to_oihw(tmp.raw(), dt, dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
-                        int(dw.dim(2)), int(dw.dim(3)), compute_);
-    e.fused_ran[kWgradGraph] = true;
-  } else {
-    conv2d_backward_weights(applied(), dy, p, dw);
+    wgrad_done = run_fused(e, kWgradGraph, [&] {
+      wg->run(x.raw(), dy.raw(), tmp.raw(), scale.raw(), bias.raw(), workspace(wg->workspace_bytes()));
+    });
+    if (wgrad_done)
+      launch_ohwi_to_oihw(tmp.raw(), dt, dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
+                          int(dw.dim(2)), int(dw.dim(3)), compute_);
   }
+  if (!wgrad_done) conv2d_backward_weights(applied(), dy, p, dw);
 
-  if (!dg) {
+  auto composed_dgrad = [&] {
     Tensor in = applied();
     Tensor g = relu_backward(conv2d_backward_data(dy, w, in, p), in);
     return batchnorm_backward(g, x, pro.gamma, pro.beta, saved, pro.eps, false, dgamma, dbeta);
-  }
+  };
+  if (!dg) return composed_dgrad();
   // The data gradient through the ReLU, the batch norm's weight gradients and the
   // coefficients of its input gradient; every per-channel buffer 16-byte aligned (gamma and
   // beta are views of the flat parameter buffer: copied where they are not).
@@ -157,8 +178,8 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
   args.eq_dy = out + 2 * c4;
   args.eq_x = out + 3 * c4;
   args.eq_bias = out + 4 * c4;
-  dg->run(args, workspace(dg->workspace_bytes()));
-  e.fused_ran[kDgradGraph] = true;
+  if (!run_fused(e, kDgradGraph, [&] { dg->run(args, workspace(dg->workspace_bytes())); }))
+    return composed_dgrad();
   CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), args.dgamma, size_t(c) * 4, cudaMemcpyDeviceToDevice,
                              compute_));
   CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), args.dbeta, size_t(c) * 4, cudaMemcpyDeviceToDevice,

@@ -6,6 +6,11 @@
 
 #include "kernels/cuda/cuda_util.h"
 
+#include <algorithm>
+#include <limits>
+
+#include "core/clock.h"
+
 namespace spotrain::cuda {
 
 BackendDesc::BackendDesc(cudnnBackendDescriptorType_t type) {
@@ -80,14 +85,50 @@ BackendDesc nhwc_tensor(int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, i
 
 std::string status_text(cudnnStatus_t st) { return cudnn_msg(st); }
 
-// A pointwise operator computed in fp32 (plain ReLU: no clip, no slope set).
+// A pointwise operator computed in fp32. A ReLU's clips are set, not left to defaults: max(x,
+// 0) with no upper clip (the largest float) and no slope below, as cuDNN's frontend sets them.
 BackendDesc pointwise(cudnnPointwiseMode_t mode) {
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   BackendDesc d(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   d.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
       .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+  if (mode == CUDNN_POINTWISE_RELU_FWD || mode == CUDNN_POINTWISE_RELU_BWD) {
+    const double lower = 0, upper = std::numeric_limits<float>::max(), slope = 0;
+    d.set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower)
+        .set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper)
+        .set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
+  }
   CUDNN_CHECK(d.finalize());
   return d;
+}
+
+// One engine configuration the heuristics proposed, with what its engine says of itself.
+struct Candidate {
+  BackendDesc cfg;
+  int64_t engine = -1;   // cuDNN's global engine index (-1: not known)
+  bool lowered = false;  // converts inputs down or reduces in lower precision
+};
+
+// The engine behind `cfg`: its global index and whether a numerical note says it computes
+// in lower precision than asked. Unknown (-1, false) where cuDNN does not say.
+void describe_engine(Candidate& c) {
+  BackendDesc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = eng.get();
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(c.cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                               1, &n, &raw) != CUDNN_STATUS_SUCCESS)
+    return;
+  int64_t index = -1;
+  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
+      CUDNN_STATUS_SUCCESS)
+    c.engine = index;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS)
+    return;
+  for (int64_t i = 0; i < n && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++i)
+    c.lowered |= notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
+                 notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION;
 }
 
 bool not_supported(cudnnStatus_t st) {
@@ -126,14 +167,74 @@ void check_aligned(const std::vector<void*>& ptrs) {
 // ---- FusedGraph ------------------------------------------------------------------------------
 
 void FusedGraph::plan_either(DType dt, bool retry_16bit) {
-  plan(CUDNN_DATA_FLOAT);
-  if (accepted_ || !retry_16bit || dt == DType::f32) return;
-  const std::string first = refusal_;
-  refusal_.clear();
-  tried_ = 0;
-  plan(graph_dtype(dt));
-  if (accepted_) intermediates_ = dtype_name(dt);
-  else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
+  const double t0 = now_seconds();
+  // An error while building one variant (not a refusal) still lets the other be tried.
+  auto attempt = [&](cudnnDataType_t inter) {
+    try {
+      plan(inter);
+    } catch (const Error& e) {
+      refusal_ = str("error: ", e.what());
+    }
+  };
+  attempt(CUDNN_DATA_FLOAT);
+  if (!accepted_ && retry_16bit && dt != DType::f32) {
+    const std::string first = refusal_;
+    refusal_.clear();
+    attempt(graph_dtype(dt));
+    if (accepted_) intermediates_ = dtype_name(dt);
+    else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
+  }
+  plan_seconds_ = now_seconds() - t0;
+}
+
+// The engine configurations cuDNN's heuristics propose for `graph` (mode A, then the fallback
+// list), each engine once, those that keep the asked precision first; `why` says what failed
+// when none.
+static std::vector<Candidate> engine_candidates(const BackendDesc& graph, std::string& why) {
+  std::vector<Candidate> clean, lowered;
+  std::vector<int64_t> seen;
+  why = "no engine proposed";
+  for (cudnnBackendHeurMode_t hm : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm);
+    if (cudnnStatus_t st = heur.finalize(); st != CUDNN_STATUS_SUCCESS) {
+      why = "heuristics: " + status_text(st);
+      continue;
+    }
+    int64_t count = 0;
+    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+        st != CUDNN_STATUS_SUCCESS || count <= 0) {
+      why = st != CUDNN_STATUS_SUCCESS ? "heuristics results: " + status_text(st)
+                                       : std::string("heuristics proposed no engine");
+      continue;
+    }
+    std::vector<Candidate> got(static_cast<size_t>(count));
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (Candidate& c : got) {
+      c.cfg = BackendDesc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(c.cfg.get());
+    }
+    int64_t n = 0;
+    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &n, raw.data());
+        st != CUDNN_STATUS_SUCCESS) {
+      why = "heuristics results: " + status_text(st);
+      continue;
+    }
+    for (int64_t i = 0; i < n && i < count; ++i) {
+      Candidate& c = got[size_t(i)];
+      describe_engine(c);
+      if (c.engine >= 0) {
+        if (std::find(seen.begin(), seen.end(), c.engine) != seen.end()) continue;
+        seen.push_back(c.engine);
+      }
+      (c.lowered ? lowered : clean).push_back(std::move(c));
+    }
+  }
+  for (Candidate& c : lowered) clean.push_back(std::move(c));
+  return clean;
 }
 
 void FusedGraph::plan(cudnnDataType_t inter) {
@@ -151,57 +252,39 @@ void FusedGraph::plan(cudnnDataType_t inter) {
     refusal_ = "operation graph: " + status_text(st);
     return;
   }
-  // Engines from the heuristics, best first; the first whose plan finalizes is kept.
-  std::string last = "no engine proposed";
-  for (cudnnBackendHeurMode_t hm : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
-        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm);
-    if (cudnnStatus_t st = heur.finalize(); st != CUDNN_STATUS_SUCCESS) {
-      last = "heuristics: " + status_text(st);
+  // The first engine whose plan finalizes is kept. Runtime-compiled engines compile as their
+  // plan finalizes (can take a second each): at most kMaxEngineTries are tried.
+  constexpr int kMaxEngineTries = 8;
+  std::string last;
+  std::vector<Candidate> candidates = engine_candidates(graph, last);
+  int tried = 0;
+  for (Candidate& c : candidates) {
+    if (tried == kMaxEngineTries) break;
+    ++tried;
+    BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+        .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg);
+    if (cudnnStatus_t st = plan.finalize(); st != CUDNN_STATUS_SUCCESS) {
+      last = "execution plan: " + status_text(st);
       continue;
     }
-    int64_t count = 0;
-    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-        st != CUDNN_STATUS_SUCCESS || count <= 0) {
-      last = st != CUDNN_STATUS_SUCCESS ? "heuristics results: " + status_text(st)
-                                        : std::string("heuristics proposed no engine");
-      continue;
-    }
-    std::vector<BackendDesc> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-      raw.push_back(cfgs.back().get());
-    }
-    int64_t got = 0;
-    if (cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data());
-        st != CUDNN_STATUS_SUCCESS) {
-      last = "heuristics results: " + status_text(st);
-      continue;
-    }
-    for (int64_t i = 0; i < got; ++i) {
-      ++tried_;
-      BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
-          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)]);
-      if (cudnnStatus_t st = plan.finalize(); st != CUDNN_STATUS_SUCCESS) {
-        last = "execution plan: " + status_text(st);
-        continue;
-      }
-      int64_t ws = 0, n = 0;
-      CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                           CUDNN_TYPE_INT64, 1, &n, &ws));
-      plan_ = std::move(plan);
-      config_ = std::move(cfgs[size_t(i)]);  // kept as long as the plan, as cuDNN's frontend does
-      workspace_ = size_t(ws);
-      accepted_ = true;
-      return;
-    }
+    int64_t ws = 0, n = 0;
+    CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                         CUDNN_TYPE_INT64, 1, &n, &ws));
+    plan_ = std::move(plan);
+    config_ = std::move(c.cfg);  // kept as long as the plan, as cuDNN's frontend does
+    workspace_ = size_t(ws);
+    engine_ = c.engine;
+    lowered_ = c.lowered;
+    accepted_ = true;
+    return;
   }
-  refusal_ = str(last, " (", tried_, " engines tried)");
+  refusal_ = str(last, " (", tried, " of ", candidates.size(), " engines tried)");
+}
+
+void FusedGraph::failed_to_run(const std::string& why) {
+  accepted_ = false;
+  refusal_ = "accepted, but its first run failed: " + why;
 }
 
 // cuDNN's verdict on one descriptor of the graph: a refusal (NOT_SUPPORTED, e.g. a dtype no

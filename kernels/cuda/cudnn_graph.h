@@ -52,7 +52,8 @@ struct ConvShape {
 };
 
 // What every fused graph shares: the plan of the first engine cuDNN's heuristics propose whose
-// execution plan finalizes (mode A, then the fallback list), or why none did.
+// execution plan finalizes (mode A, then the fallback list; each engine once, those that keep
+// the asked precision first, at most eight tried), or why none did.
 class FusedGraph {
  public:
   virtual ~FusedGraph() = default;
@@ -60,9 +61,18 @@ class FusedGraph {
   // Why cuDNN refused the graph ("" when accepted).
   const std::string& refusal() const { return refusal_; }
   size_t workspace_bytes() const { return workspace_; }
-  int engines_tried() const { return tried_; }
   // The dtype of the graph's virtual intermediates cuDNN took ("fp32", or the 16-bit type).
   const std::string& intermediates() const { return intermediates_; }
+  // cuDNN's global index of the engine kept (-1: unknown), and whether it is one that lowers
+  // precision (down-converted inputs, reduced-precision reductions): taken only when no
+  // other engine would plan.
+  int64_t engine() const { return engine_; }
+  bool lowered_precision() const { return lowered_; }
+  // Seconds spent planning (engines compiled at run time are compiled then).
+  double plan_seconds() const { return plan_seconds_; }
+  // The graph was accepted but its first execution failed (`why`): refused from now on, so
+  // the caller runs the separate ops.
+  void failed_to_run(const std::string& why);
 
  protected:
   explicit FusedGraph(cudnnHandle_t handle) : handle_(handle) {}
@@ -102,7 +112,9 @@ class FusedGraph {
   std::string refusal_;
   std::string intermediates_ = "fp32";
   size_t workspace_ = 0;
-  int tried_ = 0;
+  int64_t engine_ = -1;
+  bool lowered_ = false;
+  double plan_seconds_ = 0;
 };
 
 // A graph whose building failed with an error rather than cuDNN's refusal (a descriptor cuDNN
