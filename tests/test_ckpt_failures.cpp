@@ -54,7 +54,7 @@ class CkptFailures : public ::testing::Test {
         << "report() { for f in $mnt/run/ckpt-*; do case $f in *.h5) " << SPOTRAIN_BIN
         << " ckpt verify $f > /dev/null 2>&1; echo \"VERIFY $(basename $f) $?\";; *) echo \"LEFT "
            "$(basename $f)\";; esac; done; }\n"
-        << "wait_for() { for i in $(seq 1 600); do grep -qF -e \"$1\" $log && return 0; sleep 0.05; done; return 1; }\n"
+        << "wait_for() { for i in $(seq 1 600); do grep -qsF -e \"$1\" $log && return 0; sleep 0.05; done; return 1; }\n"
         << body << "\n";
     return run_command("timeout -k 5 300 unshare --mount --propagation private sh " + script.string());
   }
@@ -125,9 +125,9 @@ TEST_F(CkptFailures, ContinueTrainsOnThroughAFullDiskAndCheckpointsWhenSpaceRetu
                              "train --steps 400 --ckpt-every 2 --keep 2 --on-ckpt-error continue > $log 2>&1 &\n"
                              "pid=$!\nwait_for 'step 5/'\n"
                              // keep-N frees space after each write: fill what it frees until a write fails
-                             "for i in $(seq 1 1500); do grep -qF 'training goes on' $log && break\n"
+                             "for i in $(seq 1 1500); do grep -qsF 'training goes on' $log && break\n"
                              "  avail=$(df -k --output=avail $mnt | tail -1)\n"
-                             "  [ $avail -gt 600 ] && fallocate -l $(( (avail - 512) * 1024 )) $mnt/filler$i\n"
+                             "  [ $avail -gt 600 ] && fallocate -l $(( (avail - 512) * 1024 )) $mnt/filler$i 2>/dev/null\n"
                              "  sleep 0.02\ndone\nrm -f $mnt/filler*\n"
                              "wait $pid; echo \"RC1 $?\"\ncat $log; report");
   ASSERT_NE(r.code, 99) << r.out;
