@@ -616,10 +616,10 @@ if rows or torch:
                              f" ({sum(verdict(c, g).endswith(', ran') for c in choices)} ran)"
                              for g in graphs)
             planning = sum(float(m) for c in choices for m in re.findall(r"planned in ([0-9.]+) s", c))
+            graphs_said = (f"cuDNN's fusion graphs accepted (ran) per shape: {took}, planned in "
+                           f"{planning:.1f} s in all; " if any(" graph: " in c for c in choices) else "")
             print(f"  chosen {r['name']}: {len(choices) - len(bn)} conv and {len(bn)} batch-norm shapes; "
-                  f"cuDNN's fusion graphs accepted (ran under --fusion bn) per shape: {took}, "
-                  f"planned in {planning:.1f} s in all; "
-                  f"{len(odd)} with a fallback or refusal" + (":" if odd else ""))
+                  f"{graphs_said}{len(odd)} with a fallback or refusal" + (":" if odd else ""))
             for c in odd[:10]:
                 print("    " + c[:160])
         if ph:

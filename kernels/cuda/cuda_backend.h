@@ -143,7 +143,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   // engine that planned but will not execute) is refused from then on and this returns false:
   // the caller runs the separate ops. Later runs, and any run while capturing, throw as usual.
   bool run_fused(ConvEntry& e, int which, const std::function<void()>& run);
-  std::vector<std::string> conv_choices();  // the parts of kernel_choices()
+  std::vector<std::string> conv_choices() const;  // the parts of kernel_choices()
   std::vector<std::string> bn_choices() const;
   // A new device tensor (NaN-filled when poisoning).
   Tensor alloc(const Shape& shape, DType dt, Layout layout = Layout::plain);

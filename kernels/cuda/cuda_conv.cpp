@@ -113,12 +113,11 @@ constexpr const char* kNewShapeWhileCapturing =
     "internal: a convolution shape first met while capturing a step (--cuda-graph)";
 
 // The convolution part of kernel_choices(): per shape, the algorithm of each direction that
-// ran (cuDNN's enum value), its math and workspace, the fp32 fallbacks, and for 16-bit
-// shapes whether cuDNN's graph API takes the convolution with the batch-norm statistics of
-// its output in its epilogue, without and with the BN-ReLU prologue, and the fused backward
-// graphs of the latter, as --fusion bn planned them (without it, the two forward graphs are
-// planned here, once per shape; nothing runs), and whether each graph ran.
-std::vector<std::string> CudaBackend::conv_choices() {
+// ran (cuDNN's enum value), its math and workspace, the fp32 fallbacks, and the verdict on
+// each fusion graph --fusion bn planned for the shape (engine, workspace, planning time,
+// whether it ran, or why cuDNN refused it). Nothing is planned here: without --fusion bn no
+// graph is named.
+std::vector<std::string> CudaBackend::conv_choices() const {
   auto math = [](cudnnMathType_t m) {
     return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
   };
@@ -127,10 +126,9 @@ std::vector<std::string> CudaBackend::conv_choices() {
     return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
                f32 ? ", fp32 fallback" : "", ")");
   };
-  auto verdict = [&](ConvEntry& e, int which) -> std::string {
-    const char* name = fusion_graph_name(which);
-    fusion_graph(e, which);
+  auto verdict = [&](const ConvEntry& e, int which) -> std::string {
     const FusedGraph& g = *e.fused[which];
+    const char* name = fusion_graph_name(which);
     const std::string planned = str(", planned in ", fmt_fixed(g.plan_seconds(), 2), " s");
     return g.accepted() ? str(", ", name, " graph: accepted (engine ", g.engine(),
                               g.lowered_precision() ? " of lowered precision" : "", ", ",
@@ -139,15 +137,10 @@ std::vector<std::string> CudaBackend::conv_choices() {
                               planned, e.fused_ran[which] ? ", ran" : "", ")")
                         : str(", ", name, " graph: refused (", g.refusal(), planned, ")");
   };
-  // The graphs --fusion bn planned for this shape; without it, the two forward ones are
-  // planned here (runtime-compiled engines can take a while to plan: not all four everywhere).
-  auto fusion = [&](ConvEntry& e) -> std::string {
-    if (e.shape.dtype == DType::f32) return "";
-    bool any = false;
-    for (const auto& g : e.fused) any |= g != nullptr;
+  auto fusion = [&](const ConvEntry& e) {
     std::string v;
     for (int which = 0; which < kFusionGraphs; ++which)
-      if (e.fused[which] || (!any && which <= kPrologueGraph)) v += verdict(e, which);
+      if (e.fused[which]) v += verdict(e, which);
     return v;
   };
   std::vector<std::string> out;
