@@ -221,6 +221,34 @@ BnParams bn_params(Backend& be, const Tensor& hg, const Tensor& hb) {
   return p;
 }
 
+// One backend's side of conv2d_backward_bn_relu: the convolution's filter, its input x (the
+// batch norm's input), the batch norm it applies with its statistics, and its parameters
+// (whose dgamma and dbeta take the gradients).
+struct FusedBackwardSide {
+  Backend& be;
+  const Tensor &w, &x;
+  const BnApply& pro;
+  const BnSaved& saved;
+  BnParams& bn;
+};
+
+// conv2d_backward_bn_relu on both sides from the output gradient `hdy`, the GPU's outputs
+// poisoned first: x's gradient, dw, dgamma and dbeta against the CPU's.
+void expect_fused_backward_close(FusedBackwardSide c, FusedBackwardSide g, const Tensor& hdy,
+                                 DType dt, const ConvParams& p, double tol) {
+  Tensor dyc = c.be.upload_images(hdy, dt), dyg = g.be.upload_images(hdy, dt);
+  Tensor dwc = c.be.zeros(c.w.shape()), dwg = g.be.zeros(g.w.shape());
+  g.be.fill(dwg, kNaN);
+  g.be.fill(g.bn.dgamma, kNaN);
+  g.be.fill(g.bn.dbeta, kNaN);
+  Tensor dxc = c.be.conv2d_backward_bn_relu(dyc, c.w, c.x, p, c.pro, c.saved, dwc, c.bn.dgamma, c.bn.dbeta);
+  Tensor dxg = g.be.conv2d_backward_bn_relu(dyg, g.w, g.x, p, g.pro, g.saved, dwg, g.bn.dgamma, g.bn.dbeta);
+  EXPECT_CLOSE(g.be, dxg, c.be, dxc, 4 * tol);
+  EXPECT_CLOSE(g.be, dwg, c.be, dwc, 2 * tol);
+  EXPECT_CLOSE(g.be, g.bn.dgamma, c.be, c.bn.dgamma, 4 * tol);
+  EXPECT_CLOSE(g.be, g.bn.dbeta, c.be, c.bn.dbeta, 4 * tol);
+}
+
 // kernel_choices: after a convolution and a batch norm ran, one line per shape names what
 // cuDNN settled on; a plain convolution names no fusion graph (none was planned for it).
 TEST_P(GpuOps, KernelChoicesNameWhatEachShapeRan) {
@@ -340,20 +368,10 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   // the same without the statistics (a block's last convolution)
   EXPECT_CLOSE(*g, g->conv2d_forward_bn_stats(y1g, w2g, p1, &ag, eps, nullptr), *c, y2c, 2 * tol);
   // Backward through conv2 and bn1 + ReLU at once, from the statistics conv1 made
-  Tensor hdy2 = host_nhwc(y2c.shape(), 346);
-  Tensor dy2c = c->upload_images(hdy2, pr.dt), dy2g = g->upload_images(hdy2, pr.dt);
   BnParams qc = bn_params(*c, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
   BnParams qg = bn_params(*g, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
-  Tensor dw2c = c->zeros({K, K, 1, 1}), dw2g = g->zeros({K, K, 1, 1});
-  g->fill(dw2g, kNaN);
-  g->fill(qg.dgamma, kNaN);
-  g->fill(qg.dbeta, kNaN);
-  Tensor dy1c = c->conv2d_backward_bn_relu(dy2c, w2c, y1c, p1, ac, sc, dw2c, qc.dgamma, qc.dbeta);
-  Tensor dy1g = g->conv2d_backward_bn_relu(dy2g, w2g, y1g, p1, ag, sg, dw2g, qg.dgamma, qg.dbeta);
-  EXPECT_CLOSE(*g, dy1g, *c, dy1c, 4 * tol);
-  EXPECT_CLOSE(*g, dw2g, *c, dw2c, 2 * tol);
-  EXPECT_CLOSE(*g, qg.dgamma, *c, qc.dgamma, 4 * tol);
-  EXPECT_CLOSE(*g, qg.dbeta, *c, qc.dbeta, 4 * tol);
+  expect_fused_backward_close({*c, w2c, y1c, ac, sc, qc}, {*g, w2g, y1g, ag, sg, qg},
+                              host_nhwc(y2c.shape(), 346), pr.dt, p1, tol);
   // bn1's backward from the statistics conv1 made, and its running statistics
   Tensor hdy = host_nhwc(y1c.shape(), 345);
   Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
@@ -432,18 +450,8 @@ TEST_P(GpuOps, FusedPrologueHoldsAtPaddedAndStridedConvolutions) {
     EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
     EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
     EXPECT_CLOSE(*g, g->conv2d_forward_bn_stats(xg, wg, p, &ag, eps, nullptr), *c, yc, 2 * tol);
-    Tensor hdy = host_nhwc(yc.shape(), ++seed);
-    Tensor dyc = c->upload_images(hdy, pr.dt), dyg = g->upload_images(hdy, pr.dt);
-    Tensor dwc = c->zeros({K, C, 3, 3}), dwg = g->zeros({K, C, 3, 3});
-    g->fill(dwg, kNaN);
-    g->fill(pg.dgamma, kNaN);
-    g->fill(pg.dbeta, kNaN);
-    Tensor dxc = c->conv2d_backward_bn_relu(dyc, wc, xc, p, ac, sc, dwc, pc.dgamma, pc.dbeta);
-    Tensor dxg = g->conv2d_backward_bn_relu(dyg, wg, xg, p, ag, sg, dwg, pg.dgamma, pg.dbeta);
-    EXPECT_CLOSE(*g, dxg, *c, dxc, 4 * tol);
-    EXPECT_CLOSE(*g, dwg, *c, dwc, 2 * tol);
-    EXPECT_CLOSE(*g, pg.dgamma, *c, pc.dgamma, 4 * tol);
-    EXPECT_CLOSE(*g, pg.dbeta, *c, pc.dbeta, 4 * tol);
+    expect_fused_backward_close({*c, wc, xc, ac, sc, pc}, {*g, wg, xg, ag, sg, pg},
+                                host_nhwc(yc.shape(), ++seed), pr.dt, p, tol);
   }
   for (const std::string& l : g->kernel_choices())
     if (l.rfind("conv ", 0) == 0) std::printf("  %s\n", l.c_str());

@@ -86,7 +86,7 @@ struct CudaBackend::ConvEntry {
   bool bd_add_refused = false;
   ConvShape shape;  // for the graph API
   // The conv + batch-norm fusion graphs of this shape (FusionGraph), planned at their first
-  // use or by kernel_choices, and whether each ran.
+  // use, and whether each ran.
   std::unique_ptr<FusedGraph> fused[kFusionGraphs];
   bool fused_ran[kFusionGraphs] = {};
   ~ConvEntry() {

@@ -162,6 +162,38 @@ void check_aligned(const std::vector<void*>& ptrs) {
                    "internal: a fused cuDNN graph needs 16-byte aligned buffers");
 }
 
+// `d`, moved into `keep` (whose elements stay where they are as it grows).
+BackendDesc& kept(std::deque<BackendDesc>& keep, BackendDesc d) {
+  keep.push_back(std::move(d));
+  return keep.back();
+}
+
+// One direction of the convolution as a graph operation: the attribute names of its
+// descriptor type for its two inputs and its output, its convolution, alpha and beta.
+struct ConvOpKind {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t in0, in1, out, conv, alpha, beta;
+  const char* what;
+};
+
+const ConvOpKind& conv_op_kind(ConvDir dir) {
+  static const ConvOpKind kinds[] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, "convolution forward"},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, "convolution data gradient"},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, "convolution weight gradient"},
+  };
+  return kinds[int(dir)];
+}
+
 }  // namespace
 
 // ---- FusedGraph ------------------------------------------------------------------------------
@@ -301,9 +333,8 @@ bool FusedGraph::pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x,
                               const BackendDesc* b, const BackendDesc& y,
                               std::vector<BackendDesc>& ops, std::deque<BackendDesc>& keep,
                               const char* what, float alpha2) {
-  keep.push_back(pointwise(mode));
   BackendDesc o(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  o.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, keep.back())
+  o.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, kept(keep, pointwise(mode)))
       .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
       .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
   if (b) o.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
@@ -313,21 +344,35 @@ bool FusedGraph::pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x,
   return true;
 }
 
+bool FusedGraph::conv_op(ConvDir dir, const ConvShape& sh, const BackendDesc& in0,
+                         const BackendDesc& in1, const BackendDesc& out,
+                         std::vector<BackendDesc>& ops, std::deque<BackendDesc>& keep) {
+  const ConvOpKind& kind = conv_op_kind(dir);
+  BackendDesc& conv = kept(keep, conv_descriptor(sh));
+  if (!finalized(conv, "convolution descriptor")) return false;
+  const float alpha = 1.f, beta = 0.f;
+  BackendDesc op(kind.type);
+  op.set(kind.in0, in0)
+      .set(kind.in1, in1)
+      .set(kind.out, out)
+      .set(kind.conv, conv)
+      .set(kind.alpha, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(kind.beta, CUDNN_TYPE_FLOAT, 1, &beta);
+  if (!finalized(op, kind.what)) return false;
+  ops.push_back(std::move(op));
+  return true;
+}
+
 const BackendDesc* FusedGraph::bn_relu_prologue(const ConvShape& sh, cudnnDataType_t inter,
                                                 const BackendDesc& x,
                                                 std::vector<BackendDesc>& ops,
                                                 std::deque<BackendDesc>& keep) {
   const cudnnDataType_t dt = graph_dtype(sh.dtype);
-  keep.push_back(nhwc_tensor(kScale, dt, 1, sh.c, 1, 1));
-  const BackendDesc& scale = keep.back();
-  keep.push_back(nhwc_tensor(kBias, dt, 1, sh.c, 1, 1));
-  const BackendDesc& bias = keep.back();
-  keep.push_back(nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true));
-  const BackendDesc& scaled = keep.back();
-  keep.push_back(nhwc_tensor(kBiased, inter, sh.n, sh.c, sh.h, sh.w, true));
-  const BackendDesc& biased = keep.back();
-  keep.push_back(nhwc_tensor(kActivated, inter, sh.n, sh.c, sh.h, sh.w, true));
-  const BackendDesc& out = keep.back();
+  const BackendDesc& scale = kept(keep, nhwc_tensor(kScale, dt, 1, sh.c, 1, 1));
+  const BackendDesc& bias = kept(keep, nhwc_tensor(kBias, dt, 1, sh.c, 1, 1));
+  const BackendDesc& scaled = kept(keep, nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true));
+  const BackendDesc& biased = kept(keep, nhwc_tensor(kBiased, inter, sh.n, sh.c, sh.h, sh.w, true));
+  const BackendDesc& out = kept(keep, nhwc_tensor(kActivated, inter, sh.n, sh.c, sh.h, sh.w, true));
   const bool ok =
       pointwise_op(CUDNN_POINTWISE_MUL, x, &scale, scaled, ops, keep, "prologue scale") &&
       pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, biased, ops, keep, "prologue bias") &&
@@ -359,34 +404,16 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
                            std::deque<BackendDesc>& keep) {
   const ConvShape& sh = sh_;
   const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
-  keep.push_back(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
-  const BackendDesc& x = keep.back();
+  const BackendDesc& x = kept(keep, nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
   const BackendDesc* in = prologue_ ? bn_relu_prologue(sh, inter, x, ops, keep) : &x;
   if (!in) return false;
-  keep.push_back(nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
-  const BackendDesc& w = keep.back();
-  keep.push_back(nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q()));
-  const BackendDesc& y = keep.back();
-  keep.push_back(conv_descriptor(sh));
-  if (!finalized(keep.back(), "convolution descriptor")) return false;
-  const BackendDesc& conv = keep.back();
-
-  const float alpha = 1.f, beta = 0.f;
-  BackendDesc fprop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-  fprop.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *in)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  if (!finalized(fprop, "convolution forward")) return false;
-  ops.push_back(std::move(fprop));
+  const BackendDesc& w = kept(keep, nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
+  const BackendDesc& y = kept(keep, nhwc_tensor(kY, dt, sh.n, sh.k, sh.p(), sh.q()));
+  if (!conv_op(ConvDir::forward, sh, *in, w, y, ops, keep)) return false;
   if (!stats_) return true;
 
-  keep.push_back(channel_tensor(kSum, sh.k));
-  const BackendDesc& sum = keep.back();
-  keep.push_back(channel_tensor(kSqSum, sh.k));
-  const BackendDesc& sqsum = keep.back();
+  const BackendDesc& sum = kept(keep, channel_tensor(kSum, sh.k));
+  const BackendDesc& sqsum = kept(keep, channel_tensor(kSqSum, sh.k));
   const cudnnGenStatsMode_t gmode = CUDNN_GENSTATS_SUM_SQSUM;
   BackendDesc stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
   stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &gmode)
@@ -430,27 +457,12 @@ bool ConvWgradGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
                            std::deque<BackendDesc>& keep) {
   const ConvShape& sh = sh_;
   const cudnnDataType_t dt = graph_dtype(sh.dtype);
-  keep.push_back(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
-  const BackendDesc* in = bn_relu_prologue(sh, inter, keep.back(), ops, keep);
+  const BackendDesc* in =
+      bn_relu_prologue(sh, inter, kept(keep, nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w)), ops, keep);
   if (!in) return false;
-  keep.push_back(nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
-  const BackendDesc& dy = keep.back();
-  keep.push_back(nhwc_tensor(kDw, dt, sh.k, sh.c, sh.r, sh.s));
-  const BackendDesc& dw = keep.back();
-  keep.push_back(conv_descriptor(sh));
-  if (!finalized(keep.back(), "convolution descriptor")) return false;
-  const BackendDesc& conv = keep.back();
-  const float alpha = 1.f, beta = 0.f;
-  BackendDesc wgrad(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-  wgrad.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *in)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  if (!finalized(wgrad, "convolution weight gradient")) return false;
-  ops.push_back(std::move(wgrad));
-  return true;
+  const BackendDesc& dy = kept(keep, nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
+  const BackendDesc& dw = kept(keep, nhwc_tensor(kDw, dt, sh.k, sh.c, sh.r, sh.s));
+  return conv_op(ConvDir::filter, sh, *in, dy, dw, ops, keep);
 }
 
 void ConvWgradGraph::run(const void* x, const void* dy, void* dw, const void* scale,
@@ -472,53 +484,36 @@ bool DgradDreluDbnGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& 
                                std::deque<BackendDesc>& keep) {
   const ConvShape& sh = sh_;
   const cudnnDataType_t dt = graph_dtype(sh.dtype), f32 = CUDNN_DATA_FLOAT;
-  auto tensor = [&](BackendDesc d) -> const BackendDesc& {
-    keep.push_back(std::move(d));
-    return keep.back();
-  };
-  const BackendDesc& dy = tensor(nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
-  const BackendDesc& w = tensor(nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
-  const BackendDesc& x = tensor(nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
-  const BackendDesc& mean = tensor(channel_tensor(kMean, sh.c));
-  const BackendDesc& invstd = tensor(channel_tensor(kInvStd, sh.c));
-  const BackendDesc& gamma = tensor(channel_tensor(kGamma, sh.c));
-  const BackendDesc& beta = tensor(channel_tensor(kBeta, sh.c));
-  const BackendDesc& g = tensor(nhwc_tensor(kG, dt, sh.n, sh.c, sh.h, sh.w));
-  const BackendDesc& dgamma = tensor(channel_tensor(kDgamma, sh.c));
-  const BackendDesc& dbeta = tensor(channel_tensor(kDbeta, sh.c));
-  const BackendDesc& eq_dy = tensor(channel_tensor(kEqDy, sh.c));
-  const BackendDesc& eq_x = tensor(channel_tensor(kEqX, sh.c));
-  const BackendDesc& eq_bias = tensor(channel_tensor(kEqBias, sh.c));
+  const BackendDesc& dy = kept(keep, nhwc_tensor(kDy, dt, sh.n, sh.k, sh.p(), sh.q()));
+  const BackendDesc& w = kept(keep, nhwc_tensor(kW, dt, sh.k, sh.c, sh.r, sh.s));
+  const BackendDesc& x = kept(keep, nhwc_tensor(kX, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc& mean = kept(keep, channel_tensor(kMean, sh.c));
+  const BackendDesc& invstd = kept(keep, channel_tensor(kInvStd, sh.c));
+  const BackendDesc& gamma = kept(keep, channel_tensor(kGamma, sh.c));
+  const BackendDesc& beta = kept(keep, channel_tensor(kBeta, sh.c));
+  const BackendDesc& g = kept(keep, nhwc_tensor(kG, dt, sh.n, sh.c, sh.h, sh.w));
+  const BackendDesc& dgamma = kept(keep, channel_tensor(kDgamma, sh.c));
+  const BackendDesc& dbeta = kept(keep, channel_tensor(kDbeta, sh.c));
+  const BackendDesc& eq_dy = kept(keep, channel_tensor(kEqDy, sh.c));
+  const BackendDesc& eq_x = kept(keep, channel_tensor(kEqX, sh.c));
+  const BackendDesc& eq_bias = kept(keep, channel_tensor(kEqBias, sh.c));
   auto inner = [&](int64_t uid) -> const BackendDesc& {
-    return tensor(nhwc_tensor(uid, inter, sh.n, sh.c, sh.h, sh.w, true));
+    return kept(keep, nhwc_tensor(uid, inter, sh.n, sh.c, sh.h, sh.w, true));
   };
   const BackendDesc& dgrad_out = inner(kDgradOut);
   const BackendDesc& centered = inner(kCentered);
   const BackendDesc& normed = inner(kNormed);
   const BackendDesc& gammaed = inner(kGammaed);
   const BackendDesc& bn_out = inner(kBnOut);
-  const BackendDesc& conv = tensor(conv_descriptor(sh));
-  if (!finalized(keep.back(), "convolution descriptor")) return false;
-
-  const float alpha = 1.f, beta0 = 0.f;
-  BackendDesc dgrad(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-  dgrad.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dgrad_out)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta0);
-  if (!finalized(dgrad, "convolution data gradient")) return false;
-  ops.push_back(std::move(dgrad));
+  if (!conv_op(ConvDir::data, sh, dy, w, dgrad_out, ops, keep)) return false;
   // The batch norm's output made again, for the ReLU's mask.
   if (!pointwise_op(CUDNN_POINTWISE_ADD, x, &mean, centered, ops, keep, "x - mean", -1.f) ||
       !pointwise_op(CUDNN_POINTWISE_MUL, centered, &invstd, normed, ops, keep, "* invstd") ||
       !pointwise_op(CUDNN_POINTWISE_MUL, normed, &gamma, gammaed, ops, keep, "* gamma") ||
       !pointwise_op(CUDNN_POINTWISE_ADD, gammaed, &beta, bn_out, ops, keep, "+ beta"))
     return false;
-  keep.push_back(pointwise(CUDNN_POINTWISE_RELU_BWD));
   BackendDesc drelu(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  drelu.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, keep.back())
+  drelu.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, kept(keep, pointwise(CUDNN_POINTWISE_RELU_BWD)))
       .set(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dgrad_out)
       .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, bn_out)
       .set(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, g);

@@ -51,6 +51,9 @@ struct ConvShape {
   int64_t q() const { return (w + 2 * pad - s) / stride + 1; }  // output width
 };
 
+// The three directions of a convolution, as graph operations (FusedGraph::conv_op).
+enum class ConvDir { forward, data, filter };
+
 // What every fused graph shares: the plan of the first engine cuDNN's heuristics propose whose
 // execution plan finalizes (mode A, then the fallback list; each engine once, those that keep
 // the asked precision first, at most eight tried), or why none did.
@@ -98,6 +101,11 @@ class FusedGraph {
   bool pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const BackendDesc* b,
                     const BackendDesc& y, std::vector<BackendDesc>& ops,
                     std::deque<BackendDesc>& keep, const char* what, float alpha2 = 1.f);
+  // Appends the convolution of `sh` in direction `dir`, alpha 1 and beta 0, to `ops` (its
+  // convolution descriptor kept in `keep`): forward (x, w -> y), data gradient (dy, w -> dx)
+  // or weight gradient (x, dy -> dw); false on a refusal.
+  bool conv_op(ConvDir dir, const ConvShape& sh, const BackendDesc& in0, const BackendDesc& in1,
+               const BackendDesc& out, std::vector<BackendDesc>& ops, std::deque<BackendDesc>& keep);
   // Runs the plan on the handle's stream: tensors by unique id, each 16-byte aligned.
   void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
                void* workspace) const;
