@@ -221,32 +221,32 @@ BnParams bn_params(Backend& be, const Tensor& hg, const Tensor& hb) {
   return p;
 }
 
-// One backend's side of conv2d_backward_bn_relu: the convolution's filter, its input x (the
-// batch norm's input), the batch norm it applies with its statistics, and its parameters
+// One backend's arguments of conv2d_backward_bn_relu: the convolution's filter, its input x
+// (the batch norm's input), the batch norm it applies with its statistics, and its parameters
 // (whose dgamma and dbeta take the gradients).
-struct FusedBackwardSide {
-  Backend& be;
+struct FusedBackwardArgs {
   const Tensor &w, &x;
   const BnApply& pro;
   const BnSaved& saved;
   BnParams& bn;
 };
 
-// conv2d_backward_bn_relu on both sides from the output gradient `hdy`, the GPU's outputs
-// poisoned first: x's gradient, dw, dgamma and dbeta against the CPU's.
-void expect_fused_backward_close(FusedBackwardSide c, FusedBackwardSide g, const Tensor& hdy,
-                                 DType dt, const ConvParams& p, double tol) {
-  Tensor dyc = c.be.upload_images(hdy, dt), dyg = g.be.upload_images(hdy, dt);
-  Tensor dwc = c.be.zeros(c.w.shape()), dwg = g.be.zeros(g.w.shape());
-  g.be.fill(dwg, kNaN);
-  g.be.fill(g.bn.dgamma, kNaN);
-  g.be.fill(g.bn.dbeta, kNaN);
-  Tensor dxc = c.be.conv2d_backward_bn_relu(dyc, c.w, c.x, p, c.pro, c.saved, dwc, c.bn.dgamma, c.bn.dbeta);
-  Tensor dxg = g.be.conv2d_backward_bn_relu(dyg, g.w, g.x, p, g.pro, g.saved, dwg, g.bn.dgamma, g.bn.dbeta);
-  EXPECT_CLOSE(g.be, dxg, c.be, dxc, 4 * tol);
-  EXPECT_CLOSE(g.be, dwg, c.be, dwc, 2 * tol);
-  EXPECT_CLOSE(g.be, g.bn.dgamma, c.be, c.bn.dgamma, 4 * tol);
-  EXPECT_CLOSE(g.be, g.bn.dbeta, c.be, c.bn.dbeta, 4 * tol);
+// conv2d_backward_bn_relu on the CPU and the GPU from the output gradient `hdy`, the GPU's
+// outputs poisoned first: x's gradient, dw, dgamma and dbeta against the CPU's.
+void expect_fused_backward_close(Backend* c, Backend* g, const FusedBackwardArgs& ca,
+                                 const FusedBackwardArgs& ga, const Tensor& hdy, DType dt,
+                                 const ConvParams& p, double tol) {
+  Tensor dyc = c->upload_images(hdy, dt), dyg = g->upload_images(hdy, dt);
+  Tensor dwc = c->zeros(ca.w.shape()), dwg = g->zeros(ga.w.shape());
+  g->fill(dwg, kNaN);
+  g->fill(ga.bn.dgamma, kNaN);
+  g->fill(ga.bn.dbeta, kNaN);
+  Tensor dxc = c->conv2d_backward_bn_relu(dyc, ca.w, ca.x, p, ca.pro, ca.saved, dwc, ca.bn.dgamma, ca.bn.dbeta);
+  Tensor dxg = g->conv2d_backward_bn_relu(dyg, ga.w, ga.x, p, ga.pro, ga.saved, dwg, ga.bn.dgamma, ga.bn.dbeta);
+  EXPECT_CLOSE(*g, dxg, *c, dxc, 4 * tol);
+  EXPECT_CLOSE(*g, dwg, *c, dwc, 2 * tol);
+  EXPECT_CLOSE(*g, ga.bn.dgamma, *c, ca.bn.dgamma, 4 * tol);
+  EXPECT_CLOSE(*g, ga.bn.dbeta, *c, ca.bn.dbeta, 4 * tol);
 }
 
 // kernel_choices: after a convolution and a batch norm ran, one line per shape names what
@@ -370,7 +370,7 @@ TEST_P(GpuOps, ConvolutionWithBatchNormStatisticsAndPrologue) {
   // Backward through conv2 and bn1 + ReLU at once, from the statistics conv1 made
   BnParams qc = bn_params(*c, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
   BnParams qg = bn_params(*g, host_plain({K}, 343, 0.2f, 1.f), host_plain({K}, 344, 0.5f));
-  expect_fused_backward_close({*c, w2c, y1c, ac, sc, qc}, {*g, w2g, y1g, ag, sg, qg},
+  expect_fused_backward_close(c.get(), g.get(), {w2c, y1c, ac, sc, qc}, {w2g, y1g, ag, sg, qg},
                               host_nhwc(y2c.shape(), 346), pr.dt, p1, tol);
   // bn1's backward from the statistics conv1 made, and its running statistics
   Tensor hdy = host_nhwc(y1c.shape(), 345);
@@ -450,7 +450,7 @@ TEST_P(GpuOps, FusedPrologueHoldsAtPaddedAndStridedConvolutions) {
     EXPECT_CLOSE(*g, s2g.mean, *c, s2c.mean, 2 * tol);
     EXPECT_CLOSE(*g, s2g.var, *c, s2c.var, 2 * tol);
     EXPECT_CLOSE(*g, g->conv2d_forward_bn_stats(xg, wg, p, &ag, eps, nullptr), *c, yc, 2 * tol);
-    expect_fused_backward_close({*c, wc, xc, ac, sc, pc}, {*g, wg, xg, ag, sg, pg},
+    expect_fused_backward_close(c.get(), g.get(), {wc, xc, ac, sc, pc}, {wg, xg, ag, sg, pg},
                                 host_nhwc(yc.shape(), ++seed), pr.dt, p, tol);
   }
   for (const std::string& l : g->kernel_choices())
