@@ -52,13 +52,22 @@ SPOTRAIN_HD float bn_infer(float x, float mean, float var, float gamma, float be
   return gamma * (x - mean) * (1.f / ::sqrtf(var + eps)) + beta;
 }
 
-// Softmax cross-entropy with label smoothing for one row of logits z[0..m) and label y:
-// target q = 1 - smoothing + smoothing/m at y, smoothing/m elsewhere. Returns the row's
-// loss (log-sum-exp in double); *greater receives how many logits beat the label's (ties
-// count for the lower index), so top-k is correct when *greater < k. When dz is non-null it
-// receives (softmax - q) * dscale (dscale = grad_scale / batch).
 // One element of Backend::lerp.
 SPOTRAIN_HD float lerp_value(float dst, float src, float weight) { return dst + weight * (src - dst); }
+
+// Whether logit zj (class j) ranks above the label's zy (class y) for top-k: a larger value,
+// a tie at a lower index, or either one NaN. NaN ranks above everything, so a row whose
+// forward overflowed (NaN logits, an fp16 step then skipped) counts as wrong, not right:
+// compared with > alone, every NaN row was "correct" (a skipped step read 100% top-1).
+SPOTRAIN_HD bool ranks_above(float zj, int64_t j, float zy, int64_t y) {
+  return !(zj < zy || (zj == zy && j >= y));
+}
+
+// Softmax cross-entropy with label smoothing for one row of logits z[0..m) and label y:
+// target q = 1 - smoothing + smoothing/m at y, smoothing/m elsewhere. Returns the row's
+// loss (log-sum-exp in double); *greater receives how many logits rank above the label's
+// (ranks_above), so top-k is correct when *greater < k. When dz is non-null it receives
+// (softmax - q) * dscale (dscale = grad_scale / batch).
 
 SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float smoothing,
                                     float dscale, float* dz, int64_t* greater, int32_t yb = -1,
@@ -78,8 +87,7 @@ SPOTRAIN_HD double softmax_xent_row(const float* z, int64_t m, int32_t y, float 
     li = double(lam) * li + double(1.f - lam) * lb;
   }
   int64_t g = 0;
-  for (int64_t j = 0; j < m; ++j)
-    if (z[j] > z[y] || (z[j] == z[y] && j < y)) ++g;
+  for (int64_t j = 0; j < m; ++j) g += ranks_above(z[j], j, z[y], y) ? 1 : 0;
   *greater = g;
   if (dz) {
     for (int64_t j = 0; j < m; ++j) {

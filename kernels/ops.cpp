@@ -28,12 +28,14 @@ std::string conv_desc(const Tensor& x, const Tensor& w, const ConvParams& p) {
 
 template <class Run, class Shape>
 auto Backend::timed(const char* op, Shape&& shape, Run&& run) -> decltype(run()) {
-  if (!profiler_) return run();
   struct Depth {  // restored when the op throws too
     int& d;
     ~Depth() { --d; }
   } depth{++op_depth_};
-  if (op_depth_ > 1) return run();  // inside another op: counted as that op
+  SPOTRAIN_CHECK(op_depth_ <= kMaxOpDepth, "internal: backend ops nested ", op_depth_,
+                 " deep at ", op, " (", name(),
+                 "): a fallback calls the public op it implements (see kernels/ops.h)");
+  if (!profiler_ || op_depth_ > 1) return run();  // inside another op: counted as that op
   const OpProfiler::Open o = profiler_->begin();
   if constexpr (std::is_void_v<decltype(run())>) {
     run();
@@ -203,14 +205,43 @@ void Backend::lerp(Tensor& dst, const Tensor& src, float weight) {
 
 void Backend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
                                             const ConvParams& p, Tensor& acc) {
+  composed_conv2d_backward_data_add(dy, w, x, p, acc);
+}
+Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                             const BnApply* pro, float eps, BnSaved* stats) {
+  return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);
+}
+Tensor Backend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                             const ConvParams& p, const BnApply& pro,
+                                             const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                             Tensor& dbeta) {
+  return composed_conv2d_backward_bn_relu(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
+}
+Tensor Backend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z,
+                                                      const Tensor& gamma, const Tensor& beta,
+                                                      float eps, BnSaved& saved) {
+  return composed_batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
+}
+Tensor Backend::batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
+                                                 const Tensor& gamma, const Tensor& beta,
+                                                 const BnSaved& saved, float eps, Tensor& dgamma,
+                                                 Tensor& dbeta, Tensor& dz) {
+  return composed_batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
+}
+
+// ---- the composed fused ops ---------------------------------------------------------------
+
+void Backend::composed_conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                                const ConvParams& p, Tensor& acc) {
   acc = add_forward(conv2d_backward_data(dy, w, x, p), acc, false);
 }
 
 // The composed conv + batch-norm statistics: the prologue as a batch norm with the given
 // statistics (the inference op), the convolution, then the statistics of y through a training
 // batch norm of unit scale and zero shift whose output is dropped.
-Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
-                                             const BnApply* pro, float eps, BnSaved* stats) {
+Tensor Backend::composed_conv2d_forward_bn_stats(const Tensor& x, const Tensor& w,
+                                                 const ConvParams& p, const BnApply* pro,
+                                                 float eps, BnSaved* stats) {
   Tensor in = pro ? batchnorm_forward_infer(x, pro->gamma, pro->beta, pro->mean, pro->var,
                                             pro->eps, true)
                   : x;
@@ -227,28 +258,28 @@ Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, c
 // The composed backward through conv and the BN-ReLU prologue: the convolution's input made
 // again (the forward never wrote it), its weight and data gradients, the ReLU's mask from that
 // input, then the batch norm's backward from the statistics the forward made.
-Tensor Backend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
-                                             const ConvParams& p, const BnApply& pro,
-                                             const BnSaved& saved, Tensor& dw, Tensor& dgamma,
-                                             Tensor& dbeta) {
+Tensor Backend::composed_conv2d_backward_bn_relu(const Tensor& dy, const Tensor& w,
+                                                 const Tensor& x, const ConvParams& p,
+                                                 const BnApply& pro, const BnSaved& saved,
+                                                 Tensor& dw, Tensor& dgamma, Tensor& dbeta) {
   Tensor a = batchnorm_forward_infer(x, pro.gamma, pro.beta, pro.mean, pro.var, pro.eps, true);
   conv2d_backward_weights(a, dy, p, dw);
   Tensor g = relu_backward(conv2d_backward_data(dy, w, a, p), a);
   return batchnorm_backward(g, x, pro.gamma, pro.beta, saved, pro.eps, false, dgamma, dbeta);
 }
 
-Tensor Backend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z,
-                                                      const Tensor& gamma, const Tensor& beta,
-                                                      float eps, BnSaved& saved) {
+Tensor Backend::composed_batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
+                                                          const Tensor& gamma, const Tensor& beta,
+                                                          float eps, BnSaved& saved) {
   Tensor y = add_forward(batchnorm_forward_train(x, gamma, beta, eps, false, saved), z, true);
   saved.backend_state[BnSaved::kComposedOutput] = y;
   return y;
 }
 
-Tensor Backend::batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
-                                                 const Tensor& gamma, const Tensor& beta,
-                                                 const BnSaved& saved, float eps, Tensor& dgamma,
-                                                 Tensor& dbeta, Tensor& dz) {
+Tensor Backend::composed_batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& gamma, const Tensor& beta,
+                                                     const BnSaved& saved, float eps,
+                                                     Tensor& dgamma, Tensor& dbeta, Tensor& dz) {
   dz = add_backward(dy, saved.backend_state[BnSaved::kComposedOutput], true);
   return batchnorm_backward(dz, x, gamma, beta, saved, eps, false, dgamma, dbeta);
 }

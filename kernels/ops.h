@@ -109,6 +109,13 @@ class Backend {
   // --- data movement (to_host, from_host and the host copies are not timed) -----------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
   Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32);
+  // Host NHWC fp32 tensor -> an activation as this backend passes them between layers (its
+  // layout, in `compute`): what an op in the middle of a network receives, where
+  // upload_images gives what the first layer takes (on the CPU not the same layout). The op
+  // suite feeds every op so. Not timed.
+  virtual Tensor upload_activation(const Tensor& host_nhwc, DType compute) {
+    return upload_images(host_nhwc, compute);
+  }
   // Where the loader should put the host batches upload_images takes: page-locked memory on
   // CUDA (uploaded with one async DMA straight from it, no staging copy), else Allocator::host().
   virtual Allocator& host_staging_allocator() { return Allocator::host(); }
@@ -330,6 +337,28 @@ class Backend {
   virtual void unscale_check_queue_impl(Tensor& grads, float inv_scale);
   virtual void lerp_impl(Tensor& dst, const Tensor& src, float weight) = 0;
 
+  // The fused ops composed of the others: what their *_impl defaults run, and what a backend
+  // calls where it cannot fuse a shape or dtype. A backend's fallback calls these (or its own
+  // helpers), never the public op it implements: that would run its *_impl again, without
+  // end (a GPU run once crashed so). As a net under that rule, public ops nested more than
+  // kMaxOpDepth deep throw Error instead of overflowing the stack.
+  void composed_conv2d_backward_data_add(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                         const ConvParams& p, Tensor& acc);
+  Tensor composed_conv2d_forward_bn_stats(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                          const BnApply* pro, float eps, BnSaved* stats);
+  Tensor composed_conv2d_backward_bn_relu(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                          const ConvParams& p, const BnApply& pro,
+                                          const BnSaved& saved, Tensor& dw, Tensor& dgamma,
+                                          Tensor& dbeta);
+  Tensor composed_batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z,
+                                                   const Tensor& gamma, const Tensor& beta,
+                                                   float eps, BnSaved& saved);
+  Tensor composed_batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
+                                              const Tensor& gamma, const Tensor& beta,
+                                              const BnSaved& saved, float eps, Tensor& dgamma,
+                                              Tensor& dbeta, Tensor& dz);
+  static constexpr int kMaxOpDepth = 32;
+
   LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
   bool queued_overflow_ = false;  // unscale_check_queue's verdict where it decides at once
 
@@ -339,7 +368,7 @@ class Backend {
   template <class Run, class Shape>
   auto timed(const char* op, Shape&& shape, Run&& run) -> decltype(run());
   OpProfiler* profiler_ = nullptr;
-  int op_depth_ = 0;  // ops running now (composed ops call others)
+  int op_depth_ = 0;  // public ops running now (composed ops call others)
 };
 
 struct BackendOptions {
@@ -350,6 +379,10 @@ struct BackendOptions {
   // GPU, testing: fill every newly allocated output with NaN bytes so an element an op
   // fails to write shows up.
   bool poison = false;
+  // CPU: the layout activations keep between layers: Layout::blocked (oneDNN's nChw16c or
+  // nChw8c, its fast one) or Layout::nhwc (the GPU's; the op suite runs the CPU in it against
+  // the blocked CPU, so the suite's own logic meets a second layout on every commit).
+  Layout cpu_activations = Layout::blocked;
 };
 
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is

@@ -2,6 +2,8 @@
 #include "observe/progress.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -10,18 +12,26 @@
 namespace spotrain {
 
 void Tally::add(const LossResult& l, int64_t batch) {
+  images += batch;
+  if (!std::isfinite(l.loss)) return;
   loss += l.loss * double(batch);
   correct += l.top1;
   n += batch;
 }
 
 void Tally::sum_over(CommWorker& w, const std::string& what) {
-  double v[4] = {loss, double(correct), double(n), data_wait};
-  sum_across_ranks(w, v, 4, what);
+  double v[5] = {loss, double(correct), double(n), double(images), data_wait};
+  sum_across_ranks(w, v, 5, what);
   loss = v[0];
   correct = int64_t(v[1]);
   n = int64_t(v[2]);
-  data_wait = v[3];
+  images = int64_t(v[3]);
+  data_wait = v[4];
+}
+
+double Tally::mean_loss() const {
+  if (n > 0) return loss / double(n);
+  return images > 0 ? std::numeric_limits<double>::quiet_NaN() : 0.0;
 }
 
 Progress::Progress(CommWorker& worker, MetricsSink& metrics, PrometheusExport* prometheus,
@@ -73,7 +83,7 @@ void Progress::step(const StepFacts& s) {
     window_.sum_over(worker_, "the logged loss");  // the global batch's figures
     const double t = done, secs = std::max(1e-9, t - win_t0_);
     const double ranks = double(worker_.comm().size());
-    const double ips = double(window_.n) / secs;
+    const double ips = double(window_.images) / secs;
     const double step_s = secs / double(win_steps_);
     // The share of the window's time the ranks waited for data (mean over ranks).
     const double wait_share = std::min(1.0, window_.data_wait / ranks / secs);

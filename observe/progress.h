@@ -24,15 +24,19 @@
 
 namespace spotrain {
 
-// Loss and accuracy summed over the steps of a progress window or an epoch.
+// Loss and accuracy summed over the steps of a progress window or an epoch. A step whose
+// loss is not finite (only an fp16 step skipped for an overflow in its forward gets this far)
+// counts in `images` but not in the loss and accuracy: one such step would make a whole
+// window's loss NaN. When every step of a window was such a step, the loss is NaN.
 struct Tally {
   double loss = 0;  // sum of per-sample losses
-  int64_t correct = 0, n = 0;
+  int64_t correct = 0, n = 0;  // over the samples of steps with a finite loss
+  int64_t images = 0;          // every sample trained on (throughput)
   double data_wait = 0;  // seconds spent waiting for batches (summed over ranks when reported)
   void add(const LossResult& l, int64_t batch);
   // The whole job's figures (sums over ranks).
   void sum_over(CommWorker& w, const std::string& what);
-  double mean_loss() const { return n ? loss / double(n) : 0; }
+  double mean_loss() const;
   double accuracy() const { return n ? double(correct) / double(n) : 0; }
 };
 

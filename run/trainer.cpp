@@ -308,7 +308,7 @@ void Trainer::end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step
   const Tally ep = loop.progress.end_epoch(&secs);
   res.final_loss = ep.mean_loss();
   res.train_top1 = ep.accuracy();
-  res.images_per_sec = double(ep.n) / std::max(1e-9, secs);
+  res.images_per_sec = double(ep.images) / std::max(1e-9, secs);
   const bool eval_due =
       cfg_.eval_each_epoch && cfg_.eval_every > 0 && (epoch + 1) % cfg_.eval_every == 0;
   if (!eval_due && !last_epoch) return;

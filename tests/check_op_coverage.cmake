@@ -1,16 +1,17 @@
 # The op-coverage test: every op of the Backend interface (each `virtual ... NAME_impl(` of
 # kernels/ops.h), and every other virtual that moves data or reads a step back, must be called
-# on the GPU backend (`g->NAME(`) by the GPU test suite (tests/test_gpu_ops.cpp, which compares
-# the CUDA backend with the CPU one; to_host is what its values() reads every GPU result
-# with), and every op must have its timed public wrapper in kernels/ops.cpp. An op added without
-# a GPU test or without its wrapper fails here. Run: cmake -DROOT=<source> -P this.
+# on the backend under test (`be->NAME(`) by the op suite (tests/test_backend_ops.cpp, which
+# runs each op on the CPU in its second layout and 16-bit types, and on a GPU, against the CPU
+# reference; to_host is what its values() reads every result with), and every op must have
+# its timed public wrapper in kernels/ops.cpp. An op added without a test in the suite or
+# without its wrapper fails here. Run: cmake -DROOT=<source> -P this.
 cmake_minimum_required(VERSION 3.22)
 if(NOT ROOT)
   message(FATAL_ERROR "pass -DROOT=<source directory>")
 endif()
 file(READ ${ROOT}/kernels/ops.h ops_h)
 file(READ ${ROOT}/kernels/ops.cpp ops_cpp)
-file(READ ${ROOT}/tests/test_gpu_ops.cpp gpu_tests)
+file(READ ${ROOT}/tests/test_backend_ops.cpp suite)
 
 # What a backend answers about itself rather than computes: nothing to compare.
 set(not_computed device name allocator threads precision_note gpu_pci_bus_id device_line
@@ -36,12 +37,12 @@ endif()
 
 set(missing "")
 foreach(fn ${ops} ${others})
-  set(called "g->${fn}\\(")
+  set(called "be->${fn}\\(")
   if(fn STREQUAL "to_host")
-    set(called "values\\(\\*g,")
+    set(called "values\\(\\*be,")
   endif()
-  if(NOT gpu_tests MATCHES "${called}")
-    list(APPEND missing "${fn}: no GPU test calls it on the GPU backend (tests/test_gpu_ops.cpp)")
+  if(NOT suite MATCHES "${called}")
+    list(APPEND missing "${fn}: the op suite never calls it on the backend under test (tests/test_backend_ops.cpp)")
   endif()
 endforeach()
 foreach(fn ${ops})
@@ -54,4 +55,4 @@ if(missing)
   message(FATAL_ERROR "Backend ops without a check:\n  ${text}")
 endif()
 list(LENGTH others n_others)
-message(STATUS "op coverage: ${n_ops} ops and ${n_others} data/read-back calls each have a GPU test")
+message(STATUS "op coverage: ${n_ops} ops and ${n_others} data/read-back calls are each in the op suite")

@@ -1,11 +1,15 @@
 // The training step written out from the model's and backend's primitives, every figure read
 // at once (the loss, then the overflow verdict, before the update is decided on the host):
-// the reference the StepRunner, which reads them a step later, is checked against.
+// the reference the StepRunner, which reads them a step later, is checked against; and the
+// batches, mixed targets and loss scaler the step tests on the CPU and the GPU share.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
+
+#include "core/philox.h"
 
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -48,15 +52,51 @@ inline int expect_same_results(const std::vector<StepResult>& got,
   return overflows;
 }
 
-// A loss scaler that overflows fp16 at first (2^40), backs off, and grows back every
-// `growth` finite steps, so a short run both skips and applies steps.
+// A loss scaler that overflows fp16 at first, backs off, and grows back every `growth` finite
+// steps, so a short run both skips and applies steps. ResNet-20's fp16 gradients on
+// fmnist_like_batch fit up to a scale of about 2^22 (the CPU's fp16, which rounds as a GPU
+// does): from 2^26 the first four steps overflow. (From 2^40 the first eighteen did, and a
+// fourteen-step test could never apply one.)
 inline LossScaler bouncing_scaler(int64_t growth = 2) {
   LossScalerOptions o;
   o.enabled = true;
-  o.init_scale = 1099511627776.0;  // 2^40
+  o.init_scale = 67108864.0;  // 2^26
   o.growth_interval = growth;
   o.max_consecutive_overflows = 1000;
   return LossScaler(o);
+}
+
+// Fashion-MNIST-shaped batches (N, 1, 28, 28) of normal noise, host fp32 NHWC, the label a
+// function of the image so the loss falls.
+struct StepBatch {
+  Tensor images;
+  std::vector<int32_t> labels;
+};
+inline StepBatch fmnist_like_batch(int64_t n, uint64_t seed) {
+  StepBatch b;
+  b.images = Tensor::host({n, 1, 28, 28}, DType::f32, Layout::nhwc);
+  Philox rng(seed, 77);
+  float* p = b.images.data<float>();
+  for (int64_t i = 0; i < b.images.numel(); ++i) p[i] = rng.normal();
+  for (int64_t i = 0; i < n; ++i)
+    b.labels.push_back(int32_t(std::fabs(p[i * 784] + p[i * 784 + 400]) * 4.f) % 10);
+  return b;
+}
+
+// Mixed targets for a batch (as mixup makes them): each row's second label is the labels
+// reversed, its first label's weight from 0.25 to 0.75 down the batch. Holds the arrays
+// LabelMix points into.
+struct MixedTargets {
+  std::vector<int32_t> labels_b;
+  std::vector<float> lam;
+  LabelMix mix() const { return LabelMix{labels_b.data(), lam.data()}; }
+};
+inline MixedTargets reversed_mix(const std::vector<int32_t>& labels) {
+  MixedTargets m;
+  m.labels_b.assign(labels.rbegin(), labels.rend());
+  for (size_t k = 0; k < labels.size(); ++k)
+    m.lam.push_back(0.25f + 0.5f * float(k) / float(labels.size()));
+  return m;
 }
 
 }  // namespace spotrain

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "observe/input_watch.h"
+#include "observe/progress.h"
 #include "observe/prometheus.h"
 #include "observe/telemetry.h"
 #include "io/jpeg.h"
@@ -144,6 +145,24 @@ TEST(Telemetry, ACpuRunRecordsItWithEveryProgressLineAndTrainsAsUsual) {
   json bj = json::parse(read_file(dir + "/bench.json"));
   EXPECT_TRUE(bj["telemetry"]["gpu"].is_null()) << bj.dump();
   EXPECT_GT(bj["telemetry"]["host"]["rss_bytes"].get<double>(), 1e6);
+}
+
+// A step whose loss is not finite (an fp16 step skipped for an overflow in its forward) counts
+// in the images trained on, not in the loss and accuracy it would make NaN and 100%.
+TEST(ProgressTally, AStepWithANonFiniteLossCountsInImagesOnly) {
+  spotrain::Tally t;
+  t.add(spotrain::LossResult{2.0, 3, 5}, 8);
+  t.add(spotrain::LossResult{std::nan(""), 8, 8}, 8);
+  t.add(spotrain::LossResult{1.0, 1, 2}, 8);
+  EXPECT_EQ(t.images, 24);
+  EXPECT_EQ(t.n, 16);
+  EXPECT_DOUBLE_EQ(t.mean_loss(), 1.5);
+  EXPECT_DOUBLE_EQ(t.accuracy(), 4.0 / 16.0);
+  spotrain::Tally skipped_only;
+  skipped_only.add(spotrain::LossResult{std::nan(""), 0, 0}, 8);
+  EXPECT_TRUE(std::isnan(skipped_only.mean_loss())) << "no finite step: the loss is unknown";
+  EXPECT_EQ(skipped_only.accuracy(), 0.0);
+  EXPECT_EQ(spotrain::Tally{}.mean_loss(), 0.0);
 }
 
 TEST(InputWatch, WarnsOnceWhenDataWaitExceedsTenPercentOverTwentySteps) {

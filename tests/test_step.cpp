@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
 #include "kernels/ops.h"
+#include "layers/resnet.h"
 #include "run/trainer.h"
 #include "step_reference.h"
 
@@ -167,6 +169,51 @@ TEST(Fp16Step, QueuedStepsEqualStepsReadAtOnce) {
   EXPECT_EQ(sq.scale(), sa.scale());
   EXPECT_EQ(sq.state().skipped_steps, sa.state().skipped_steps);
   EXPECT_EQ(sq.state().good_steps, sa.state().good_steps);
+}
+
+// The premise of the GPU's fp16 step tests (captured against eager, with and without mixed
+// targets; tests/test_gpu_steps.cpp), checked where CI runs: from bouncing_scaler's first
+// scale, ResNet-20's steps on fmnist_like_batch both skip and apply updates within fourteen
+// steps, read a step late as on a GPU. (From 2^40, the first eighteen steps overflowed here as
+// on the H200, where such a test then failed with 14 overflows in 14 steps.)
+TEST(Fp16Step, TheBouncingScaleBothSkipsAndAppliesWithinFourteenSteps) {
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "mixed targets" : "plain labels");
+    // The model of the GPU tests (their make_run), on the CPU backend.
+    BackendOptions bo;
+    bo.threads = 2;
+    std::unique_ptr<Backend> be = make_backend("cpu", bo);
+    ResNetOptions o;
+    o.arch = "resnet20";
+    o.in_channels = 1;
+    o.num_classes = 10;
+    Model model(build_resnet(o), *be);
+    model.initialize(2024);
+    Sgd sgd(model, SgdOptions{});
+    LossScaler s = bouncing_scaler();
+    StepRunner runner(model, sgd, s, Precision::fp16);
+    runner.defer_read_back(true);
+    const int kSteps = 14;
+    std::vector<StepResult> got;
+    for (int i = 0; i < kSteps; ++i) {
+      StepBatch b = fmnist_like_batch(16, 1400 + uint64_t(i));
+      const MixedTargets targets = reversed_mix(b.labels);
+      const LabelMix mix = targets.mix();
+      runner.queue(b.images, b.labels.data(), 0.05f, 0.1f, nullptr, mixed ? &mix : nullptr);
+      for (const StepResult& r : runner.take_results()) got.push_back(r);
+    }
+    runner.settle();
+    for (const StepResult& r : runner.take_results()) got.push_back(r);
+    ASSERT_EQ(got.size(), size_t(kSteps));
+    int overflows = 0;
+    for (const StepResult& r : got) {
+      overflows += r.overflow;
+      EXPECT_TRUE(std::isfinite(r.loss.loss));
+    }
+    EXPECT_GT(overflows, 1);
+    EXPECT_LT(overflows, kSteps - 4);
+    EXPECT_EQ(sgd.steps(), kSteps - overflows);
+  }
 }
 
 // A loss that is not finite outside an fp16 overflow stops the run when it is read back: at

@@ -33,7 +33,9 @@ namespace spotrain::cpu {
 
 using namespace dnnl;
 
-CpuBackend::CpuBackend(const BackendOptions& opt) {
+CpuBackend::CpuBackend(const BackendOptions& opt) : act_(opt.cpu_activations) {
+  SPOTRAIN_CHECK(act_ == Layout::blocked || act_ == Layout::nhwc,
+                 "the CPU backend keeps activations blocked or NHWC, not ", int(act_));
   // --threads 0: OMP_NUM_THREADS if set, else the CPUs this process may run on (respects
   // taskset, cgroups cpusets and Slurm bindings, unlike the machine's core count).
   threads_ = opt.threads;
@@ -136,6 +138,25 @@ Tensor CpuBackend::cast_impl(const Tensor& t, DType to) {
     else convert<uint16_t, uint16_t>(t.raw(), out.raw(), n, ld, float_to_half);
   }
   return out;
+}
+
+Tensor CpuBackend::alloc_act(const Shape& nchw, DType dt) {
+  if (act_ == Layout::blocked) return alloc_blocked(allocator(), nchw, dt);
+  return Tensor(nchw, dt, allocator(), Layout::nhwc);
+}
+
+Tensor CpuBackend::upload_activation(const Tensor& host_nhwc, DType compute) {
+  SPOTRAIN_CHECK(host_nhwc.ndim() == 4 && host_nhwc.layout() == Layout::nhwc &&
+                     host_nhwc.dtype() == DType::f32,
+                 "upload_activation expects an fp32 NHWC tensor, got ", host_nhwc.describe());
+  Tensor x = from_host(host_nhwc);  // a copy: the caller's tensor stays its own
+  if (act_ == Layout::blocked) {   // reordered in fp32 (oneDNN 2.6 has no fp16 reorders here)
+    Tensor b = alloc_blocked(allocator(), x.shape(), DType::f32);
+    memory src = mem_of(ctx_, x), dst = mem_of(ctx_, b);
+    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+    x = b;
+  }
+  return compute == DType::f32 ? x : cast(x, compute);
 }
 
 Tensor CpuBackend::alloc_like(const Tensor& x, DType dt) {

@@ -1,7 +1,8 @@
 // The CPU backend: oneDNN for convolution, batch norm, pooling and inner product (forward
 // and backward, primitives cached per shape), plain OpenMP loops for the rest. Activations
 // stay in oneDNN's blocked layout (nChw16c, or nChw8c without AVX-512: blocked.h) from the
-// first convolution to the global pool.
+// first convolution to the global pool (or in NHWC, BackendOptions::cpu_activations: the op
+// suite's second layout). Not final: tests derive from it to break a rule on purpose.
 #pragma once
 #include <map>
 #include <memory>
@@ -13,7 +14,7 @@
 
 namespace spotrain::cpu {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt);
   ~CpuBackend() override;
@@ -26,6 +27,7 @@ class CpuBackend final : public Backend {
 
   Tensor to_host(const Tensor& t) override;
   Tensor from_host(const Tensor& t) override;
+  Tensor upload_activation(const Tensor& host_nhwc, DType compute) override;
   void copy_to_host(const Tensor& src, Tensor& host_dst) override;
 
  protected:
@@ -87,7 +89,12 @@ class CpuBackend final : public Backend {
   // fp32 on converted copies and round their results back (storage 16-bit, arithmetic fp32).
   Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : cast(t, DType::f32); }
 
+  // oneDNN's format of the activations between layers, and a new activation in it.
+  memory::format_tag act_tag() const { return act_ == Layout::nhwc ? tag::nhwc : blocked_tag(); }
+  Tensor alloc_act(const Shape& nchw, DType dt);
+
   DnnlContext ctx_;
+  Layout act_ = Layout::blocked;  // BackendOptions::cpu_activations
   int threads_ = 1;
   std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
   std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;

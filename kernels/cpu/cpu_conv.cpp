@@ -1,6 +1,6 @@
 // CPU convolution with oneDNN: forward, backward-data and backward-weights primitives cached
 // per shape, weights reordered from canonical OIHW into oneDNN's preferred blocked format
-// once per optimizer step, activations in the blocked layout (blocked.h).
+// once per optimizer step, activations in the blocked layout (blocked.h) or NHWC.
 #include "kernels/cpu/cpu_entries.h"
 
 namespace spotrain::cpu {
@@ -56,13 +56,15 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   int64_t oh = (h + 2 * p.pad - p.kh) / p.stride + 1;
   int64_t ow = (wd + 2 * p.pad - p.kw) / p.stride + 1;
   auto dt = dnnl_dtype(x.dtype());
-  // The first convolution takes the canonical NHWC image: let oneDNN pick its input
-  // format (a reorder at that one boundary); every later one takes the blocked layout as it is.
-  e->src_any = x.layout() == Layout::blocked ? md_of(x)
-                                             : memory::desc(dims_of(x), dt, tag::any);
+  // The first convolution takes the canonical NHWC image: with blocked activations oneDNN
+  // picks its input format (a reorder at that one boundary); every later one, and every one
+  // with NHWC activations, takes its input as it lies.
+  e->src_any = x.layout() == act_ || act_ == Layout::nhwc
+                   ? md_of(x)
+                   : memory::desc(dims_of(x), dt, tag::any);
   e->w_any = memory::desc(dims_of(w), dt, tag::any);
   e->dw_any = memory::desc(dims_of(w), memory::data_type::f32, tag::any);
-  e->dst_md = memory::desc({n, oc, oh, ow}, dt, blocked_tag());
+  e->dst_md = memory::desc({n, oc, oh, ow}, dt, act_tag());
   e->strides = {p.stride, p.stride};
   e->pad = {p.pad, p.pad};
   DNNL_CHECK({
@@ -85,7 +87,7 @@ Tensor CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const C
   memory src = as_desc(x, e.fwd_pd.src_desc(), holder);
   memory wm = weights_as(w, e.fwd_pd.weights_desc());
   auto dd = e.fwd_pd.dst_desc().dims();
-  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()), x.dtype());
+  Tensor y = alloc_act(Shape(dd.begin(), dd.end()), x.dtype());
   memory dst = mem_of(ctx_, y);
   DNNL_CHECK(e.fwd.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm},
                                        {DNNL_ARG_DST, dst}}));

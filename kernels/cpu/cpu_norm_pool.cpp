@@ -1,5 +1,5 @@
 // CPU batch norm (training, inference, backward; optional fused ReLU) and max pooling with
-// oneDNN on blocked activations. Running statistics are updated by a plain loop.
+// oneDNN on the backend's activation layout. Running statistics are updated by a plain loop.
 #include "kernels/cpu/cpu_entries.h"
 #include "kernels/elementwise.h"
 
@@ -137,7 +137,7 @@ Tensor CpuBackend::maxpool_forward_impl(const Tensor& x, const PoolParams& p, Te
     auto e = std::make_unique<PoolEntry>();
     int64_t oh = (x.dim(2) + 2 * p.pad - p.k) / p.stride + 1;
     int64_t ow = (x.dim(3) + 2 * p.pad - p.k) / p.stride + 1;
-    memory::desc dst({x.dim(0), x.dim(1), oh, ow}, dnnl_dtype(x.dtype()), blocked_tag());
+    memory::desc dst({x.dim(0), x.dim(1), oh, ow}, dnnl_dtype(x.dtype()), act_tag());
     DNNL_CHECK({
       pooling_forward::desc d(prop_kind::forward_training, algorithm::pooling_max, md_of(x), dst,
                               {p.stride, p.stride}, {p.k, p.k}, {p.pad, p.pad}, {p.pad, p.pad});
@@ -148,7 +148,7 @@ Tensor CpuBackend::maxpool_forward_impl(const Tensor& x, const PoolParams& p, Te
   }
   auto& e = *it->second;
   auto dd = e.fwd_pd.dst_desc().dims();
-  Tensor y = alloc_blocked(allocator(), Shape(dd.begin(), dd.end()), x.dtype());
+  Tensor y = alloc_act(Shape(dd.begin(), dd.end()), x.dtype());
   workspace = alloc_for(allocator(), e.fwd_pd.workspace_desc());
   DNNL_CHECK(e.fwd.execute(
       ctx_.strm, {{DNNL_ARG_SRC, mem_of(ctx_, x)}, {DNNL_ARG_DST, mem_of(ctx_, y)},

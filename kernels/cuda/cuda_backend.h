@@ -22,9 +22,9 @@ namespace spotrain::cuda {
 
 class FusedGraph;  // cudnn_graph.h
 
-// The process-wide caching device allocator (cudaMalloc/cudaFree as its raw source).
-Allocator& device_allocator();
-// Another caching device allocator of the same kind (a captured step's own pool).
+// A caching device allocator (cudaMalloc/cudaFree as its raw source). Each backend has its
+// own, and a captured step another: a block a tensor frees goes back to the pool of the
+// stream that may still be using it, never to another backend's stream.
 Allocator* new_device_allocator();
 // The process-wide caching pinned host allocator (cudaHostAlloc/cudaFreeHost): Device::cpu
 // memory the DMA engine reads directly.
@@ -40,9 +40,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::string gpu_pci_bus_id() const override;
   std::string device_line() const override;
   std::vector<std::string> kernel_choices() override;
-  Allocator& allocator() override {
-    return capturing_ ? *graph_pool_ : device_allocator();
-  }
+  Allocator& allocator() override { return capturing_ ? *graph_pool_ : *pool_; }
 
   Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
   Tensor to_host(const Tensor& t) override;
@@ -228,6 +226,14 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   // capture; at the backend's end its cache is released and the (empty) allocator left for
   // any tensor of it still alive.
   Allocator* graph_pool_ = nullptr;
+  // Every other device tensor of this backend comes from this pool. A caching allocator is
+  // safe for the one stream that orders all work on its blocks: a block freed on the host
+  // while this stream still uses it is handed out again only to work queued behind that use.
+  // Shared with a second backend (another stream), it was not: two backends in one process
+  // wrote into each other's live blocks (a test's reference run saw NaN losses on an H200).
+  // Made with the backend; at its end emptied and left, caching nothing, to any tensor of it
+  // still alive.
+  Allocator* pool_ = nullptr;
   const float* graph_scalar(int i) const {
     return capturing_ ? static_cast<const float*>(graph_in_.raw()) + i : nullptr;
   }

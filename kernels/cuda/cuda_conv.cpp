@@ -319,8 +319,10 @@ void CudaBackend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& 
   SPOTRAIN_CHECK(acc.shape() == x.shape() && acc.dtype() == x.dtype(),
                  "conv2d_backward_data_add: gradient ", acc.describe(), " does not match the input ",
                  x.describe());
-  if (!backward_data_into(dy, w, x, p, acc, 1.f))  // this shape runs in fp32: compose
-    Backend::conv2d_backward_data_add(dy, w, x, p, acc);
+  // Where this shape runs in fp32, or its algorithm cannot add: the data gradient apart, then
+  // the Add (the composed op; the public one would come back here).
+  if (!backward_data_into(dy, w, x, p, acc, 1.f))
+    composed_conv2d_backward_data_add(dy, w, x, p, acc);
 }
 
 void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,

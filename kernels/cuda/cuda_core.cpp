@@ -64,19 +64,14 @@ void check_same(const Tensor& a, const Tensor& b, const char* op) {
 }
 }  // namespace
 
+// Never deleted: tensors may outlive the backend whose pool it is (the backend's end leaves it
+// caching nothing), and cudaFree at process exit would race the driver's own teardown.
 Allocator* new_device_allocator() {
   return new Allocator(Device::cuda, Allocator::Raw{dev_alloc, dev_free, false});
 }
 
-Allocator& device_allocator() {
-  // Lives to process exit: tensors may outlive any one backend, and cudaFree at exit
-  // would race the driver's own teardown.
-  static Allocator* a = new Allocator(Device::cuda, Allocator::Raw{dev_alloc, dev_free, false});
-  return *a;
-}
-
 Allocator& pinned_host_allocator() {
-  // Lives to process exit, like device_allocator(). Created by the first backend (whose
+  // Lives to process exit, like the device pools. Created by the first backend (whose
   // device is current), so the device recorded here is that backend's.
   static Allocator* a = [] {
     int dev = 0;
@@ -86,7 +81,7 @@ Allocator& pinned_host_allocator() {
   return *a;
 }
 
-CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt) {
+CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_device_allocator()) {
   CUDA_CHECK(cudaGetDevice(&device_));
   g_pinned_device.store(device_);
   cudaDeviceProp prop;
@@ -693,6 +688,10 @@ CudaBackend::~CudaBackend() {
   if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
   if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
   if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
+  // Nothing of this backend runs any more: its pools let go of their cache, and of every
+  // block a surviving tensor frees later.
+  pool_->set_cache_limit(0);
+  if (graph_pool_) graph_pool_->set_cache_limit(0);
 }
 
 }  // namespace spotrain::cuda

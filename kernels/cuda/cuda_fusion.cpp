@@ -7,7 +7,7 @@
 // and the batch norm's weight gradients, whose coefficients give the batch norm's input
 // gradient in one elementwise kernel. Each graph cuDNN refuses for a shape, dtype or GPU (or
 // accepts but then fails to run the first time) runs as the composed ops (Backend's
-// defaults), decided once per shape and graph and named by kernel_choices(); fp32 and
+// composed_*), decided once per shape and graph and named by kernel_choices(); fp32 and
 // --deterministic always run them.
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -72,7 +72,7 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
   const int which = !pro ? kStatsGraph : stats ? kPrologueGraph : kPrologueOnlyGraph;
   auto* g = static_cast<ConvStatsGraph*>(
       opt_.deterministic || (!pro && !stats) ? nullptr : fusion_graph(e, which));
-  if (!g) return Backend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
+  if (!g) return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1), k = w.dim(0);
   Tensor y = alloc({x.dim(0), k, e.oh, e.ow}, dt, Layout::nhwc);
@@ -99,7 +99,7 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
         g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, workspace(g->workspace_bytes()),
                pro ? scale.raw() : nullptr, pro ? bias.raw() : nullptr);
       }))
-    return Backend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
+    return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);
   if (stats) {
     *stats = BnSaved();
     stats->mean = alloc({k}, DType::f32);
@@ -124,7 +124,7 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
       opt_.deterministic || !saved.backend_state[kBnInvStd].defined() ? nullptr
                                                                        : fusion_graph(e, kDgradGraph));
   if (!wg && !dg)
-    return Backend::conv2d_backward_bn_relu_impl(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
+    return composed_conv2d_backward_bn_relu(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1);
   // relu(bn(x)), the convolution's input, made only for a part whose graph cuDNN refused.

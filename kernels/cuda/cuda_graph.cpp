@@ -15,9 +15,9 @@ void CudaBackend::begin_recording(int64_t batch, bool mixed) {
   // Nothing of the eager steps is in flight, and their cached activations go back to the
   // system: the pool takes their place instead of doubling the memory held.
   synchronize();
-  device_allocator().release_cached();
+  pool_->release_cached();
   const int64_t words = kGraphScalars + (mixed ? 3 : 1) * batch;
-  graph_in_ = Tensor({words}, DType::i32, device_allocator());
+  graph_in_ = Tensor({words}, DType::i32, *pool_);
   graph_in_host_ = Tensor({words}, DType::i32, pinned_host_allocator());
   if (!graph_in_copied_)
     CUDA_CHECK(cudaEventCreateWithFlags(&graph_in_copied_, cudaEventDisableTiming));

@@ -381,7 +381,7 @@ __global__ void softmax_xent_fwd_kernel(const float* z, const int32_t* labels, c
   for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
     se += ::exp(double(zr[j] - mx));
     sum_z += zr[j];
-    g += (zr[j] > zy || (zr[j] == zy && j < y)) ? 1 : 0;
+    g += ranks_above(zr[j], j, zy, y) ? 1 : 0;
   }
   auto add = [](auto a, auto b) { return a + b; };
   se = block_reduce(se, add, sd);

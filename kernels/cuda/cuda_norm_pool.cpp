@@ -250,7 +250,7 @@ Tensor CudaBackend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const
                  " has ", c, " channels, parameters have ", gamma.numel());
   auto& e = bn_entry(x);
   if (e.add_fused == 0 || e.f32 || !fuse_bn_add_)
-    return Backend::batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
+    return composed_batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
   Tensor y = alloc_like(x);
   BnSaved s;
   BnArgs a = bn_args(gamma, beta, c, &s);
@@ -272,7 +272,7 @@ Tensor CudaBackend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const
   if (e.add_fused < 0 && (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
                           CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_BAD_PARAM)) {
     e.add_fused = 0;
-    return Backend::batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
+    return composed_batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);
   }
   CUDNN_CHECK(st);
   e.add_fused = 1;
@@ -289,7 +289,7 @@ Tensor CudaBackend::batchnorm_add_relu_backward_impl(const Tensor& dy, const Ten
                                                      Tensor& dbeta, Tensor& dz) {
   auto& e = bn_entry(x);
   if (e.add_fused != 1 || e.f32 || !fuse_bn_add_)
-    return Backend::batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
+    return composed_batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
   check_activation(dy, "batchnorm_add_relu_backward");
   SPOTRAIN_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && saved.backend_state[kBnOutput].defined() &&
                      saved.backend_state[kBnInvStd].defined(),
