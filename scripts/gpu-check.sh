@@ -32,12 +32,27 @@
 # with checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
 # data from GPU_FMNIST), "compile" (PyTorch torch.compile fp16), "levers" (fp16 without the
 # fused BN + Add + ReLU, bf16 --cuda-graph), "loader" (JPEG loader, GPU_JPEGS x 4 images)),
-# GPU_KEEP_LOGS=1 (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run on a Debian machine that has
-# the packages installed: CMake is kept from finding anything under /usr, so the prefix is
-# used), GPU_PACK_PREBUILT=1 (after the build, copy the stripped binaries into GPU_PREBUILT).
+# GPU_KEEP_LOGS=1 (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run, as root, on a
+# Debian machine that has the packages installed: the script runs in a mount namespace of its
+# own in which every file the bundle's packages install under /usr is hidden, except the
+# shared libraries the build tools themselves load, so that the build and our programs find
+# what the bundle brings only in the prefix, as on the GPU machine; CMake is also kept from
+# finding anything under /usr), GPU_PACK_PREBUILT=1 (after the build, copy the stripped
+# binaries into GPU_PREBUILT).
+#
+# Before the GPU steps, "libs" checks that each of our programs loads every library the bundle
+# brings from the prefix (a library found elsewhere fails it, with its path), and the gpu
+# tests are counted by name from their shards' reports: passed, failed, skipped, crashed (with
+# the signal) and never run (after a crash in their shard), each failure listed in the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
+# The bare dry run: this script again, in a mount namespace of its own (hide_system_copies).
+if [[ -n "${GPU_SIMULATE_BARE:-}" && -z "${SPOTRAIN_BARE_NS:-}" ]]; then
+  command -v unshare >/dev/null && [[ $(id -u) -eq 0 ]] ||
+    { echo "gpu-check: GPU_SIMULATE_BARE=1 needs root and unshare (util-linux) for its mount namespace" >&2; exit 1; }
+  exec unshare --mount --propagation private env SPOTRAIN_BARE_NS=1 bash "$0" "$@"
+fi
 out=${OUT:-gpu-out}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 # Every log and JSON file goes to $out/logs; at the end they are packed into logs.tar.gz next
@@ -93,6 +108,7 @@ run_step() {
   timeout --kill-after=5 "$t" "$@" > "$logs/$name.log" 2>&1 || rc=$?
   local st=ok
   if ((rc == 124 || rc == 137)); then st="TIMEOUT after $t s"
+  elif ((rc > 128)); then st="CRASHED (signal $((rc - 128)), SIG$(kill -l $((rc - 128)) 2>/dev/null))"
   elif ((rc != 0)); then st="FAILED (exit $rc)"; fi
   record "$name" "$st" $((SECONDS - t0))
   tail -n 4 "$logs/$name.log" | sed 's/^/    /'
@@ -152,6 +168,50 @@ while pos < len(data):
 PYDEB
 }
 have_system_pkgs() { dpkg-query -W -f='${Status}' libdnnl-dev 2>/dev/null | grep -q "ok installed"; }
+# hide_system_copies (the bare dry run, inside its mount namespace): /usr/bin, /usr/include,
+# /usr/lib/x86_64-linux-gnu and /usr/share get an overlay whose upper layer is private to
+# this run, and every file that a package of the bundle installs there is deleted from it
+# (the machine's own files stay as they are outside the namespace). Kept: the shared
+# libraries the build tools load (cmake, the compilers, the linker, nvcc, Python), which a
+# GPU machine also has in some form; the "libs" step checks that our programs still load
+# the bundle's copies of those from the prefix.
+hide_system_copies() {
+  local ovl=/tmp/spotrain-bare-overlay d n=0 kept=0 f real tool
+  rm -rf "$ovl"
+  declare -A keep
+  local tools=(cmake ninja c++ cc g++ gcc ld ld.bfd as strip readelf nm ar ranlib python3 tar
+               gzip dpkg dpkg-deb git bash env sha256sum find sort awk sed grep xargs timeout
+               "$(c++ -print-prog-name=cc1plus 2>/dev/null)" "$(c++ -print-prog-name=collect2 2>/dev/null)"
+               "$(c++ -print-prog-name=lto-wrapper 2>/dev/null)" "$(cc -print-prog-name=cc1 2>/dev/null)")
+  local cuda_bin
+  cuda_bin=$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
+  for tool in "${tools[@]}" "$cuda_bin"/* "$cuda_bin"/../nvvm/bin/*; do
+    tool=$(command -v "$tool" 2>/dev/null || echo "$tool")
+    [[ -f "$tool" && -x "$tool" ]] || continue
+    while read -r f; do
+      [[ -n "$f" ]] && keep[$(readlink -f "$f")]=1
+    done < <(ldd "$tool" 2>/dev/null | awk '/=> \//{print $3}')
+  done
+  for d in bin include lib/x86_64-linux-gnu share; do
+    mkdir -p "$ovl/$d/up" "$ovl/$d/work"
+    mount -t overlay overlay -o "lowerdir=/usr/$d,upperdir=$ovl/$d/up,workdir=$ovl/$d/work" "/usr/$d" ||
+      { note "cannot overlay /usr/$d: the dry run cannot hide the machine's packages"; exit 1; }
+  done
+  while read -r f; do
+    f=/${f#./}
+    [[ "$f" == /usr/bin/* || "$f" == /usr/include/* || "$f" == /usr/lib/x86_64-linux-gnu/* ||
+       "$f" == /usr/share/* ]] || continue
+    [[ -e "$f" || -L "$f" ]] && [[ ! -d "$f" || -L "$f" ]] || continue
+    real=$(readlink -f "$f")
+    if [[ -n "${keep[$real]:-}" ]]; then
+      kept=$((kept + 1))
+      echo "kept (a build tool loads it): $f" >> "$logs/bare.log"
+      continue
+    fi
+    rm -f "$f" && n=$((n + 1))
+  done < <(for deb in "$debs"/*.deb; do dpkg-deb -c "$deb" | awk '{print $6}'; done | sort -u)
+  note "bare dry run: $n files of the bundle's packages hidden from /usr in this run's mount namespace ($kept shared libraries kept: the build tools load them; bare.log)"
+}
 if compgen -G "$debs/*.deb" >/dev/null; then
   t0=$SECONDS
   rm -rf "$prefix" && mkdir -p "$prefix"
@@ -164,6 +224,7 @@ if compgen -G "$debs/*.deb" >/dev/null; then
   record deps "ok ($(ls "$debs"/*.deb | wc -l) packages into $prefix)" $((SECONDS - t0))
   note "unpacked $(ls "$debs"/*.deb | wc -l) packages from $debs into $prefix"
   use_prefix=1
+  [[ -n "${SPOTRAIN_BARE_NS:-}" ]] && hide_system_copies
 elif have_system_pkgs && [[ -z "${GPU_SIMULATE_BARE:-}" ]]; then
   note "no $debs: using this machine's installed Debian packages"
   record deps "system packages" 0
@@ -193,14 +254,24 @@ fi
 [[ -n "$wheel_libs" ]] && note "CUDA libraries from Python wheels: ${wheel_libs//:/ }"
 
 P=$prefix/usr
-# Our programs (spotrain, the tests) find the CUDA libraries of the wheels through this; the
-# prefix's own libraries through the binaries' RPATH. Nothing is exported: cmake, nvcc and
-# Python keep the machine's own libraries.
-ours=(env "LD_LIBRARY_PATH=${wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+# Our programs (spotrain, the tests) find the CUDA libraries of the wheels, and the prefix's
+# libraries, through this. The binaries' RPATH alone does not serve: the loader reads an
+# RPATH only for libraries whose needing object has no RUNPATH of its own, and libmpi.so has
+# one (/usr/lib/x86_64-linux-gnu/openmpi/lib), so libmpi's libopen-rte, libopen-pal and
+# libhwloc came from wherever the machine had them (on a machine without them: nowhere).
+# Nothing is exported: cmake, nvcc and Python keep the machine's own libraries.
+prefix_ld=""
+compgen -G "$debs/*.deb" >/dev/null &&
+  prefix_ld="$P/lib/$arch:$P/lib/$arch/openmpi/lib:$P/lib/$arch/hdf5/serial"
+ld_path="${prefix_ld}${prefix_ld:+${wheel_libs:+:}}${wheel_libs}"
+ours=(env "LD_LIBRARY_PATH=${ld_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 # CMAKE_POLICY_VERSION_MINIMUM: a pip-installed CMake 4 still reads Debian's older
 # package configuration files.
+# PRE_TEST: the build does not run the test binaries to list their tests (ctest would; this
+# script runs them itself, with the library path they need).
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DSPOTRAIN_CUDA=ON -DSPOTRAIN_BUILD_BENCH=OFF
             -DSPOTRAIN_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+            -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST
             -DSPOTRAIN_CUDA_ARCHITECTURES="${GPU_ARCHS:-90}")
 [[ -n "$python" ]] && cmake_args+=(-DSPOTRAIN_CUDA_PYTHON="$python")
 [[ -n "$nvcc" ]] && cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
@@ -221,10 +292,13 @@ export PKG_CONFIG_SYSROOT_DIR="$prefix"
 exec "$P/bin/pkgconf" "\$@"
 PKG
   chmod +x "$prefix/pkg-config"
-  # --disable-new-dtags: an RPATH (not RUNPATH) also serves the libraries' own dependencies
-  # (libmpi -> libopen-rte -> libhwloc ...), so no LD_LIBRARY_PATH is needed for them.
+  # -rpath-link: the linker finds the prefix's libraries that a linked library needs in turn
+  # (libmpi.so -> libopen-rte, libopen-pal, libhwloc), in every link (FindMPI's test program
+  # too), where it found only the machine's copies. --disable-new-dtags: an RPATH, which at
+  # run time also serves the dependencies of libraries without a RUNPATH of their own.
   cmake_args+=(-DCMAKE_PREFIX_PATH="$P" -DPKG_CONFIG_EXECUTABLE="$prefix/pkg-config"
-    -DCMAKE_BUILD_RPATH="$libdirs" -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags"
+    -DCMAKE_BUILD_RPATH="$libdirs"
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags -Wl,-rpath-link,${libdirs//;/:}"
     -DDNNL_INCLUDE_DIR="$P/include" -DDNNL_LIBRARY="$P/lib/$arch/libdnnl.so"
     -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$P/lib/$arch/openmpi/include"
     -DMPI_C_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$P/lib/$arch/openmpi/lib/libmpi.so"
@@ -269,7 +343,7 @@ if [[ -z "$bin" ]] &&
    run_step configure 120 cmake -S "$repo" -B "$build" "${generator[@]}" "${cmake_args[@]}"; then
   grep -E "spotrain: CUDA|Found (MPI_C|HDF5|GTest|ZLIB)" "$logs/configure.log" | sed 's/^/    /'
   targets=(spotrain)
-  for t in $(cmake --build "$build" --target help 2>/dev/null | grep -oE '(^|[ :.])test_gpu[A-Za-z0-9_]*' |
+  for t in $(cmake --build "$build" --target help 2>/dev/null | grep -oE '(^|[ :.])(test_gpu[A-Za-z0-9_]*|test_backend_ops)' |
              tr -d ' :.' | sort -u); do targets+=("$t"); done
   note "building ${targets[*]} with $jobs jobs"
   if run_step build 330 cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"; then
@@ -287,26 +361,63 @@ if [[ -z "$bin" ]] &&
   fi
 fi
 
-# The gpu tests: every test_gpu* binary, cut into GTest shards run side by side (one GPU holds
-# them all; each shard pays context creation and cuDNN loading once). Run through `bash -c`
-# under run_step's timeout, which ends the shards too.
+# The gpu tests: every test_gpu* binary and the op suite's CUDA targets (test_backend_ops
+# Cuda/*), each listed, then cut into GTest shards run side by side (one GPU holds them all;
+# each shard pays context creation and cuDNN loading once), each shard's report and exit status
+# kept for scripts/gpu_test_report.py. Run through `bash -c` under run_step's timeout, which
+# ends the shards too.
 gpu_tests() {
-  local shards=${GPU_TEST_SHARDS:-6} pids=() t i n
+  local shards=${GPU_TEST_SHARDS:-6} pids=() outs=() t i n base filter k rc=0
   trap 'kill "${pids[@]}" 2>/dev/null; exit 124' TERM
-  for t in "$bin"/test_gpu* "$bin"/tests/test_gpu*; do
+  for t in "$bin"/test_gpu* "$bin"/tests/test_gpu* "$bin"/test_backend_ops "$bin"/tests/test_backend_ops; do
     [[ -x "$t" ]] || continue
+    base=$(basename "$t")
+    filter='*'
+    [[ $base == test_backend_ops ]] && filter='Cuda/*'
+    env LD_LIBRARY_PATH="$ours_ld" "$t" --gtest_list_tests --gtest_filter="$filter" \
+      > "$logs/gpu-list-$base.txt" 2>&1
     n=$shards
-    [[ "$(basename "$t")" == test_gpu_nccl ]] && n=1
+    [[ $base == test_gpu_nccl ]] && n=1
     for ((i = 0; i < n; ++i)); do
       OMP_NUM_THREADS=2 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i env LD_LIBRARY_PATH="$ours_ld" "$t" \
-        --gtest_color=no > "$logs/gpu-test-$(basename "$t")-$i.log" 2>&1 &
+        --gtest_color=no --gtest_filter="$filter" --gtest_output="json:$logs/gpu-test-$base-$i.json" \
+        > "$logs/gpu-test-$base-$i.log" 2>&1 &
       pids+=($!)
+      outs+=("$logs/gpu-test-$base-$i.rc")
     done
   done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"
+    echo $? > "${outs[$k]}"
+  done
   cat "$logs"/gpu-test-*.log
+  "${python:-python3}" "$repo/scripts/gpu_test_report.py" "$logs" --json "$logs/gpu-tests.json" \
+    > "$logs/gpu-tests-report.txt" || rc=1
+  cat "$logs/gpu-tests-report.txt"
   return $rc
+}
+# libs: each of our programs loads every library the bundle brings from the prefix, none from
+# the machine (where a GPU machine may have another version, or none).
+check_libs() {
+  local t so arrow path f n=0 bad=()
+  declare -A bundle
+  while read -r f; do bundle[$(basename "$f")]=1; done < <(find "$P/lib" -name '*.so*' \( -type f -o -type l \))
+  for t in "$bin"/spotrain "$bin"/test_gpu* "$bin"/tests/test_gpu* "$bin"/test_backend_ops \
+           "$bin"/tests/test_backend_ops; do
+    [[ -x "$t" ]] || continue
+    while read -r so arrow path; do
+      [[ "$arrow" == "=>" && -n "${bundle[$so]:-}" ]] || continue
+      n=$((n + 1))
+      if [[ "$path" != /* ]]; then bad+=("$so not found ($(basename "$t"))")
+      elif [[ "$(readlink -f "$path")" != "$prefix"/* ]]; then bad+=("$so from $path ($(basename "$t"))"); fi
+    done < <("${ours[@]}" LD_TRACE_LOADED_OBJECTS=1 "$t" 2>&1 | awk '{print $1, $2, $3}')
+  done
+  if ((${#bad[@]})); then
+    printf '%s\n' "${bad[@]}"
+    echo "FAILED: ${#bad[@]} of $n loads of the bundle's libraries not from the prefix: ${bad[0]}"
+    return 1
+  fi
+  echo "ok: $n loads of the bundle's libraries, all from the prefix"
 }
 # mpirun for the ranks2 step: the prefix's (OpenMPI relocated there with OPAL_PREFIX), else
 # the machine's.
@@ -321,7 +432,7 @@ fi
                               -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=2)
 [[ "${mpirun[1]:-}" == OPAL_PREFIX=* ]] && mpirun+=(-x OPAL_PREFIX)
 ours_ld=${ours[1]#LD_LIBRARY_PATH=}
-export bin logs ours_ld
+export bin logs ours_ld python repo
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
@@ -343,15 +454,17 @@ if want loader && [[ -n "$python" ]]; then
   jpeg_pid=$!
 fi
 if [[ -n "$bin" ]]; then
+  if ((use_prefix)); then
+    t0=$SECONDS
+    check_libs > "$logs/libs.log" 2>&1
+    record libs "$(tail -n 1 "$logs/libs.log")" $((SECONDS - t0))
+    note "libs: $(tail -n 1 "$logs/libs.log")"
+  fi
   run_step version 30 "${ours[@]}" "$bin/spotrain" --version
   if want tests; then
     if compgen -G "$bin/test_gpu*" >/dev/null || compgen -G "$bin/tests/test_gpu*" >/dev/null; then
       run_step gpu-tests 150 bash -c gpu_tests
-      ok=$(grep -h -oE '^\[  PASSED  \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
-      bad=$(grep -h -E '^\[  FAILED  \] [A-Za-z]' "$logs/gpu-tests.log" | sed -E 's/ \([0-9]+ ms\)$//' |
-            sort -u | wc -l)
-      skipped=$(grep -h -oE '^\[  SKIPPED \] [0-9]+' "$logs/gpu-tests.log" | awk '{s += $4} END {print s + 0}')
-      restatus "$(laststatus): $ok passed, $bad failed, $skipped skipped"
+      [[ -s "$logs/gpu-tests-report.txt" ]] && restatus "$(head -n 1 "$logs/gpu-tests-report.txt")"
     else
       note "no test_gpu* binaries"
       record gpu-tests "none defined" 0
@@ -547,6 +660,14 @@ print(f"{'step':<16} {'seconds':>7}  status")
 for line in open(os.path.join(out, "steps.tsv")):
     name, status, secs = line.rstrip("\n").split("\t")
     print(f"{name:<16} {secs:>7}  {status}")
+gpu_tests = {}
+if os.path.exists(os.path.join(out, "gpu-tests.json")):
+    gpu_tests = json.load(open(os.path.join(out, "gpu-tests.json")))
+    for p in gpu_tests.get("problems", [])[:40]:
+        print(f"  gpu test {p['status']}: {p['test']}" + (f" ({p['detail'][:120]})" if p["detail"] else ""))
+if os.path.exists(os.path.join(out, "libs.log")):
+    for l in open(os.path.join(out, "libs.log")).read().splitlines()[:-1][:10]:
+        print(f"  libs: {l}")
 rows, torch = [], {}
 for tj in (os.path.join(out, "torch.json"), os.path.join(out, "torch-more.json")):
     if os.path.exists(tj):
@@ -570,6 +691,7 @@ version = os.path.join(out, "version.log")
 json.dump({"gpu": gpu or "no CUDA device",
            "version": open(version).read().splitlines() if os.path.exists(version) else [],
            "steps": [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "steps.tsv"))],
+           "gpu_tests": gpu_tests,
            "spotrain": rows, "pytorch": list(torch.values()) + compiled}, open(results, "w"), indent=2)
 if rows or torch:
     print()
