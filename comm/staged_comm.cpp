@@ -4,6 +4,7 @@
 #include "comm/staged_comm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 
@@ -53,7 +54,10 @@ class StagedComm final : public Communicator {
   void barrier() override { host_->barrier(); }
   std::vector<uint64_t> allgather(uint64_t v) override { return host_->allgather(v); }
   double runtime_detection_seconds() const override { return host_->runtime_detection_seconds(); }
-  [[noreturn]] void abort(int code) override { host_->abort(code); }
+  [[noreturn]] void abort(int code) override {
+    host_->abort(code);
+    std::abort();  // not reached: the host communicator ends the job
+  }
 
  private:
   std::unique_ptr<Communicator> host_;

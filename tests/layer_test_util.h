@@ -48,7 +48,7 @@ Floats normals(int64_t n, uint32_t stream, float scale = 1.f, float shift = 0.f)
   return v;
 }
 
-Floats uniforms(int64_t n, uint32_t stream, float lo, float hi) {
+inline Floats uniforms(int64_t n, uint32_t stream, float lo, float hi) {
   Philox rng(20240601, stream, 0x0111u);
   Floats v(static_cast<size_t>(n));
   for (auto& x : v) x = lo + (hi - lo) * rng.uniform();
@@ -56,7 +56,7 @@ Floats uniforms(int64_t n, uint32_t stream, float lo, float hi) {
 }
 
 // Normals pushed away from zero (|x| >= gap), so a ReLU kink is never within a step.
-Floats normals_off_zero(int64_t n, uint32_t stream, float gap) {
+inline Floats normals_off_zero(int64_t n, uint32_t stream, float gap) {
   Floats v = normals(n, stream);
   for (auto& x : v) x = x >= 0.f ? x + gap : x - gap;
   return v;
@@ -64,7 +64,7 @@ Floats normals_off_zero(int64_t n, uint32_t stream, float gap) {
 
 // Distinct values 0.05 apart per (N, C) plane in random order: no max-pool ties, and a step
 // of 1e-3 never changes which element of a window is the largest.
-Floats distinct_planes(int64_t planes, int64_t hw, uint32_t stream) {
+inline Floats distinct_planes(int64_t planes, int64_t hw, uint32_t stream) {
   Philox rng(20240601, stream, 0xd15du);
   Floats v(static_cast<size_t>(planes * hw));
   std::vector<int> perm(static_cast<size_t>(hw));
@@ -124,14 +124,14 @@ Tensor make_tensor(const Floats& plain, const Shape& shape, Layout layout = Layo
 }
 
 // `plain` laid out like `like` (layout and padding): a gradient for a layer's output.
-Tensor make_like(const Floats& plain, const Tensor& like) {
+inline Tensor make_like(const Floats& plain, const Tensor& like) {
   Tensor t = make_tensor(plain, like.shape(), like.layout());
   EXPECT_EQ(t.storage_elems(), like.storage_elems()) << like.describe();
   return t;
 }
 
 // A tensor's canonical values (plain N, C, H, W order) as doubles.
-Vec values(Backend& be, const Tensor& t) {
+inline Vec values(Backend& be, const Tensor& t) {
   Tensor h = be.to_host(t);
   const float* p = h.data<float>();
   return Vec(p, p + h.numel());
@@ -143,7 +143,7 @@ Vec to_vec(const Tensor& host_plain) {
   return Vec(p, p + host_plain.numel());
 }
 
-double dot(const Vec& a, const Floats& b) {
+inline double dot(const Vec& a, const Floats& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * double(b[i]);
   return s;
@@ -151,7 +151,7 @@ double dot(const Vec& a, const Floats& b) {
 
 // Every padded channel of a blocked tensor holds zero (oneDNN's invariant, and the check
 // that catches NaN-poisoned memory left unwritten there).
-::testing::AssertionResult zero_padding(const Tensor& t) {
+inline ::testing::AssertionResult zero_padding(const Tensor& t) {
   if (t.ndim() != 4 || t.layout() != Layout::blocked || t.dim(1) == padded(t.dim(1)))
     return ::testing::AssertionSuccess();
   const Shape& s = t.shape();
@@ -171,7 +171,7 @@ double dot(const Vec& a, const Floats& b) {
 // Returns the host allocator's cached blocks to the system, then leaves `copies` NaN-filled
 // blocks of each size (in fp32 elements) in its cache: the next allocations of those sizes
 // (the op's outputs) start as NaN, so an element the op leaves unwritten shows.
-void poison_pool(std::initializer_list<int64_t> elems, int copies = 4) {
+inline void poison_pool(std::initializer_list<int64_t> elems, int copies = 4) {
   Allocator::host().release_cached();
   std::vector<Tensor> held;
   for (int64_t n : elems)
@@ -214,7 +214,7 @@ struct Fd {
 
 // d loss / d v by differences, stepping the fp32 value `v` by +-eps; the step is measured
 // after rounding to fp32, and `v` is restored.
-Fd finite_diff(const std::function<double()>& loss, float& v, double eps) {
+inline Fd finite_diff(const std::function<double()>& loss, float& v, double eps) {
   float orig = v;
   float vp = float(orig + eps), vm = float(orig - eps);
   v = vp;
@@ -230,7 +230,7 @@ Fd finite_diff(const std::function<double()>& loss, float& v, double eps) {
   return r;
 }
 
-double rms(const Vec& v) {
+inline double rms(const Vec& v) {
   double s = 0;
   for (double x : v) s += x * x;
   return std::sqrt(s / double(std::max<size_t>(1, v.size())));
@@ -238,7 +238,7 @@ double rms(const Vec& v) {
 
 // The analytic gradient `an` agrees with the central difference within rel * |an| plus
 // abs_scale * rel (abs_scale: the gradient tensor's typical magnitude).
-::testing::AssertionResult fd_agrees(double fd, double an, double rel, double abs_scale) {
+inline ::testing::AssertionResult fd_agrees(double fd, double an, double rel, double abs_scale) {
   double tol = rel * (std::fabs(an) + abs_scale);
   if (std::fabs(fd - an) <= tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
@@ -246,7 +246,7 @@ double rms(const Vec& v) {
 }
 
 // Element indices drawn at random (distinct) from [0, n).
-std::vector<int64_t> pick(int64_t n, int count, uint32_t stream) {
+inline std::vector<int64_t> pick(int64_t n, int count, uint32_t stream) {
   Philox rng(777, stream, 0x91c4u);
   std::vector<int64_t> out;
   while (int(out.size()) < std::min<int64_t>(count, n)) {
@@ -286,17 +286,17 @@ void conv_visit(const ConvGeom& g, F f) {
               }
 }
 
-Vec conv_ref(const Vec& x, const Vec& w, const ConvGeom& g) {
+inline Vec conv_ref(const Vec& x, const Vec& w, const ConvGeom& g) {
   Vec y(size_t(shape_numel(g.y_shape())), 0.0);
   conv_visit(g, [&](size_t yi, size_t xi, size_t wi) { y[yi] += x[xi] * w[wi]; });
   return y;
 }
-Vec conv_dx_ref(const Vec& dy, const Vec& w, const ConvGeom& g) {
+inline Vec conv_dx_ref(const Vec& dy, const Vec& w, const ConvGeom& g) {
   Vec dx(size_t(shape_numel(g.x_shape())), 0.0);
   conv_visit(g, [&](size_t yi, size_t xi, size_t wi) { dx[xi] += dy[yi] * w[wi]; });
   return dx;
 }
-Vec conv_dw_ref(const Vec& x, const Vec& dy, const ConvGeom& g) {
+inline Vec conv_dw_ref(const Vec& x, const Vec& dy, const ConvGeom& g) {
   Vec dw(size_t(shape_numel(g.w_shape())), 0.0);
   conv_visit(g, [&](size_t yi, size_t xi, size_t wi) { dw[wi] += dy[yi] * x[xi]; });
   return dw;
@@ -338,7 +338,7 @@ BnRef bn_ref(const Vec& x, int N, int C, int HW, const Vec& gamma, const Vec& be
   return r;
 }
 
-void bn_bwd_ref(const Vec& x, const Vec& dy, int N, int C, int HW, const Vec& gamma,
+inline void bn_bwd_ref(const Vec& x, const Vec& dy, int N, int C, int HW, const Vec& gamma,
                 const Vec& beta, double eps, bool relu, Vec& dx, Vec& dgamma, Vec& dbeta) {
   BnRef f = bn_ref(x, N, C, HW, gamma, beta, eps, relu);
   dx.assign(x.size(), 0.0);
@@ -367,7 +367,7 @@ void bn_bwd_ref(const Vec& x, const Vec& dy, int N, int C, int HW, const Vec& ga
 }
 
 // Max pooling (padding never wins); `arg` gets the input index of each output's maximum.
-Vec maxpool_ref(const Vec& x, int N, int C, int H, int W, int k, int s, int p,
+inline Vec maxpool_ref(const Vec& x, int N, int C, int H, int W, int k, int s, int p,
                 std::vector<size_t>& arg) {
   int oh = (H + 2 * p - k) / s + 1, ow = (W + 2 * p - k) / s + 1;
   Vec y(size_t(N) * C * oh * ow);
@@ -393,7 +393,7 @@ Vec maxpool_ref(const Vec& x, int N, int C, int H, int W, int k, int s, int p,
 }
 
 // Mean softmax cross-entropy with label smoothing and its gradient times grad_scale.
-double xent_ref(const Vec& z, const std::vector<int32_t>& labels, int N, int M, double smoothing,
+inline double xent_ref(const Vec& z, const std::vector<int32_t>& labels, int N, int M, double smoothing,
                 double grad_scale, Vec& dz) {
   double total = 0;
   dz.assign(z.size(), 0.0);
@@ -412,12 +412,12 @@ double xent_ref(const Vec& z, const std::vector<int32_t>& labels, int N, int M, 
 }
 
 // Writes `v` into a standalone layer's parameter (host tensor) and poisons its gradient.
-void set_param(Param& p, const Floats& v) {
+inline void set_param(Param& p, const Floats& v) {
   ASSERT_EQ(int64_t(v.size()), p.value.numel()) << p.name;
   std::copy(v.begin(), v.end(), static_cast<float*>(p.value.write_raw()));
   fill_nan(p.grad);
 }
 
-Context train_ctx(Backend& be) { return Context{be, true, false}; }
+inline Context train_ctx(Backend& be) { return Context{be, true, false}; }
 
 }  // namespace

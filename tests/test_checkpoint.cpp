@@ -230,7 +230,7 @@ TEST(AsyncWriter, WritesInTheBackgroundAndReportsAFailureAtTheNextCheck) {
 TEST(CheckpointManager, DecidesWhenACheckpointIsDueAndNamesIt) {
   const fs::path d = fresh_dir("spotrain_ckpt_manager");
   std::ofstream(d / "ckpt-00000007.h5.tmp") << "half a file";
-  CheckpointManager m(CheckpointPolicy{d.string(), 2, /*every_steps=*/5, /*every_minutes=*/0, false},
+  CheckpointManager m(CheckpointPolicy{d.string(), 2, /*every_steps=*/5, /*every_minutes=*/0, false, ""},
                       /*bytes_each=*/1 << 20);
   EXPECT_FALSE(fs::exists(d / "ckpt-00000007.h5.tmp")) << "a half-written leftover stays";
   EXPECT_EQ(fs::path(m.path_for(1234)).filename(), "ckpt-00001234.h5");
@@ -258,7 +258,7 @@ TEST(CheckpointManager, RefusesAFolderItCannotWrite) {
   const fs::path d = fresh_dir("spotrain_ckpt_manager_bad");
   std::ofstream(d / "file") << "x";
   const std::string e = error_of([&] {
-    CheckpointManager m(CheckpointPolicy{(d / "file" / "sub").string(), 2, 0, 0, false}, 1 << 20);
+    CheckpointManager m(CheckpointPolicy{(d / "file" / "sub").string(), 2, 0, 0, false, ""}, 1 << 20);
   });
   EXPECT_NE(e.find("not writable"), std::string::npos) << e;
 }

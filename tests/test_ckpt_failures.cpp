@@ -66,7 +66,9 @@ class CkptFailures : public ::testing::Test {
 void expect_all_intact(const std::string& out, bool partial_ok = false) {
   EXPECT_GE(count(out, "VERIFY ckpt-"), 1) << out;
   EXPECT_EQ(count(out, ".h5 1"), 0) << "a checkpoint does not verify:\n" << out;
-  if (!partial_ok) EXPECT_FALSE(contains(out, "LEFT ")) << "a partial file was left:\n" << out;
+  if (!partial_ok) {
+    EXPECT_FALSE(contains(out, "LEFT ")) << "a partial file was left:\n" << out;
+  }
 }
 
 // A run that met a failing folder: it ended (RC1) with exit 1 and exactly one error line,

@@ -455,8 +455,9 @@ TEST(GpuBackend, CublasLoadsOnFirstUse) {
   int devices = 0;
   bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
   cudaGetLastError();
-  if (!gpu)  // (with a GPU, backends made by earlier tests in this process load it)
+  if (!gpu) {  // (with a GPU, backends made by earlier tests in this process load it)
     EXPECT_FALSE(spotrain::cuda::blas::loaded()) << "cuBLAS was loaded before any use";
+  }
   std::string v = spotrain::cuda::blas::version();
   EXPECT_TRUE(spotrain::cuda::blas::loaded());
   EXPECT_EQ(v.rfind(std::to_string(CUBLAS_VER_MAJOR) + ".", 0), 0u) << v;

@@ -54,8 +54,9 @@ void interrupt_at_random_points(int ranks) {
     // Interrupted (not finished): a SIGTERM, whenever it comes, is a stop (75); a SIGKILL
     // kills, or aborts the job.
     interrupted += r.out.find("exit 0") == std::string::npos;
-    if (!kill && r.out.find("exit 0") == std::string::npos)
+    if (!kill && r.out.find("exit 0") == std::string::npos) {
       EXPECT_NE(r.out.find("exit 75"), std::string::npos) << "SIGTERM at " << at << " s:\n" << r.out;
+    }
     std::printf("interruption %d: %s at %.2f s of rank %d: %s", i, kill ? "SIGKILL" : "SIGTERM", at,
                 rank, r.out.substr(r.out.rfind("exit ")).c_str());
     // Whatever the moment, every checkpoint file left is whole and verifies.

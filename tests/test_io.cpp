@@ -335,7 +335,9 @@ TEST(Sampler, RanksCoverEachEpochOnceAndReshuffle) {
               << "rank " << r << " repeats its order in epoch " << epoch;
         }
       }
-      if (epoch > 0) EXPECT_NE(dropped, dropped_prev) << "the same samples are dropped every epoch";
+      if (epoch > 0) {
+        EXPECT_NE(dropped, dropped_prev) << "the same samples are dropped every epoch";
+      }
       rank_order_prev = rank_order;
       dropped_prev = dropped;
     }

@@ -68,10 +68,16 @@ TEST(MpiComm, RankSizeAndLauncher) {
   EXPECT_LT(c.rank(), c.size());
   EXPECT_GE(c.local_rank(), 0);
   EXPECT_LT(c.local_rank(), c.size());
-  if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) EXPECT_EQ(c.rank(), std::atoi(r));
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_SIZE")) EXPECT_EQ(c.size(), std::atoi(s));
+  if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) {
+    EXPECT_EQ(c.rank(), std::atoi(r));
+  }
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    EXPECT_EQ(c.size(), std::atoi(s));
+  }
   // One node here: the local rank is the rank, and local ranks are distinct.
-  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) EXPECT_EQ(c.local_rank(), std::atoi(l));
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+    EXPECT_EQ(c.local_rank(), std::atoi(l));
+  }
   auto locals = c.allgather(uint64_t(c.local_rank()));
   std::sort(locals.begin(), locals.end());
   for (size_t i = 0; i < locals.size(); ++i) EXPECT_EQ(locals[i], i);
@@ -402,7 +408,9 @@ TEST_P(ReducedGradients, EqualAverageOfPerShardGradients) {
                     << ": got " << (first >= 0 ? got[0][size_t(first)] : 0.f) << " want "
                     << (first >= 0 ? ref[size_t(first)] : 0.0) << " (sum |g| "
                     << (first >= 0 ? abs_sum[size_t(first)] : 0.0) << ")";
-  if (gc.compression == "none") EXPECT_LT(worst_rel * W, 1e-5) << "relative to the mean |g|";
+  if (gc.compression == "none") {
+    EXPECT_LT(worst_rel * W, 1e-5) << "relative to the mean |g|";
+  }
   RecordProperty("worst_error_over_sum_abs", std::to_string(worst_rel));
 }
 

@@ -272,7 +272,9 @@ TEST(RunFolder, RecordsOfStepsTrainedAgainAreMarkedSupersededAndReportKeepsOneHi
     }
   };
   for (const auto& j : read_jsonl(d / "metrics.jsonl")) {
-    if (j["type"] == "start") EXPECT_EQ(j["config"]["lr"].dump(), "0.1") << j.dump();
+    if (j["type"] == "start") {
+      EXPECT_EQ(j["config"]["lr"].dump(), "0.1") << j.dump();
+    }
     walk(j, "");
   }
   for (const auto& [key, seen] : types) EXPECT_EQ(seen.size(), 1u) << key << " has more than one type";
