@@ -56,6 +56,7 @@ void Progress::start_epoch() {
   window_ = epoch_ = Tally{};
   win_t0_ = epoch_t0_ = now_seconds();
   win_steps_ = 0;
+  steady_.restart();  // the epoch's first step holds the loader's restart (and an evaluation)
 }
 
 namespace {
@@ -87,7 +88,12 @@ void Progress::step(const StepFacts& s) {
     const double step_s = secs / double(win_steps_);
     // The share of the window's time the ranks waited for data (mean over ranks).
     const double wait_share = std::min(1.0, window_.data_wait / ranks / secs);
-    const double eta = (t - t_start_) / double(s.step - first_step_) * double(total_steps_ - s.step);
+    // From the steady-state step time, not from the time since start (warm-up, evaluations).
+    const double steady = steady_.seconds();
+    const int64_t left = total_steps_ - s.step;
+    const std::string eta = left <= 0 ? std::string("0s")
+                            : steady > 0 ? fmt_duration(steady * double(left))
+                                         : std::string("after warm-up");
     const size_t mem = memory_.stats().peak_bytes;
     memory_.reset_peak();
     nlohmann::json tel = telemetry_.sample();
@@ -96,7 +102,7 @@ void Progress::step(const StepFacts& s) {
                  fmt_fixed(100.0 * window_.accuracy(), 2), "% lr ", fmt_fixed(s.lr, 5), " | ",
                  fmt_fixed(step_s, 3), " s/step, data ", fmt_fixed(100 * wait_share, 1), "%, ",
                  fmt_fixed(ips, 1), " img/s, mem ", fmt_fixed(double(mem) / (1 << 30), 2),
-                 " GiB | eta ", fmt_duration(eta),
+                 " GiB | eta ", eta,
                  scaler_.enabled()
                      ? str(" | scale ", scaler_.scale(), " skipped ", scaler_.state().skipped_steps)
                      : std::string()));
@@ -104,6 +110,9 @@ void Progress::step(const StepFacts& s) {
                {"train_top1", window_.accuracy()}, {"lr", s.lr}, {"images_per_sec", ips},
                {"step_seconds", step_s}, {"data_wait_share", wait_share},
                {"memory_bytes", mem}, {"gpu", tel["gpu"]}, {"host", tel["host"]}};
+    // null while no steady step time is known yet
+    record["eta_seconds"] = steady > 0 || left <= 0 ? nlohmann::json(steady * double(std::max<int64_t>(left, 0)))
+                                                    : nlohmann::json(nullptr);
     if (tel.contains("gpu_status")) record["gpu_status"] = tel["gpu_status"];
     if (!phases_.is_null()) record["phases"] = phases_;
     if (scaler_.enabled()) {
@@ -125,6 +134,7 @@ void Progress::step(const StepFacts& s) {
     win_steps_ = 0;
   }
   step_seconds_ = done - last_step_end_;  // the latest step, not the warm-up average
+  steady_.add(step_seconds_);
   last_step_end_ = done;
 }
 

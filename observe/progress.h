@@ -1,8 +1,8 @@
 // Progress of a training run: the loss and accuracy tallied per progress window and per
 // epoch (summed over ranks when reported); the progress line every --log-every steps and at
 // epoch ends (wall-clock time, step time, the share of it spent waiting for data, images/s,
-// memory in use, the ETA, fp16's loss scale); its record with the machine's telemetry and one
-// step's phase times, written to the metrics and handed to the --prometheus file; the
+// memory in use, the ETA from the steady-state step time (steady_steps.h), fp16's loss scale);
+// its record with the machine's telemetry and one step's phase times, written to the metrics and handed to the --prometheus file; the
 // input-bound check; and the step time the stop policy needs.
 #pragma once
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "comm/comm_worker.h"
 #include "core/allocator.h"
 #include "observe/input_watch.h"
+#include "observe/steady_steps.h"
 #include "engine/loss_scaler.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
@@ -68,7 +69,10 @@ class Progress {
   // makes it, with the job's figures and its own telemetry; rank 0's metrics and each node's
   // Prometheus file take it).
   void step(const StepFacts& s);
+  // The latest step's seconds (what a checkpoint write costs the steps beside it is measured
+  // on these), and the steady-state step time every estimate uses (0 while warming up).
   double last_step_seconds() const { return step_seconds_; }
+  double steady_step_seconds() const { return steady_.seconds(); }
   // The epoch's figures over all ranks, and its seconds.
   Tally end_epoch(double* seconds);
 
@@ -86,6 +90,7 @@ class Progress {
   int64_t win_steps_ = 0;  // steps in the current window
   double t_start_, win_t0_ = 0, epoch_t0_ = 0, last_step_end_, step_seconds_ = 0;
   nlohmann::json phases_;  // the latest timed step's phases
+  SteadySteps steady_;
 };
 
 }  // namespace spotrain

@@ -147,9 +147,9 @@ void RunCheckpoints::before_step(const TrainPosition& next, bool epoch_end, int6
 }
 
 std::string RunCheckpoints::after_step(const TrainPosition& at, bool epoch_end, double step_seconds,
-                                       int64_t total_steps) {
+                                       double steady_step_seconds, int64_t total_steps) {
   if (manager_) manager_->poll();
-  if (auto_) measure_cost(step_seconds);
+  if (auto_) measure_cost(step_seconds, steady_step_seconds);
   // One writer: rank 0 alone decides and writes in the background (write settles the step;
   // its figures reach the progress line with the next). Copies: as rank 0 said.
   const bool due = copies_ ? t_.sync->control(kCheckpointSlot) > 0
@@ -247,17 +247,14 @@ std::string RunCheckpoints::save_on_lost_peer() {
 
 // --ckpt-every auto: what a background checkpoint costs training is the stall for the state
 // copy plus what the write takes from the steps it runs beside (on a CPU, cores; on a GPU,
-// little): the steps during a write are compared with the usual step time. The interval
-// follows the cost, smoothed over checkpoints.
-void RunCheckpoints::measure_cost(double step_s) {
+// little): the steps during a write are compared with the steady-state step time (not with
+// a warm-up's). The interval follows the cost, smoothed over checkpoints.
+void RunCheckpoints::measure_cost(double step_s, double steady_s) {
   if (manager_->writing()) {
-    if (usual_step_s_ > 0) extra_during_write_ += std::max(0.0, step_s - usual_step_s_);
+    if (steady_s > 0) extra_during_write_ += std::max(0.0, step_s - steady_s);
     return;
   }
-  if (manager_->writes_done() == writes_seen_) {  // an ordinary step
-    usual_step_s_ = usual_step_s_ > 0 ? 0.9 * usual_step_s_ + 0.1 * step_s : step_s;
-    return;
-  }
+  if (manager_->writes_done() == writes_seen_) return;  // an ordinary step
   writes_seen_ = manager_->writes_done();  // a write has finished: one more measurement
   const double cost = manager_->last_snapshot_seconds() + extra_during_write_;
   extra_during_write_ = 0;

@@ -56,10 +56,11 @@ class RunCheckpoints {
   void before_step(const TrainPosition& next, bool epoch_end, int64_t total_steps);
   // After each step (every rank calls it; rank 0 acts): reports a finished background write
   // (throws when it failed, unless --on-ckpt-error continue), measures a checkpoint's cost
-  // for --ckpt-every auto, and writes a periodic or epoch-end checkpoint when one is due
-  // before `total_steps`. Returns the path of one begun now, else "".
+  // for --ckpt-every auto (the latest step's seconds against the steady-state step time),
+  // and writes a periodic or epoch-end checkpoint when one is due before `total_steps`.
+  // Returns the path of one begun now, else "".
   std::string after_step(const TrainPosition& at, bool epoch_end, double step_seconds,
-                         int64_t total_steps);
+                         double steady_step_seconds, int64_t total_steps);
   // What a checkpoint takes to write and verify (0 before the first): the stop policy's
   // margin for --max-wall-time and what a stop costs.
   double seconds() const;
@@ -75,7 +76,7 @@ class RunCheckpoints {
   std::string save_on_lost_peer();
 
  private:
-  void measure_cost(double step_s);
+  void measure_cost(double step_s, double steady_s);
   void set_interval(double stall_s, double write_s);
   // The checkpoint of `at`: into the warm buffers (warm) or new ones, with the model's BN
   // statistics or `bn_stats`.
@@ -96,7 +97,7 @@ class RunCheckpoints {
   // --ckpt-every auto (rank 0): the interval from the measured cost of a checkpoint.
   std::optional<AutoCheckpointInterval> auto_;
   int64_t writes_seen_ = 0;                           // writes the interval was set from
-  double usual_step_s_ = 0, extra_during_write_ = 0;  // step time without a write; extra with one
+  double extra_during_write_ = 0;  // what the steps beside a write took beyond the steady time
   double cost_s_ = 0, write_s_ = 0;                   // a checkpoint's cost to training, its write
   double logged_s_ = 0;                               // the interval last logged
   // --lost-peer-save (several ranks): the last step every rank finished, its BN statistics.

@@ -50,16 +50,19 @@ void StopPolicy::before_step() {
   if (sync_) sync_->set_control(kStopSlot, reason_.empty() ? 0.f : 1.f);
 }
 
-std::string StopPolicy::after_step(double step_seconds, double checkpoint_seconds) {
-  step_seconds_ = step_seconds;  // the latest step, not the warm-up average
+std::string StopPolicy::after_step(double latest_step_seconds, double steady_step_seconds,
+                                   double checkpoint_seconds) {
+  step_seconds_ = steady_step_seconds > 0 ? steady_step_seconds : latest_step_seconds;
   checkpoint_seconds_ = checkpoint_seconds;
-  // What a stop costs, once the first checkpoint has been written: the step under way, then
-  // a synchronous write with fsync and verification. Launchers must allow that.
-  if (!cost_logged_ && checkpoint_seconds > 0) {
+  // What a stop costs, once the first checkpoint has been written and the steps are steady:
+  // the step under way, then a synchronous write with fsync and verification. Launchers must
+  // allow that.
+  if (!cost_logged_ && checkpoint_seconds > 0 && steady_step_seconds > 0) {
     cost_logged_ = true;
-    log_info(str("a stop takes about ", fmt_fixed(step_seconds + checkpoint_seconds, 1),
-                 " s (the step under way ", fmt_fixed(step_seconds, 1),
-                 " s + writing and verifying a checkpoint ", fmt_fixed(checkpoint_seconds, 1),
+    log_info(str("a stop takes about ", fmt_fixed(steady_step_seconds + checkpoint_seconds, 1),
+                 " s (the step under way ", fmt_fixed(steady_step_seconds, 1),
+                 " s, the median of the latest steps, + writing and verifying a checkpoint ",
+                 fmt_fixed(checkpoint_seconds, 1),
                  " s): give the job at least that much time between the stop signal and a kill "
                  "(docs/MULTI_NODE.md, 'Stopping it')"));
   }

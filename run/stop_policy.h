@@ -32,9 +32,12 @@ class StopPolicy {
   static constexpr double kMinAfterStop = 10, kAfterContinue = 1;
   // Before a step: this rank's reason to stop ("" = none), sent to the other ranks.
   void before_step();
-  // After a step of `step_seconds`, with a checkpoint costing `checkpoint_seconds` to write
-  // (0 before the first): why the run stops now ("" = it goes on).
-  std::string after_step(double step_seconds, double checkpoint_seconds);
+  // After a step, with the latest step's seconds, the steady-state step time (0 while warming
+  // up; observe/steady_steps.h) and what a checkpoint costs to write (0 before the first): why
+  // the run stops now ("" = it goes on). The margins take the steady time once there is one,
+  // the latest step's before; what a stop costs is said once both are known.
+  std::string after_step(double latest_step_seconds, double steady_step_seconds,
+                         double checkpoint_seconds);
 
  private:
   bool wall_near() const;

@@ -265,10 +265,11 @@ TrainResult Trainer::run() {
       if (!loader.next(b)) break;
       at = step(loop, b, epoch, now_seconds() - wait_t0, at);
       const double step_s = loop.progress.last_step_seconds();
-      const std::string why = loop.stop.after_step(step_s, checkpoints_->seconds());
+      const double steady_s = loop.progress.steady_step_seconds();
+      const std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());
       if (!why.empty() && at.step < p.total_steps) return stop_early(loop, at, why, res);
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
-      const std::string path = checkpoints_->after_step(at, epoch_end, step_s, p.total_steps);
+      const std::string path = checkpoints_->after_step(at, epoch_end, step_s, steady_s, p.total_steps);
       if (!path.empty()) res.checkpoint = path;
     }
     loop.pending.settle();

@@ -22,8 +22,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
+#include "core/clock.h"
+#include "engine/loss_scaler.h"
 #include "observe/input_watch.h"
 #include "observe/progress.h"
+#include "run/stop_policy.h"
 #include "observe/prometheus.h"
 #include "observe/telemetry.h"
 #include "io/jpeg.h"
@@ -163,6 +167,61 @@ TEST(ProgressTally, AStepWithANonFiniteLossCountsInImagesOnly) {
   EXPECT_TRUE(std::isnan(skipped_only.mean_loss())) << "no finite step: the loss is unknown";
   EXPECT_EQ(skipped_only.accuracy(), 0.0);
   EXPECT_EQ(spotrain::Tally{}.mean_loss(), 0.0);
+}
+
+// Estimates come from steady-state steps: after a first step of 10 s (start-up) and steps of
+// 1 s, the ETA is 1 s per step left, not the time since start over the steps done; before
+// three steady steps there is none, and the record says null. The first step of an epoch
+// (the loader's restart, the evaluation before it) is left out too.
+TEST(ProgressEstimates, TheEtaComesFromSteadyStepsNotFromTheFirst) {
+  auto comm = spotrain::make_communicator("local");
+  spotrain::CommWorker worker(*comm, 60);
+  const std::string d = fresh_dir("eta");
+  spotrain::MetricsSink metrics(d + "/metrics.jsonl", true);
+  spotrain::LossScaler scaler{spotrain::LossScalerOptions{}};
+  spotrain::Telemetry telemetry("");
+  spotrain::Progress p(worker, metrics, nullptr, scaler, spotrain::Allocator::host(), telemetry,
+                       /*log_every=*/1, /*workers=*/1, /*epochs=*/2, /*total_steps=*/100,
+                       /*first_step=*/0);
+  double t = spotrain::now_seconds();
+  auto step = [&](int64_t s, int64_t epoch, double seconds) {
+    t += seconds;
+    spotrain::StepFacts f;
+    f.step = s;
+    f.epoch = epoch;
+    f.batch = 8;
+    f.loss = spotrain::LossResult{2.0, 1, 4};
+    f.done_at = t;
+    p.step(f);
+  };
+  p.start_epoch();
+  step(1, 0, 10.0);
+  for (int64_t s = 2; s <= 8; ++s) step(s, 0, 1.0);
+  EXPECT_DOUBLE_EQ(p.steady_step_seconds(), 1.0);
+  p.start_epoch();
+  step(9, 1, 30.0);  // after an evaluation
+  step(10, 1, 1.0);
+  EXPECT_DOUBLE_EQ(p.steady_step_seconds(), 1.0);
+  std::vector<json> steps = records(d + "/metrics.jsonl", "step");
+  ASSERT_EQ(steps.size(), 10u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(steps[i]["eta_seconds"].is_null()) << steps[i].dump();
+  EXPECT_DOUBLE_EQ(steps[7]["eta_seconds"].get<double>(), 92.0) << steps[7].dump();
+  EXPECT_DOUBLE_EQ(steps[8]["eta_seconds"].get<double>(), 91.0) << steps[8].dump();
+  EXPECT_DOUBLE_EQ(steps[9]["eta_seconds"].get<double>(), 90.0) << steps[9].dump();
+}
+
+// What a stop takes is said once the steps are steady, from their median: a step after an
+// evaluation (3.8 s where steps take 0.2 s) does not make it.
+TEST(ProgressEstimates, AStopsCostIsSaidFromSteadySteps) {
+  spotrain::StopPolicy stop("", spotrain::now_seconds(), nullptr, nullptr);
+  testing::internal::CaptureStdout();
+  stop.after_step(/*latest=*/3.8, /*steady=*/0.0, /*checkpoint=*/2.0);
+  const std::string warming = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(warming.find("a stop takes"), std::string::npos) << warming;
+  testing::internal::CaptureStdout();
+  stop.after_step(/*latest=*/3.8, /*steady=*/0.2, /*checkpoint=*/2.0);
+  const std::string said = testing::internal::GetCapturedStdout();
+  EXPECT_NE(said.find("a stop takes about 2.2 s (the step under way 0.2 s"), std::string::npos) << said;
 }
 
 TEST(InputWatch, WarnsOnceWhenDataWaitExceedsTenPercentOverTwentySteps) {
