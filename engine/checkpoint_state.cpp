@@ -33,6 +33,19 @@ TrainPosition position_of(const CheckpointInfo& info) {
   return TrainPosition{info.global_step, info.epoch, info.batch_in_epoch};
 }
 
+TrainPosition settled(const TrainPosition& at, int64_t batches_per_epoch) {
+  if (batches_per_epoch > 0 && at.batch_in_epoch >= batches_per_epoch)
+    return TrainPosition{at.step, at.epoch + 1, 0};
+  return at;
+}
+
+std::string progress_text(const TrainPosition& at) {
+  std::string s = str(at.epoch, at.epoch == 1 ? " epoch" : " epochs");
+  if (at.batch_in_epoch > 0)
+    s += str(" and ", at.batch_in_epoch, at.batch_in_epoch == 1 ? " batch" : " batches");
+  return s + " done";
+}
+
 CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointInfo& info,
                                        Tensor* params_buf, Tensor* momentum_buf,
                                        const Tensor* bn_stats) {

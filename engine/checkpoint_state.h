@@ -36,6 +36,12 @@ CheckpointInfo checkpoint_record(const RunIdentity& run, const TrainPosition& at
                                  const LossScalerState& scaler);
 // Where the run of a checkpoint's record stood.
 TrainPosition position_of(const CheckpointInfo& info);
+// A position at an epoch's end as the next epoch's start (epoch + 1, batch 0): what a
+// checkpoint records, so that its epoch is the count of whole epochs done. (Files written
+// before this rule may hold (epoch, batches_per_epoch); a resume reads either.)
+TrainPosition settled(const TrainPosition& at, int64_t batches_per_epoch);
+// How far training got, as people count it: "6 epochs done", "5 epochs and 120 batches done".
+std::string progress_text(const TrainPosition& at);
 
 // Copies the model (and momentum when sgd is given) to host memory: into `params_buf` /
 // `momentum_buf` (host, num_params() elements) when given, else into new tensors. Reused

@@ -163,7 +163,7 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   r.checkpoint = session.rank() == root ? holder.path : name;
   log_info(str("resumed from ", session.rank() == root ? holder.path : name,
                root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"), ": step ",
-               r.at.step, ", epoch ", r.at.epoch + 1, ", batch ", r.at.batch_in_epoch));
+               r.at.step, ", ", progress_text(r.at)));
   return r;
 }
 

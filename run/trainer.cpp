@@ -226,7 +226,8 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
                    b.lam.empty() ? nullptr : &mix);
   if (ema_) ema_->update();
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};
-  checkpoints_->step_done(at);  // before any other collective: what a survivor would save
+  // before any other collective: what a survivor would save
+  checkpoints_->step_done(settled(at, loop.p.per_epoch));
   s.facts.step = at.step;
   s.facts.epoch = epoch;
   s.facts.lr = lr;
@@ -267,9 +268,11 @@ TrainResult Trainer::run() {
       const double step_s = loop.progress.last_step_seconds();
       const double steady_s = loop.progress.steady_step_seconds();
       const std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());
-      if (!why.empty() && at.step < p.total_steps) return stop_early(loop, at, why, res);
+      if (!why.empty() && at.step < p.total_steps)
+        return stop_early(loop, settled(at, p.per_epoch), why, res);
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
-      const std::string path = checkpoints_->after_step(at, epoch_end, step_s, steady_s, p.total_steps);
+      const std::string path =
+          checkpoints_->after_step(settled(at, p.per_epoch), epoch_end, step_s, steady_s, p.total_steps);
       if (!path.empty()) res.checkpoint = path;
     }
     loop.pending.settle();
@@ -280,7 +283,7 @@ TrainResult Trainer::run() {
   res.seconds = now_seconds() - loop.started;
   res.skipped_steps = t_.scaler->state().skipped_steps;
   res.loss_scale = t_.scaler->scale();
-  if (!cfg_.ckpt_dir.empty()) res.checkpoint = checkpoints_->write(at, /*sync=*/true);
+  if (!cfg_.ckpt_dir.empty()) res.checkpoint = checkpoints_->write(settled(at, p.per_epoch), /*sync=*/true);
   metrics_->write("end", {{"step", at.step}, {"checkpoint", res.checkpoint},
                           {"test_top1", res.test.top1}, {"seconds", res.seconds}});
   if (prom_) prom_->finished();

@@ -212,6 +212,35 @@ TEST(Cli, TrainsOnTinyDataAndWritesMetrics) {
   EXPECT_NE(e.out.find("top-1 " + top1 + "%"), std::string::npos) << e.out << " vs " << top1;
 }
 
+// Counts as people count: after two whole epochs a checkpoint says 2 epochs done, in `eval
+// --json` (it said "epoch": 1, the 0-based epoch in progress) and in `ckpt info`; one written
+// in the middle of an epoch says how many of its batches were done.
+TEST(Cli, CheckpointsCountTheEpochsDone) {
+  auto d = make_idx("epochs", 40);  // 5 steps an epoch at batch 8
+  fs::path ck = fs::temp_directory_path() / "spotrain_cli_epochs_run";
+  fs::remove_all(ck);
+  CmdResult r = run("train --data fashion-mnist:" + d.string() + " --batch-size 8 --epochs 2 --ckpt-dir " +
+                    ck.string() + " --metrics none --log-every 100");
+  ASSERT_EQ(r.code, 0) << r.out;
+  fs::path js = ck / "eval-final.json";
+  CmdResult e = run("eval --ckpt " + ck.string() + " --data fashion-mnist:" + d.string() + " --json " + js.string());
+  ASSERT_EQ(e.code, 0) << e.out;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(js));
+  EXPECT_EQ(j.value("epochs_done", -1), 2) << j.dump();
+  EXPECT_EQ(j.value("batches_into_next_epoch", -1), 0) << j.dump();
+  EXPECT_FALSE(j.contains("epoch")) << "a field named for what it holds: " << j.dump();
+  CmdResult info = run("ckpt info " + (ck / "ckpt-00000010.h5").string());
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("progress      2 epochs done"), std::string::npos) << info.out;
+  fs::path mid = fs::temp_directory_path() / "spotrain_cli_epochs_mid";
+  fs::remove_all(mid);
+  r = run("train --data fashion-mnist:" + d.string() + " --batch-size 8 --steps 7 --ckpt-dir " +
+          mid.string() + " --metrics none --log-every 100");
+  ASSERT_EQ(r.code, 0) << r.out;
+  info = run("ckpt info " + (mid / "ckpt-00000007.h5").string());
+  EXPECT_NE(info.out.find("progress      1 epoch and 2 batches done"), std::string::npos) << info.out;
+}
+
 TEST(Cli, EvalRejectsMissingAndCorruptCheckpoints) {
   expect_error(run("eval --ckpt /nonexistent/ckpt.h5 --data synthetic"), 1, "does not exist");
   fs::path bad = fs::temp_directory_path() / "spotrain_cli_bad.h5";

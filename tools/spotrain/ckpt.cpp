@@ -19,13 +19,13 @@ namespace {
 int run_ckpt_info(const std::string& ckpt_file) {
   auto info = spotrain::read_checkpoint_info(ckpt_file);
   std::printf("file          %s (%.1f MiB)\nformat        %d\nmodel         %s (%d classes, %d input "
-              "channels)\nprecision     %s\nglobal step   %lld\nepoch         %lld, batch %lld "
-              "(%lld samples of the epoch)\nglobal batch  %lld on %d rank(s), seed %llu\n"
+              "channels)\nprecision     %s\nglobal step   %lld\nprogress      %s (%lld samples of "
+              "the epoch under way)\nglobal batch  %lld on %d rank(s), seed %llu\n"
               "loss scale    %s\nconfig        %s\n",
               ckpt_file.c_str(), double(std::filesystem::file_size(ckpt_file)) / (1 << 20),
               info.format_version, info.model.c_str(), info.num_classes, info.in_channels,
               info.precision.c_str(), static_cast<long long>(info.global_step),
-              static_cast<long long>(info.epoch + 1), static_cast<long long>(info.batch_in_epoch),
+              spotrain::progress_text(spotrain::position_of(info)).c_str(),
               static_cast<long long>(info.samples_in_epoch),
               static_cast<long long>(info.global_batch), info.world_size,
               static_cast<unsigned long long>(info.seed),
