@@ -35,30 +35,30 @@ TEST(CkptInterval, NeverShorterThanAWrite) {
   EXPECT_NE(a.explain(0.02, 20).find("raised to the 20.000 s background write"), std::string::npos);
 }
 
-// A short run with --mtbf 2m: the log states the interval with its inputs (the measured cost),
+// A short run with --mtbf 1m: the log states the interval with its inputs (the measured cost),
 // and the interval it states is Young/Daly of those inputs; checkpoints come at that pace.
 TEST(CkptInterval, ARunMeasuresItsCostAndCheckpointsAtTheInterval) {
   fs::path d = fs::temp_directory_path() / "spotrain_ckpt_auto";
   fs::remove_all(d);
   CommandResult r = run_command(std::string(SPOTRAIN_BIN) +
                                 " train --model resnet20 --data synthetic --train-limit 4096 --test-limit 16"
-                                " --batch-size 16 --threads 1 --steps 120 --log-every 20 --keep 1000"
-                                " --ckpt-every auto --mtbf 2m --ckpt-dir " + d.string());
+                                " --batch-size 16 --threads 1 --steps 200 --log-every 20 --keep 1000"
+                                " --ckpt-every auto --mtbf 1m --ckpt-dir " + d.string());
   ASSERT_EQ(r.code, 0) << r.out;
   std::smatch m;
   const std::regex line("checkpoint interval \\(--ckpt-every auto\\): ([0-9.]+) s; Young/Daly sqrt\\(2 x ([0-9.]+) s cost x "
-                        "120 s job MTBF \\(120 s / 1 host\\)\\) = ([0-9.]+) s");
+                        "60 s job MTBF \\(60 s / 1 host\\)\\) = ([0-9.]+) s");
   ASSERT_TRUE(std::regex_search(r.out, m, line)) << r.out;
   const double interval = std::stod(m[1]), cost = std::stod(m[2]), yd = std::stod(m[3]);
   // (the log rounds the cost to 0.1 ms and the intervals to 10 ms)
-  EXPECT_NEAR(yd, std::sqrt(2 * cost * 120), 0.02 + 0.05 * yd);
+  EXPECT_NEAR(yd, std::sqrt(2 * cost * 60), 0.02 + 0.05 * yd);
   EXPECT_GE(interval, yd - 0.01);
   // Every checkpoint but the last is a periodic one here (one epoch is 256 steps): at least
   // two, and no more than the run's length allows at the logged interval's pace.
   int files = 0;
   for (auto& e : fs::directory_iterator(d)) files += e.path().extension() == ".h5";
   std::smatch t;
-  ASSERT_TRUE(std::regex_search(r.out, t, std::regex("finished 120 steps in ([0-9.]+)s"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, t, std::regex("finished 200 steps in ([0-9.]+)s"))) << r.out;
   EXPECT_GE(files - 1, 2) << r.out;
   EXPECT_LE(files - 1, int(std::stod(t[1]) / (0.5 * interval)) + 2) << r.out;
   fs::remove_all(d);
