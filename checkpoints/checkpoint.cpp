@@ -510,7 +510,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return names;
 }
 
-std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect) {
+std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect,
+                                   std::vector<std::string>* skipped) {
   // The newest file that verifies. Not `latest` first: with several writers of one folder, or
   // copies on several disks, a newer good file can be there that `latest` does not name yet.
   for (auto& path : list_checkpoints(dir)) {
@@ -520,9 +521,15 @@ std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& 
     } catch (const std::exception& e) {
       std::fprintf(stderr, "warning: skipping unusable checkpoint: %s; trying an older one\n",
                    e.what());
+      if (skipped) skipped->push_back(e.what());
     }
   }
   return "";
+}
+
+std::string skipped_checkpoints_text(const std::vector<std::string>& skipped) {
+  if (skipped.empty()) return "";
+  return str("; ", skipped.size(), " unusable checkpoint(s) skipped, the newest: ", skipped.front());
 }
 
 int move_checkpoints_after(const std::string& dir, int64_t step, const std::string& to) {

@@ -89,8 +89,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // yet where several write the folder); unusable ones are reported on stderr and skipped ("" when
 // none is good).
 // With `expect`, "verifies" includes holding what that expectation needs, so a file that a
-// resume would refuse is skipped like a corrupt one.
-std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect = {});
+// resume would refuse is skipped like a corrupt one. `skipped` (when given) receives why each
+// skipped file was refused, newest first: a caller that then finds none names the reason.
+std::string newest_good_checkpoint(const std::string& dir, const ExpectTensors& expect = {},
+                                   std::vector<std::string>* skipped = nullptr);
+// "; N unusable checkpoint(s) skipped, the newest: WHY" for the reasons newest_good_checkpoint
+// gave ("" for none): the end of the error line that says no checkpoint was good.
+std::string skipped_checkpoints_text(const std::vector<std::string>& skipped);
 // Moves the checkpoints of `dir` past `step` into `dir`/`to` (made when needed), oldest
 // last; returns how many moved. Throws Error when one cannot be moved.
 int move_checkpoints_after(const std::string& dir, int64_t step, const std::string& to);

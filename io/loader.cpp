@@ -164,7 +164,7 @@ void Loader::note_bad(int64_t id, const std::string& why) {
   const double limit = opt_.max_bad_fraction * double(data_->size());
   SPOTRAIN_CHECK(double(bad_ids_.size()) <= limit, bad_ids_.size(), " unreadable images in ",
                  data_->name(), " (", data_->size(), " samples), more than --max-bad-fraction ",
-                 opt_.max_bad_fraction, " allows; the latest: ", why);
+                 opt_.max_bad_fraction, " allows; the first: ", bad_.front().what);
 }
 
 void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const {

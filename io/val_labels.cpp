@@ -107,6 +107,7 @@ SortStats sort_into_classes(const std::string& dir, const std::string& labels,
 
   SortStats st;
   std::set<std::string> classes, listed;
+  std::string first_missing;  // named in the error: the last line says what was wrong
   std::vector<std::pair<std::string, std::string>> moves;  // file name -> class
   for (const auto& [name, cls] : wanted) {
     SPOTRAIN_CHECK(plain_name(name) && plain_name(cls), "labels file ", labels, ": '", name, "' -> '",
@@ -126,13 +127,15 @@ SortStats sort_into_classes(const std::string& dir, const std::string& labels,
         for (const char* ext : {".JPEG", ".jpeg", ".jpg", ".JPG", ".png", ".PNG"})
           if (fs::is_regular_file(fs::path(dir) / cls / (name + ext))) found = true;
       ++(found ? st.already : st.missing);
+      if (!found && first_missing.empty()) first_missing = name;
     }
   }
   for (const auto& n : flat)
     if (!listed.count(n)) ++st.unlisted;
   st.classes = int64_t(classes.size());
-  SPOTRAIN_CHECK(st.missing == 0, st.missing, " image(s) the labels file names are in neither ", dir,
-                 " nor its class folders (an incomplete download, or another set's labels?); nothing was moved");
+  SPOTRAIN_CHECK(st.missing == 0, st.missing, " image(s) the labels file ", labels, " names are in neither ",
+                 dir, " nor its class folders, the first: ", first_missing,
+                 " (an incomplete download, or another set's labels?); nothing was moved");
   if (dry_run) {
     st.moved = int64_t(moves.size());
     return st;

@@ -58,8 +58,9 @@ Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& sto
   int64_t step = -1;
   bool evidence = false;
   std::string path;
+  std::vector<std::string> skipped;  // this rank's unusable files, newest first
   if (storage.writer) {
-    path = newest_good_checkpoint(cfg.ckpt_dir, checkpoint_expectation(true));
+    path = newest_good_checkpoint(cfg.ckpt_dir, checkpoint_expectation(true), &skipped);
     if (!path.empty()) step = read_checkpoint_info(path).global_step;
     std::error_code ec;
     evidence = fs::exists(cfg.ckpt_dir + "/latest", ec) || !list_checkpoints(cfg.ckpt_dir).empty();
@@ -82,12 +83,12 @@ Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& sto
     SPOTRAIN_CHECK(cfg.resume != "latest", "--resume latest: no checkpoint of this run in ",
                    cfg.ckpt_dir, " on any rank (a restart after one was written must find it: ",
                    "were the disks that held it replaced?). Pass --resume auto to start from "
-                   "scratch when there is none");
+                   "scratch when there is none", skipped_checkpoints_text(skipped));
     SPOTRAIN_CHECK(lost.empty(), "--resume auto: no good checkpoint of this run is left in ", cfg.ckpt_dir,
                    " on any rank, though the folder of rank(s) ", lost, " shows that checkpoints were "
                    "written (a `latest` pointer or checkpoint files): every copy was lost or is corrupt. "
                    "Start the run over with --new-run (its files move to previous-<time>/), or resume "
-                   "from a file with --resume PATH");
+                   "from a file with --resume PATH", skipped_checkpoints_text(skipped));
     return h;
   }
   h.found = true;

@@ -346,10 +346,10 @@ void Trainer::report_bad_images(io::Loader& loader, TrainResult& res) {
   auto bad = loader.bad_samples();
   res.bad_images = int64_t(bad.size());
   if (bad.empty()) return;
-  std::string list;
-  for (size_t i = 0; i < bad.size() && i < 20; ++i) list += "\n  " + bad[i].what;
-  std::fprintf(stderr, "warning: rank %d skipped %zu unreadable training image(s):%s%s\n",
-               session_->rank(), bad.size(), list.c_str(), bad.size() > 20 ? "\n  ..." : "");
+  // One line, the first image in it: each was named as it was met (loader.cpp), and a log's
+  // last line is what people and schedulers read.
+  std::fprintf(stderr, "warning: rank %d skipped %zu unreadable training image(s); the first: %s\n",
+               session_->rank(), bad.size(), bad.front().what.c_str());
 }
 
 }  // namespace spotrain

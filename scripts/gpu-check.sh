@@ -464,7 +464,7 @@ if [[ -n "$bin" ]]; then
   if want tests; then
     if compgen -G "$bin/test_gpu*" >/dev/null || compgen -G "$bin/tests/test_gpu*" >/dev/null; then
       run_step gpu-tests 150 bash -c gpu_tests
-      [[ -s "$logs/gpu-tests-report.txt" ]] && restatus "$(head -n 1 "$logs/gpu-tests-report.txt")"
+      [[ -s "$logs/gpu-tests-report.txt" ]] && restatus "$(tail -n 1 "$logs/gpu-tests-report.txt")"
     else
       note "no test_gpu* binaries"
       record gpu-tests "none defined" 0
@@ -759,6 +759,14 @@ if notes:
     print(f"{len(notes)} fp32 fallback note(s):")
     for n in sorted(notes)[:20]:
         print("  " + n[:200])
+# The last line (a log's tail) is the verdict, with the first step that did not end well.
+bad = [(n, st) for n, st, _ in (l.rstrip("\n").split("\t") for l in open(os.path.join(out, "steps.tsv")))
+       if not (st.startswith("ok") or st.startswith("prebuilt") or st.startswith("skipped: no CUDA")
+               or st.startswith("system packages") or st.startswith("no CUDA device")
+               or st.startswith("bitwise equal"))]
+print()
+print(f"gpu-check: {len(bad)} step(s) did not end ok; the first: {bad[0][0]}: {bad[0][1]}" if bad
+      else "gpu-check: every step ended ok")
 EOF
 note "finished in $((SECONDS - start)) s; summary.txt, results.json and logs.tar.gz in $out"
 tar -czf "$out/logs.tar.gz" -C "$out" logs && [[ -z "${GPU_KEEP_LOGS:-}" ]] && rm -rf "$logs"

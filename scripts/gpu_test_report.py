@@ -4,9 +4,9 @@
 Each test binary was listed (--gtest_list_tests > gpu-list-BINARY.txt) and run in GTest shards
 (gpu-test-BINARY-I.log, .json from --gtest_output, .rc with the shard's exit status). A shard
 that crashed writes no JSON: its log says which test was running (crashed, with the signal
-from the exit status) and every test of the shard after it never ran. Prints one status line
-(what gpu-check puts in its table) and then each test that did not pass, one per line;
-writes the same as JSON with --json FILE.
+from the exit status) and every test of the shard after it never ran. Prints each test that
+did not pass, one per line, then the status line (what gpu-check puts in its table), last,
+with the first problem in it, as a log's tail shows it; writes the same as JSON with --json.
 
     gpu_test_report.py LOGS_DIR [--json FILE]
 """
@@ -124,10 +124,16 @@ def report(logs):
     bad = counts["failed"] + counts["crashed"] + counts["not run"]
     line = ("ok: " if not bad and tests else "FAILED: ") + ", ".join(
         f"{n} {s}" for s, n in counts.items() if n or s in ("passed", "failed", "skipped"))
-    if not tests:
-        line = "FAILED: no gpu test listed"
     problems = [{"test": n, "status": s, "detail": d, "binary": b}
                 for n, (s, d, b) in sorted(tests.items()) if s not in ("passed", "skipped")]
+    # The first problem in the status line: a crash first (it hides the tests after it), then
+    # a failure, then a test that never ran.
+    order = {"crashed": 0, "failed": 1, "not run": 2}
+    if problems:
+        p = min(problems, key=lambda p: order[p["status"]])
+        line += f"; first {p['status']}: {p['test']}" + (f" ({p['detail']})" if p["detail"] else "")
+    if not tests:
+        line = "FAILED: no gpu test listed"
     return line, counts, problems
 
 
@@ -137,9 +143,9 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     line, counts, problems = report(a.logs)
-    print(line)
     for p in problems:
         print(f"  {p['status']}: {p['test']}" + (f" ({p['detail']})" if p["detail"] else ""))
+    print(line)
     if a.json:
         json.dump({"status": line, "counts": counts, "problems": problems}, open(a.json, "w"),
                   indent=2)

@@ -246,6 +246,18 @@ TEST(Cli, EvalRejectsMissingAndCorruptCheckpoints) {
   fs::path bad = fs::temp_directory_path() / "spotrain_cli_bad.h5";
   std::ofstream(bad) << "not an hdf5 file";
   expect_error(run("eval --ckpt " + bad.string() + " --data synthetic"), 1, "not an HDF5 file");
+  // A folder whose checkpoints are all unusable: the error line (the last line) says why the
+  // newest was refused.
+  fs::path dir = fs::temp_directory_path() / "spotrain_cli_bad_ckpts";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "ckpt-00000003.h5") << "not an hdf5 file";
+  std::ofstream(dir / "ckpt-00000001.h5") << "nor this";
+  CmdResult r = run("eval --ckpt " + dir.string() + " --data synthetic");
+  expect_error(r, 1, "2 unusable checkpoint(s) skipped, the newest: ");
+  const std::string last = r.out.substr(r.out.rfind("error: "));
+  EXPECT_NE(last.find("ckpt-00000003.h5"), std::string::npos) << last;
+  EXPECT_NE(last.find("not an HDF5 file"), std::string::npos) << last;
 }
 
 TEST(Cli, UnwritableCheckpointDirectoryFailsAtStart) {

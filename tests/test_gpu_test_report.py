@@ -51,7 +51,9 @@ class GpuTestReport(unittest.TestCase):
                                  capture_output=True, text=True)
             self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
             lines = out.stdout.splitlines()
-            self.assertEqual(lines[0], "FAILED: 3 passed, 1 failed, 1 skipped, 1 crashed, 1 not run")
+            # The status line last (a log's tail), with the first problem: the crash.
+            self.assertEqual(lines[-1], "FAILED: 3 passed, 1 failed, 1 skipped, 1 crashed, 1 not run; "
+                                        "first crashed: P/GpuB.Two/fp32 (signal 11, SIGSEGV)")
             self.assertIn("  failed: GpuA.Fails (tests/x.cpp:9)", lines)
             self.assertIn("  crashed: P/GpuB.Two/fp32 (signal 11, SIGSEGV)", lines)
             self.assertIn("  not run: P/GpuB.Four/fp32 (its shard crashed in P/GpuB.Two/fp32)", lines)
@@ -72,7 +74,7 @@ class GpuTestReport(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = subprocess.run([sys.executable, SCRIPT, d], capture_output=True, text=True)
             self.assertEqual(out.returncode, 1)
-            self.assertEqual(out.stdout.splitlines()[0], "FAILED: no gpu test listed")
+            self.assertEqual(out.stdout.splitlines()[-1], "FAILED: no gpu test listed")
 
 
 if __name__ == "__main__":

@@ -157,10 +157,12 @@ def log(what, r, problems):
                                          (": " + line[:200]) if line else ""))
 
 
-def expect_error(what, args, mentions=(), details=(), within=None, most_mib=None, timeout=TIMEOUT):
-    """A refusal: exit 1 or 2, one `error:` line mentioning one of `mentions` (case-insensitive),
-    stderr mentioning each of `details`, no crash; optionally within `within` seconds and
-    `most_mib` MiB of memory."""
+def expect_error(what, args, mentions=(), details=(), within=None, most_mib=None, timeout=TIMEOUT,
+                 in_error=()):
+    """A refusal: exit 1 or 2, one `error:` line, the last of stderr (what a log's tail shows),
+    mentioning one of `mentions` and each of `in_error` (case-insensitive), stderr mentioning
+    each of `details`, no crash; optionally within `within` seconds and `most_mib` MiB of
+    memory."""
     r = run(args, timeout)
     problems = crash_signs(r)
     if not r.hung:
@@ -173,6 +175,13 @@ def expect_error(what, args, mentions=(), details=(), within=None, most_mib=None
             problems.append("%d `error:` lines on stderr, not 1" % len(errors))
         elif mentions and not any(m.lower() in errors[0].lower() for m in mentions):
             problems.append("its error line mentions none of %s" % ", ".join(repr(m) for m in mentions))
+        if len(errors) == 1:
+            last = ([l for l in r.err.splitlines() if l.strip()] or [""])[-1]
+            if last != errors[0]:
+                problems.append("the last line of stderr is not the error line but %r" % last[:200])
+            for d in in_error:
+                if d.lower() not in errors[0].lower():
+                    problems.append("its error line does not say %r (the first problem)" % d)
         for d in details:
             if d.lower() not in r.err.lower():
                 problems.append("stderr does not mention %r" % d)
@@ -317,7 +326,7 @@ def case_shard_offset_that_wraps_past_2_64_is_refused(shards):
     entries[0][2] = 2 ** 64 - 8    # offset: offset + length wraps to 8
     write_index(index, len(entries), n_shards, classes, entries)
     expect_error("data verify, a record whose offset + length wraps past 2^64", ["data", "verify", bad],
-                 mentions=[bad], details=["outside"])
+                 mentions=[bad], in_error=["outside"])
     expect_error("train --data shards:, a record whose offset + length wraps past 2^64", shards_train(bad),
                  mentions=["outside"])
 
@@ -330,7 +339,7 @@ def case_shard_index_of_48_bytes_claiming_2_61_records_is_refused(shards):
     write_index(index, 2 ** 61 + 1, n_shards, classes, entries[:1])  # 24 * (2^61+1) wraps to 24
     assert os.path.getsize(index) == 48
     expect_error("data verify, a 48-byte index.bin claiming 2^61+1 records", ["data", "verify", bad],
-                 mentions=[bad], details=["index"])
+                 mentions=[bad], in_error=["index"])
     expect_error("train --data shards:, a 48-byte index.bin claiming 2^61+1 records", shards_train(bad),
                  mentions=["index"])
 

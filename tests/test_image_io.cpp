@@ -455,6 +455,10 @@ TEST_F(ImageFolderTest, BadImagesSkippedCountedAndReported) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--max-bad-fraction"), std::string::npos) << e.what();
+    // The line names the first bad image (the one each worker met first), not the latest.
+    const auto met = strict.bad_samples();
+    ASSERT_FALSE(met.empty());
+    EXPECT_NE(std::string(e.what()).find("the first: " + met.front().what), std::string::npos) << e.what();
   }
 }
 

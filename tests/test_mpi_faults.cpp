@@ -385,6 +385,13 @@ TEST(LauncherRestart, ALostPeerIsRetriedAtMostMaxRestartsTimes) {
   EXPECT_TRUE(contains(r.out, "the job ended with 76; restart 2 of 2")) << r.out;
   EXPECT_FALSE(contains(r.out, "restart 3")) << r.out;
   EXPECT_TRUE(contains(r.out, "resumed from " + (d / "run" / "ckpt-00000002.h5").string())) << r.out;
+  // The last line says the launcher gave up, and names the first failure the job printed.
+  std::string out = r.out;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  const std::string last = out.substr(out.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("mpirun.sh: gave up after 2 restart(s)", 0), 0u) << last;
+  EXPECT_TRUE(contains(last, "the first failure: ")) << last;
+  EXPECT_TRUE(contains(last, "step 3")) << last;
 }
 
 // A preemption notice (here a file both ranks watch) stops every rank after the same step, with

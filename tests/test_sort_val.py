@@ -99,7 +99,7 @@ with tempfile.TemporaryDirectory() as t:
         "climb": ("".join(f"{n} ../../escape\n" for n in names), [], "not a plain file and folder name"),
         "noclass": (names[0] + "\n", [], "names no class"),
         "missing": ("".join(f"{n} {WNIDS[0]}\n" for n in names + ["ILSVRC2012_val_00000099.JPEG"]), [],
-                    "1 image(s) the labels file names are in neither"),
+                    "nor its class folders, the first: ILSVRC2012_val_00000099.JPEG"),
     }
     for name, (text, extra, why) in cases.items():
         p = os.path.join(t, name + ".txt")

@@ -65,15 +65,20 @@ int run_data_verify(const std::string& out) {
     if (fs::is_directory(out + "/" + split)) dirs.push_back(out + "/" + split);
   SPOTRAIN_CHECK(!dirs.empty(), out, " holds no packed shards (index.bin, train/ or val/)");
   size_t problems = 0;
+  std::string first;  // the last line (what a log's tail shows) names the first problem
   for (auto& d : dirs) {
     std::vector<std::string> notes;
     auto p = spotrain::io::verify_shards(d, &notes);
     for (auto& line : notes) std::fprintf(stderr, "%s: note: %s (the loader will skip it)\n", d.c_str(), line.c_str());
     for (auto& line : p) std::fprintf(stderr, "%s: %s\n", d.c_str(), line.c_str());
     if (p.empty()) std::printf("%s: OK\n", d.c_str());
+    if (first.empty() && !p.empty()) first = d + ": " + p.front();
     problems += p.size();
   }
-  SPOTRAIN_CHECK(problems == 0, problems, " problem(s) found in ", out, "; re-pack it with `spotrain data pack`");
+  // (verify_shards stops counting a split's records after kMaxVerifyProblems problems)
+  SPOTRAIN_CHECK(problems == 0, first,
+                 problems > 1 ? spotrain::str(" (and ", problems - 1, " more problem(s) above)") : std::string(),
+                 "; re-pack ", out, " with `spotrain data pack`");
   return 0;
 }
 

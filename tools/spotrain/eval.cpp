@@ -57,8 +57,10 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
 int run_eval(const EvalOptions& o) {
   std::string path = o.ckpt;
   if (std::filesystem::is_directory(path)) {  // the newest good checkpoint in the folder
-    path = spotrain::newest_good_checkpoint(o.ckpt, spotrain::checkpoint_expectation(false));
-    SPOTRAIN_CHECK(!path.empty(), "no usable ckpt-*.h5 checkpoint in ", o.ckpt);
+    std::vector<std::string> skipped;
+    path = spotrain::newest_good_checkpoint(o.ckpt, spotrain::checkpoint_expectation(false), &skipped);
+    SPOTRAIN_CHECK(!path.empty(), "no usable ckpt-*.h5 checkpoint in ", o.ckpt,
+                   spotrain::skipped_checkpoints_text(skipped));
   }
   spotrain::check_thread_counts(o.threads, o.workers);
   auto info = spotrain::read_checkpoint_info(path);

@@ -283,6 +283,8 @@ stop_poller() {
 # restarts pass --resume latest, which refuses to start over when no rank's disk holds one any
 # more (node-local disks all replaced) instead of training again from scratch.
 seen_ckpt="$state_dir/seen-checkpoint"
+# The first error line any attempt printed: what the last line says when the restarts run out.
+first_error="$state_dir/first-error"
 watch_output() {
   trap '' TERM INT USR1 USR2  # forward to the end: the job's last lines say what it saved
   local line
@@ -291,6 +293,8 @@ watch_output() {
     case $line in
       *"checkpoint written: "* | *"saved the last step every rank finished"* | *"resumed from "*)
         [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
+      *"error: "*)
+        [[ -s "$first_error" ]] || printf '%s\n' "${line#*error: }" >"$first_error" ;;
     esac
   done
 }
@@ -367,4 +371,11 @@ while :; do
   cmd=("${new[@]}" --resume "$resume")
   printf 'mpirun.sh: restart %s:\n' "$what"
 done
+# Given up on a job that kept stopping or losing a peer: the last line (a scheduler's mail, a
+# CI log's tail) says so, with the first failure.
+if ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts >= MAX_RESTARTS && restarts > 0)); then
+  first="the job printed no error line"
+  [[ -s "$first_error" ]] && first=$(head -n 1 "$first_error")
+  echo "mpirun.sh: gave up after $restarts restart(s) (MAX_RESTARTS=$MAX_RESTARTS), the job ended with $rc; the first failure: $first" >&2
+fi
 exit "$rc"
