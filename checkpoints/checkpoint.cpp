@@ -106,17 +106,35 @@ void write_double_attr(hid_t obj, const char* name, double v) {
   H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &v), name);
 }
 
-double read_double_attr(hid_t obj, const char* name, const std::string& path) {
+// The attribute `name` of `obj`, opened, of type class `want` (H5T_INTEGER, H5T_FLOAT,
+// H5T_STRING; a number may be either of the first two): a file whose attribute is missing or of
+// another kind is refused naming the file and the attribute, not with HDF5's error stack.
+hid_t open_attr(hid_t obj, const char* name, const std::string& path, H5T_class_t want) {
   if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  const hid_t attr = H5Aopen(obj, name, H5P_DEFAULT);
+  SPOTRAIN_CHECK(attr >= 0, "checkpoint ", path, ": attribute '", name, "' cannot be opened (corrupt file?)");
+  const hid_t type = H5Aget_type(attr);
+  const H5T_class_t cls = type >= 0 ? H5Tget_class(type) : H5T_NO_CLASS;
+  if (type >= 0) H5Tclose(type);
+  const bool number = want != H5T_STRING;
+  if (number ? (cls != H5T_INTEGER && cls != H5T_FLOAT) : cls != H5T_STRING) {
+    H5Aclose(attr);
+    SPOTRAIN_THROW("checkpoint ", path, ": attribute '", name, "' is ",
+                   cls == H5T_STRING ? "a string" : "not a string", " where a ",
+                   number ? "number" : "string", " belongs (written by another tool, or damaged?)");
+  }
+  return attr;
+}
+
+double read_double_attr(hid_t obj, const char* name, const std::string& path) {
+  H5Id attr(open_attr(obj, name, path, H5T_FLOAT), H5Aclose);
   double v = 0;
   H5_CHECK(H5Aread(attr, H5T_NATIVE_DOUBLE, &v), name);
   return v;
 }
 
 std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
-  if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5Id attr(open_attr(obj, name, path, H5T_STRING), H5Aclose);
   H5Id type(H5Aget_type(attr), H5Tclose);
   size_t n = H5Tget_size(type);
   if (n == 0 || n > (size_t(64) << 20))
@@ -131,8 +149,7 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& pat
 }
 
 int64_t read_int_attr(hid_t obj, const char* name, const std::string& path) {
-  if (H5Aexists(obj, name) <= 0) SPOTRAIN_THROW("checkpoint ", path, " has no '", name, "' attribute");
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5Id attr(open_attr(obj, name, path, H5T_INTEGER), H5Aclose);
   int64_t v = 0;
   H5_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v), name);
   return v;
@@ -382,8 +399,10 @@ Shape shape_of(hid_t ds) {
 template <class F>
 void for_each_tensor(const OpenCheckpoint& c, const std::string& path, const std::string& group, F&& f) {
   H5Id g(H5Gopen2(c.file, group.c_str(), H5P_DEFAULT), H5Gclose);
+  SPOTRAIN_CHECK(g >= 0, "checkpoint ", path, ": '", group, "' is not a group of tensors (corrupt file?)");
   H5G_info_t gi;
-  H5_CHECK(H5Gget_info(g, &gi), "listing tensors");
+  SPOTRAIN_CHECK(H5Gget_info(g, &gi) >= 0, "checkpoint ", path, ": cannot list the tensors of ", group,
+                 " (corrupt file?)");
   for (hsize_t i = 0; i < gi.nlinks; ++i) {
     char name[512];
     SPOTRAIN_CHECK(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0,
@@ -476,7 +495,12 @@ void verify_checkpoint(const std::string& path, CheckpointInfo* info_out, const 
     });
   }
   if (expect) {  // what a resume (or an evaluation) of it will read
-    const ExpectedTensors want = expect(info);
+    ExpectedTensors want;
+    try {
+      want = expect(info);
+    } catch (const Error& e) {  // about the file's content: name the file
+      SPOTRAIN_THROW("checkpoint ", path, ": ", e.what());
+    }
     auto need = [&](int g, const std::vector<std::pair<std::string, Shape>>& list) {
       for (const auto& [name, shape] : list) {
         auto it = held[g].find(name);

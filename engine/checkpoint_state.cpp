@@ -1,6 +1,8 @@
 // Model and optimizer state to and from checkpoints (see checkpoint_state.h).
 #include "engine/checkpoint_state.h"
 
+#include <algorithm>
+
 #include <functional>
 #include <map>
 #include <vector>
@@ -196,13 +198,32 @@ CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& s
   return info;
 }
 
+namespace {
+// "" when the model a checkpoint records is one this build makes, else why not.
+std::string recorded_model_problem(const CheckpointInfo& info) {
+  const auto names = resnet_arch_names();
+  if (std::find(names.begin(), names.end(), info.model) != names.end()) return "";
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  return str("the model it records, '", info.model, "', is not one this build knows (", known,
+             "): written by another version, or damaged?");
+}
+}  // namespace
+
+void check_recorded_model(const std::string& path, const CheckpointInfo& info) {
+  const std::string why = recorded_model_problem(info);
+  SPOTRAIN_CHECK(why.empty(), "checkpoint ", path, ": ", why);
+}
+
 ExpectTensors checkpoint_expectation(bool need_optimizer) {
   return [need_optimizer](const CheckpointInfo& info) {
+    const std::string why = recorded_model_problem(info);  // verify_checkpoint names the file
+    SPOTRAIN_CHECK(why.empty(), why);
     ResNetOptions ro;
     ro.arch = info.model;
     ro.num_classes = info.num_classes;
     ro.in_channels = info.in_channels;
-    const auto net = build_resnet(ro);  // throws naming the valid models for an unknown one
+    const auto net = build_resnet(ro);
     std::vector<Param*> params;
     std::vector<Buffer*> buffers;
     net->collect_params(params);

@@ -77,6 +77,9 @@ void load_ema(const std::string& path, Model& model, WeightEma& ema);
 // and with `need_optimizer` the optimizer state a resume reads. `--resume auto` skips a file
 // that lacks them, as it skips a corrupt one.
 ExpectTensors checkpoint_expectation(bool need_optimizer);
+// Refuses a checkpoint (at `path`) whose recorded model this build cannot make, naming the
+// file and that the name came from it (not from --model, which the user may never have typed).
+void check_recorded_model(const std::string& path, const CheckpointInfo& info);
 // Everything needed to continue training exactly: weights, BN buffers, SGD momentum and step
 // count; returns the attributes (progress, loss-scaler state).
 CheckpointInfo load_training_state(const std::string& path, Model& model, Sgd& sgd);

@@ -130,8 +130,9 @@ class ShardDataset final : public Dataset {
     for (size_t i = 0; i < entries_.size(); ++i) {
       const IndexEntry& e = entries_[i];
       SPOTRAIN_CHECK(e.shard < shards_.size() && inside(e, shards_[e.shard]->size()),
-                     dir, ": record ", i, " lies outside its shard; run `spotrain data verify ", dir, "`");
-      SPOTRAIN_CHECK(e.label >= 0 && uint32_t(e.label) < idx.classes, dir, ": record ", i,
+                     dir, "/index.bin: record ", i, " lies outside its shard (shard ", e.shard,
+                     " of ", shards_.size(), "); run `spotrain data verify ", dir, "`");
+      SPOTRAIN_CHECK(e.label >= 0 && uint32_t(e.label) < idx.classes, dir, "/index.bin: record ", i,
                      " has label ", e.label, " outside [0, ", idx.classes, ")");
     }
   }
@@ -280,13 +281,15 @@ std::vector<std::string> verify_shards(const std::string& dir, std::vector<std::
   for (size_t i = 0; i < idx.entries.size() && problems.size() < 100; ++i) {
     const IndexEntry& e = idx.entries[i];
     if (e.shard >= shards.size() || !shards[e.shard]) {
-      if (e.shard >= shards.size()) problems.push_back(str("record ", i, ": shard ", e.shard, " does not exist"));
+      if (e.shard >= shards.size())
+        problems.push_back(str("index.bin: record ", i, ": shard ", e.shard, " does not exist (the index lists ",
+                               shards.size(), ")"));
       continue;
     }
     const MappedFile& m = *shards[e.shard];
     if (!inside(e, m.size())) {
-      problems.push_back(str("record ", i, ": bytes [", e.offset, ", ", e.offset + e.length, ") lie outside ",
-                             m.path(), " (", m.size(), " bytes; truncated?)"));
+      problems.push_back(str("index.bin: record ", i, ": bytes [", e.offset, ", ", e.offset + e.length,
+                             ") lie outside ", m.path(), " (", m.size(), " bytes; truncated?)"));
       continue;
     }
     uint32_t h[4];
@@ -300,7 +303,7 @@ std::vector<std::string> verify_shards(const std::string& dir, std::vector<std::
     const bool png = e.length >= 8 && std::memcmp(p, "\x89PNG\r\n\x1a\n", 8) == 0;
     if (!jpeg && !png && notes) notes->push_back(str("record ", i, " in ", m.path(), ": not a JPEG or PNG image"));
     if (e.label < 0 || uint32_t(e.label) >= idx.classes)
-      problems.push_back(str("record ", i, ": label ", e.label, " outside [0, ", idx.classes, ")"));
+      problems.push_back(str("index.bin: record ", i, ": label ", e.label, " outside [0, ", idx.classes, ")"));
   }
   return problems;
 }

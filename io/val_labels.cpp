@@ -85,7 +85,8 @@ SortStats sort_into_classes(const std::string& dir, const std::string& labels,
     for (size_t i = 0; i < rows.size(); ++i) {
       const long k = rows[i].size() > 9 ? 0 : std::stol(rows[i]);
       SPOTRAIN_CHECK(k >= 1 && size_t(k) <= names.size(), "labels file ", labels, " line ", i + 1,
-                     ": class number ", k, " is not in 1..", names.size(), " (the --synsets file's lines)");
+                     ": class number ", k, " is not in 1..", names.size(), " (the lines of the --synsets file ",
+                     synsets, ")");
       wanted.emplace_back(all[i], names[size_t(k - 1)]);
     }
   } else {

@@ -36,15 +36,26 @@ void put_record(FILE* f, const char* type, double elapsed, nlohmann::json fields
 
 }  // namespace
 
+bool metrics_record_well_formed(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
+  for (const char* k : {"time", "path", "reason", "previous", "message", "checkpoint"})
+    if (j.contains(k) && !j[k].is_string()) return false;
+  if (j.contains("step") && !j["step"].is_number_integer()) return false;
+  if (j.contains("superseded") && !j["superseded"].is_boolean()) return false;
+  for (const char* k : {"elapsed", "images_per_sec", "data_wait_share", "test_top1"})
+    if (j.contains(k) && !j[k].is_number()) return false;
+  return true;
+}
+
 MetricsSink::MetricsSink(const std::string& path, bool enabled) : started_(now_seconds()) {
   if (path.empty() || !enabled) return;
   {  // the last record the file holds (a torn last line is skipped)
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line, nullptr, false);
-      if (line.empty() || j.is_discarded()) continue;
+      if (line.empty() || j.is_discarded() || !metrics_record_well_formed(j)) continue;
       previous_last_ = j;
-      if (j.is_object() && j.value("type", "") == "start") ++previous_starts_;
+      if (j["type"] == "start") ++previous_starts_;
     }
   }
   path_ = path;
@@ -59,7 +70,7 @@ int64_t MetricsSink::mark_superseded_after(int64_t step) {
     std::ifstream in(path_);
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+      if (!j.is_discarded() && metrics_record_well_formed(j) && j.contains("step") &&
           j["step"].get<int64_t>() > step && !j.value("superseded", false)) {
         j["superseded"] = true;
         line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -14,6 +14,12 @@
 
 namespace spotrain {
 
+// Whether a parsed line is a record as spotrain writes them: an object with a string "type"
+// and, where present, the fields readers use of the types they use. Anything else in a metrics
+// file (a torn line, a line another tool wrote) is skipped by every reader, never an error
+// that names a JSON type instead of the file.
+bool metrics_record_well_formed(const nlohmann::json& j);
+
 class MetricsSink {
  public:
   // path "" or enabled = false: a sink that writes nothing.

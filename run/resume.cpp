@@ -127,8 +127,18 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
     return r;
   }
   const int64_t world = session.world();
-  SPOTRAIN_CHECK(h.global_batch % world == 0, "the checkpoint was trained with a global batch of ",
-                 h.global_batch, " on ", h.world, " rank(s); it does not divide over ", world,
+  const int root = holder.rank;
+  // Every rank learns the file's name (a rank with a copy of its own may well hold it too),
+  // before anything from its content can be refused.
+  std::string name = session.rank() == root ? std::filesystem::path(holder.path).filename().string() : "";
+  name.resize(64);
+  if (world > 1)
+    session.worker().run("broadcast of the checkpoint's name", [&] { session.comm().broadcast(name.data(), name.size(), root); });
+  name = name.c_str();
+  r.checkpoint = session.rank() == root ? holder.path : name;
+  SPOTRAIN_CHECK(h.global_batch % world == 0, "checkpoint ", r.checkpoint,
+                 " was trained with a global batch of ", h.global_batch, " on ", h.world,
+                 " rank(s) (it records both); that does not divide over ", world,
                  " ranks. Resume on a rank count that divides ", h.global_batch);
   r.per_rank_batch = h.global_batch / world;
   if (r.per_rank_batch != cfg.batch_size)
@@ -136,7 +146,6 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
                  r.per_rank_batch, " keeps its global batch of ", h.global_batch,
                  " (--batch-size ", cfg.batch_size, " is overridden)"));
   Model& model = *t.model;
-  const int root = holder.rank;
   if (world > 1) {  // every rank continues from the holder's state
     session.broadcast_from(root, model.flat_params(), "the checkpoint's parameters");
     session.broadcast_from(root, t.sgd->momentum(), "the checkpoint's momentum");
@@ -155,13 +164,6 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   r.from_named_file = !cfg.resume_from_folder();
   r.at = TrainPosition{h.step, h.epoch, h.batch_in_epoch};
   r.holder = root;
-  // Every rank learns the file's name (a rank with a copy of its own may well hold it too).
-  std::string name = session.rank() == root ? std::filesystem::path(holder.path).filename().string() : "";
-  name.resize(64);
-  if (world > 1)
-    session.worker().run("broadcast of the checkpoint's name", [&] { session.comm().broadcast(name.data(), name.size(), root); });
-  name = name.c_str();
-  r.checkpoint = session.rank() == root ? holder.path : name;
   log_info(str("resumed from ", session.rank() == root ? holder.path : name,
                root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"), ": step ",
                r.at.step, ", ", progress_text(r.at)));

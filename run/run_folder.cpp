@@ -110,7 +110,7 @@ void RunFolder::lock() {
     ::close(lock_fd_);
     lock_fd_ = -1;
     SPOTRAIN_THROW("run folder ", dir_, " is in use by another spotrain process (",
-                   holder.empty() ? std::string("holder unknown") : holder,
+                   holder.empty() ? std::string("holder unknown") : holder + " as " + lock_path + " says",
                    "); wait for it to end, stop it, or pass another --ckpt-dir");
   }
   std::string me = str("pid ", ::getpid(), " on ", host_name(), ", since ", utc_time_iso(), "\n");
@@ -146,15 +146,21 @@ void RunFolder::claim(const RunConfig& cfg) {
   const std::vector<std::string> ckpts = list_checkpoints(dir_);
   // The run the folder holds: its run.json, else (folders written before run.json) the
   // settings saved in its newest readable checkpoint.
-  std::string theirs;
+  std::string theirs, theirs_from;  // and the file it was read from
   if (fs::exists(path("run.json"))) {
     auto j = nlohmann::json::parse(read_file(path("run.json")), nullptr, false);
-    if (j.is_object() && j.contains("fingerprint")) theirs = j["fingerprint"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (j.is_object() && j.contains("fingerprint")) {
+      theirs = j["fingerprint"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      theirs_from = path("run.json");
+    }
   }
   for (size_t i = 0; theirs.empty() && i < ckpts.size(); ++i) {
     try {
       auto j = nlohmann::json::parse(read_checkpoint_info(ckpts[i]).config_json, nullptr, false);
-      if (j.is_object()) theirs = fingerprint_json(j).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      if (j.is_object()) {
+        theirs = fingerprint_json(j).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        theirs_from = ckpts[i] + "'s run config";
+      }
     } catch (const std::exception&) {
     }
   }
@@ -164,7 +170,7 @@ void RunFolder::claim(const RunConfig& cfg) {
   } else if (ckpts.empty() && !theirs.empty() && theirs != mine) {
     // Another run's folder without a checkpoint yet (it died before its first): its metrics
     // and log are not ours to append to.
-    SPOTRAIN_THROW("run folder ", dir_, " belongs to another run (its run.json: ", theirs,
+    SPOTRAIN_THROW("run folder ", dir_, " belongs to another run (", theirs_from, ": ", theirs,
                    "): start a new run in it with --new-run (its files move to ", dir_,
                    "/previous-<time>/), or pass another --ckpt-dir");
   } else if (!ckpts.empty()) {
@@ -184,9 +190,9 @@ void RunFolder::claim(const RunConfig& cfg) {
                       a.contains(it.key()) ? a[it.key()].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) : std::string("(unset)"), " there, ",
                     it.value().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), " here");
       }
-      SPOTRAIN_THROW("run folder ", dir_, " holds a different run (", diff,
-                     "): resume it with its own settings (", dir_, "/config.toml), start a new "
-                     "run with --new-run, or pass another --ckpt-dir");
+      SPOTRAIN_THROW("run folder ", dir_, " holds a different run (", diff, "; 'there' as ",
+                     theirs_from, " records it): resume it with its own settings (", dir_,
+                     "/config.toml), start a new run with --new-run, or pass another --ckpt-dir");
     }
   }
   if (theirs.empty() || theirs != mine) {

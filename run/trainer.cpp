@@ -249,6 +249,13 @@ TrainResult Trainer::run() {
     if (prom_) prom_->checkpoint(resumed.checkpoint, true);
   }
   record_resume(*metrics_, resumed, session_->world());
+  // A per-rank batch that a checkpoint of another rank count set is checked here, naming the
+  // checkpoint: the loader's own check blames --batch-size, which the user did not change.
+  const int64_t global_batch = int64_t(cfg_.batch_size) * session_->world();
+  SPOTRAIN_CHECK(!resumed.resumed || global_batch <= data_.train->size(), "checkpoint ",
+                 resumed.checkpoint, " was trained at a global batch of ", global_batch,
+                 ", larger than the training set here (", data_.train->size(), " samples of ",
+                 cfg_.data, "); resume it on the data it was trained on");
   io::Loader loader(data_.train, loader_options(cfg_, data_, *session_));
   const Plan p = plan(loader.batches_per_epoch());
   log_start(p);

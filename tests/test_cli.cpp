@@ -280,6 +280,19 @@ TEST(Cli, ConfigFileSetsOptionsAndFlagsOverrideIt) {
 
 // Comments go from a '#' outside quotes to the end of the line; a '#' inside a quoted value is
 // part of it (CLI11 alone would cut "/runs/a#2" to "/runs/a).
+// A value that came from the config file, refused: the error line says which file it is in
+// (the user typed no --lr).
+TEST(Cli, AConfigValueRefusedNamesTheConfigFile) {
+  fs::path cfg = fs::temp_directory_path() / "spotrain_cli_bad_lr.toml";
+  std::ofstream(cfg) << "[train]\ndata = \"synthetic\"\nlr = -1\nsteps = 1\n";
+  CmdResult r = run("train --config " + cfg.string() + " --dry-run");
+  expect_error(r, r.code == 2 ? 2 : 1, "--lr");
+  EXPECT_NE(r.out.find("--lr was set in config file " + cfg.string()), std::string::npos) << r.out;
+  // Typed on the command line, the same value is the user's own: no file is named.
+  CmdResult typed = run("train --data synthetic --lr -1 --steps 1 --dry-run");
+  EXPECT_EQ(typed.out.find("config file"), std::string::npos) << typed.out;
+}
+
 TEST(Cli, ConfigFileCommentsAndAHashInsideQuotes) {
   fs::path dir = fs::temp_directory_path() / "spotrain_cli_hash";
   fs::remove_all(dir);

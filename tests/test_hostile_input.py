@@ -466,10 +466,13 @@ def case_crafted_checkpoints_are_refused(run_dir):
                    lambda f: f.__delitem__("optimizer/momentum/" + momentum))
     verify("optimizer/momentum/%s deleted" % momentum, path, [momentum])
 
-    # (d) a model no one can build: refused by name, at once, without gigabytes.
+    # (d) a model no one can build: refused by name, at once, without gigabytes, naming the
+    # file and that the name came from it (the user typed no --model).
     path = crafted(good, os.path.join(d, "unknown-model.h5"), lambda f: set_string_attr(f, "model", "resnet600000002"))
-    verify("model resnet600000002", path, ["unknown model"], within=10, most_mib=1024)
-    evaluate("model resnet600000002", path, ["unknown model"], within=10, most_mib=1024)
+    verify("model resnet600000002", path, [path], within=10, most_mib=1024,
+           in_error=["resnet600000002", "records"])
+    evaluate("model resnet600000002", path, [path], within=10, most_mib=1024,
+             in_error=["resnet600000002", "records"])
 
     # (e) a tensor declaring 10^12 elements (chunked, never written: the file stays small).
     def huge(f):
@@ -515,13 +518,29 @@ def case_crafted_checkpoints_are_refused(run_dir):
     path = crafted(good, os.path.join(d, "negative-epoch.h5"), lambda f: f.attrs.modify("epoch", -1))
     verify("epoch -1", path, ["epoch"])
 
+    # (h2) epoch written as a string by another tool: the file and the attribute, not HDF5's stack.
+    def string_epoch(f):
+        del f.attrs["epoch"]
+        f.attrs["epoch"] = "seven"
+    path = crafted(good, os.path.join(d, "string-epoch.h5"), string_epoch)
+    verify("epoch as a string", path, [path], in_error=["'epoch'", "string"])
+
     # (i) a run config whose "data" is a number: eval without --data cannot take it from there.
     def numeric_data(f):
         cfg = json.loads(attr_text(f.attrs["config"]))
         cfg["data"] = 123
         set_string_attr(f, "config", json.dumps(cfg))
     path = crafted(good, os.path.join(d, "numeric-data.h5"), numeric_data)
-    evaluate('a run config with "data": 123 (no --data)', path, ["--data"], data=False)
+    evaluate('a run config with "data": 123 (no --data)', path, ["--data"], data=False, in_error=[path])
+
+    # (j) a run config whose data set is gone: eval without --data says the value came from the file.
+    def gone_data(f):
+        cfg = json.loads(attr_text(f.attrs["config"]))
+        cfg["data"] = "imagefolder:/nonexistent/spotrain-data"
+        set_string_attr(f, "config", json.dumps(cfg))
+    path = crafted(good, os.path.join(d, "gone-data.h5"), gone_data)
+    evaluate("a run config whose data folder is gone (no --data)", path, [path], data=False,
+             in_error=["recorded in checkpoint", "/nonexistent/spotrain-data"])
 
 
 # ---- 5. a FIFO ----
@@ -562,6 +581,18 @@ def case_report_skips_metrics_lines_of_the_wrong_types(run_dir):
                         "precision": [1], "config": "none"})
     expect_success("report of metrics whose last start record has wrongly typed fields",
                    ["report", report_folder(run_dir, [start])])
+
+
+def case_resume_skips_metrics_lines_of_the_wrong_types(run_dir):
+    """A metrics file whose last line has the right keys with the wrong types (another tool
+    appended it): a resume reads the previous process's last record from it, and must skip the
+    line, not end with a JSON type error that names no file."""
+    copy = scratch("resume-metrics-types")
+    shutil.copytree(run_dir, copy)
+    with open(os.path.join(copy, "metrics.jsonl"), "a") as f:
+        f.write('{"type":"stop","time":"2026-01-01T00:00:00.000Z","elapsed":1.0,"step":"two","reason":5}\n')
+    expect_success("train --resume auto after a metrics line of the wrong types",
+                   TINY + ["--steps", "3", "--ckpt-dir", copy, "--resume", "auto"])
 
 
 def case_report_escapes_script_tags_in_the_data(run_dir):
@@ -770,6 +801,8 @@ def main():
             ("4. crafted checkpoints", lambda: case_crafted_checkpoints_are_refused(run_dir)),
             ("5. a FIFO", case_checkpoint_that_is_a_fifo_is_refused_at_once),
             ("6. metrics of the wrong types", lambda: case_report_skips_metrics_lines_of_the_wrong_types(run_dir)),
+            ("6b. a resume after metrics of the wrong types",
+             lambda: case_resume_skips_metrics_lines_of_the_wrong_types(run_dir)),
             ("7. report escaping", lambda: case_report_escapes_script_tags_in_the_data(run_dir)),
             ("8. 14x14 test images", case_test_images_of_another_size_are_refused),
             ("9. unknown model", case_unknown_model_is_refused_at_once),

@@ -103,7 +103,9 @@ TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {
   // Resuming it with another seed: a different run.
   CommandResult other = spotrain(train(d, "--steps 4 --seed 1 --resume auto"));
   EXPECT_EQ(other.code, 1) << other.out;
-  EXPECT_TRUE(contains(other.out, "holds a different run (--seed 0 there, 1 here)")) << other.out;
+  // ... naming the file the other settings were read from.
+  EXPECT_TRUE(contains(other.out, "holds a different run (--seed 0 there, 1 here; 'there' as " +
+                                      (d / "run.json").string() + " records it)")) << other.out;
   EXPECT_FALSE(fs::exists(d / "ckpt-00000004.h5"));
   // --new-run moves the old run's files aside, intact.
   CommandResult fresh = spotrain(train(d, "--steps 2 --seed 1 --new-run"));
@@ -124,7 +126,7 @@ TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {
   std::ofstream(e / "run.json") << "{\"fingerprint\": {\"model\": \"resnet50\"}}\n";
   CommandResult empty = spotrain(train(e, "--steps 2"));
   EXPECT_EQ(empty.code, 1) << empty.out;
-  EXPECT_TRUE(contains(empty.out, "belongs to another run")) << empty.out;
+  EXPECT_TRUE(contains(empty.out, "belongs to another run (" + (e / "run.json").string())) << empty.out;
   // And the new run continues as itself.
   CommandResult more = spotrain(train(d, "--steps 4 --seed 1 --resume auto"));
   EXPECT_EQ(more.code, 0) << more.out;

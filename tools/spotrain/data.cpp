@@ -30,9 +30,9 @@ int run_data_sort_val(const DataOptions& o, bool dry_run) {
               dry_run ? "would move" : "moved", (long long)st.moved, (long long)st.classes,
               (long long)st.already);
   if (st.unlisted)
-    std::fprintf(stderr, "%s: warning: %lld image(s) the labels file does not name stay in place "
+    std::fprintf(stderr, "%s: warning: %lld image(s) the labels file %s does not name stay in place "
                  "(the image-folder reader ignores files outside class folders)\n",
-                 o.val_dir.c_str(), (long long)st.unlisted);
+                 o.val_dir.c_str(), (long long)st.unlisted, o.labels.c_str());
   return 0;
 }
 

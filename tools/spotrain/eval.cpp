@@ -64,20 +64,30 @@ int run_eval(const EvalOptions& o) {
   }
   spotrain::check_thread_counts(o.threads, o.workers);
   auto info = spotrain::read_checkpoint_info(path);
+  spotrain::check_recorded_model(path, info);
   auto cfg_json = nlohmann::json::parse(info.config_json, nullptr, false);
   std::string data = o.data;
   // The stored settings are only defaults here: a value of the wrong type is ignored, and
   // --data must then be given.
   if (data.empty() && cfg_json.is_object() && cfg_json.contains("data") && cfg_json["data"].is_string())
     data = cfg_json["data"].get<std::string>();
-  SPOTRAIN_CHECK(!data.empty(), "pass --data: the checkpoint does not say what it was trained on");
+  SPOTRAIN_CHECK(!data.empty(), "pass --data: checkpoint ", path,
+                 " does not record what it was trained on (its run config has no data set)");
+  const bool data_from_file = o.data.empty();
   SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
   int image_size = o.image_size;
   if (image_size <= 0 && cfg_json.is_object() && cfg_json.contains("image_size") &&
       cfg_json["image_size"].is_number_integer())
     image_size = cfg_json["image_size"].get<int>();
   if (image_size <= 0) image_size = 224;
-  auto pair = spotrain::open_data(data, 1, o.test_limit, 0, image_size);
+  spotrain::DataPair pair;
+  try {
+    pair = spotrain::open_data(data, 1, o.test_limit, 0, image_size);
+  } catch (const spotrain::Error& e) {
+    if (!data_from_file) throw;
+    SPOTRAIN_THROW("the data set recorded in checkpoint ", path, " (", data, "): ", e.what(),
+                   "; pass --data to evaluate on another");
+  }
   SPOTRAIN_CHECK(pair.test->num_classes() == info.num_classes &&
                      pair.test->image_shape().c == info.in_channels,
                  "checkpoint ", path, " was trained for ", info.num_classes, " classes of ",

@@ -5,10 +5,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +40,41 @@ std::vector<std::string> config_first(int argc, char** argv) {
     }
   }
   return args;
+}
+
+// `message` with, for each option it names (--name) that the command line does not give but
+// config file `config` does, where its value came from: a check of a value a user did not
+// type must say which file holds it ("--lr must be positive" after `lr = -1` in a recipe).
+std::string with_config_origin(const std::string& message, const std::vector<std::string>& args,
+                               const std::string& config) {
+  if (config.empty()) return message;
+  std::vector<std::string> named;
+  static const std::regex flag("--([a-z0-9][a-z0-9-]*)");
+  for (std::sregex_iterator it(message.begin(), message.end(), flag), end; it != end; ++it) {
+    const std::string name = (*it)[1];
+    if (name == "config" || std::find(named.begin(), named.end(), name) != named.end()) continue;
+    bool typed = false;
+    for (const std::string& a : args) typed |= a == "--" + name || a.rfind("--" + name + "=", 0) == 0;
+    if (typed) continue;
+    // In the file: a key `name` (TOML keys take the option's name, '-' or '_').
+    std::ifstream in(config);
+    std::string under = name;
+    std::replace(under.begin(), under.end(), '-', '_');
+    static const std::regex key_line("^\\s*([A-Za-z0-9_-]+)\\s*=");
+    bool in_file = false;
+    for (std::string line; std::getline(in, line) && !in_file;) {
+      std::smatch m;
+      if (!std::regex_search(line, m, key_line)) continue;
+      std::string k = m[1];
+      std::replace(k.begin(), k.end(), '-', '_');
+      in_file = k == under;
+    }
+    if (in_file) named.push_back(name);
+  }
+  if (named.empty()) return message;
+  std::string said = message + " (";
+  for (size_t i = 0; i < named.size(); ++i) said += (i ? ", --" : "--") + named[i];
+  return said + (named.size() == 1 ? " was" : " were") + " set in config file " + config + ")";
 }
 
 // The subcommand named on the command line ("" when none).
@@ -179,7 +216,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see spotrain --help)\n", e.what());
+    std::fprintf(stderr, "error: %s (see spotrain --help)\n",
+                 with_config_origin(e.what(), args, config).c_str());
     return 2;
   }
   try {
@@ -194,7 +232,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", with_config_origin(e.what(), args, config).c_str());
     return 1;
   }
   return 0;

@@ -22,6 +22,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "observe/metrics.h"
 #include "core/log.h"
 #include "tools/spotrain/report_assets.h"
 
@@ -45,20 +46,6 @@ struct Run {
   int64_t torn = 0;         // lines skipped: cut by a kill, or not a record of the schema
   int64_t superseded = 0;   // records of steps a resume trained again (left out)
 };
-
-// Whether a parsed line is a record the page can use: an object with a string "type", and
-// every field the report reads of the type it is written with (docs/MONITORING.md). Anything
-// else is skipped and counted with the torn lines, never an exception.
-bool well_formed(const json& j) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;
-  for (const char* k : {"time", "path", "reason", "previous", "message"})
-    if (j.contains(k) && !j[k].is_string()) return false;
-  if (j.contains("step") && !j["step"].is_number_integer()) return false;
-  if (j.contains("superseded") && !j["superseded"].is_boolean()) return false;
-  for (const char* k : {"elapsed", "images_per_sec", "data_wait_share", "test_top1"})
-    if (j.contains(k) && !j[k].is_number()) return false;
-  return true;
-}
 
 // Leaves out the records a resume rolled back: those marked "superseded", and (in files written
 // before the mark) any record with a step after a later resume record's step. What is left is
@@ -109,7 +96,7 @@ Run load_run(const std::string& arg) {
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !well_formed(j)) {
+    if (j.is_discarded() || !spotrain::metrics_record_well_formed(j)) {
       ++r.torn;
       continue;
     }
