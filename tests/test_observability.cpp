@@ -451,6 +451,20 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
       EXPECT_TRUE(labels.count("checkpoint") && labels.count("resume")) << id;
     }
     EXPECT_EQ(check["charts"]["loss"]["datasets"].size(), 4u + 3u) << "2 runs x (train, test) + 3 marker kinds";
+    // Every curve of a chart is told apart in its legend: a colour of its own (the two runs'
+    // training and test curves, four colours), and within a run its own point style.
+    for (const char* id : {"loss", "accuracy", "memory"}) {
+      const json& legend = check["charts"][id]["legend"];
+      ASSERT_GE(legend.size(), 4u) << id << ": " << legend.dump();
+      std::set<std::string> colors;
+      for (const json& item : legend) colors.insert(item["color"].get<std::string>());
+      EXPECT_EQ(colors.size(), legend.size()) << id << ": curves share a colour in the legend: " << legend.dump();
+      std::set<std::string> styles;
+      for (const json& item : legend)
+        if (item["text"].get<std::string>().find("(" + fs::path(dir_).filename().string() + ")") != std::string::npos)
+          styles.insert(item["point"].get<std::string>());
+      EXPECT_EQ(styles.size(), 2u) << id << ": a run's two curves share a point style: " << legend.dump();
+    }
     EXPECT_EQ(check["charts"]["gpu"]["series_points"], 0) << "no GPU: nothing to draw";
     EXPECT_GT(check["charts"]["phases"]["series_pixels"].get<int>(), 500);
   }
