@@ -123,7 +123,7 @@ Tensor Backend::batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& 
                [&] { return batchnorm_add_relu_forward_train_impl(x, z, gamma, beta, eps, saved); });
 }
 Tensor Backend::batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                            const Tensor& beta, const BnSaved& saved, float eps,
+                                            const Tensor& beta, BnSaved& saved, float eps,
                                             Tensor& dgamma, Tensor& dbeta, Tensor& dz) {
   return timed("batchnorm_add_relu_backward", [&] { return desc(x); }, [&] {
     return batchnorm_add_relu_backward_impl(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
@@ -224,7 +224,7 @@ Tensor Backend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const Ten
 }
 Tensor Backend::batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
                                                  const Tensor& gamma, const Tensor& beta,
-                                                 const BnSaved& saved, float eps, Tensor& dgamma,
+                                                 BnSaved& saved, float eps, Tensor& dgamma,
                                                  Tensor& dbeta, Tensor& dz) {
   return composed_batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
 }
@@ -278,9 +278,13 @@ Tensor Backend::composed_batchnorm_add_relu_forward_train(const Tensor& x, const
 
 Tensor Backend::composed_batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
                                                      const Tensor& gamma, const Tensor& beta,
-                                                     const BnSaved& saved, float eps,
+                                                     BnSaved& saved, float eps,
                                                      Tensor& dgamma, Tensor& dbeta, Tensor& dz) {
-  dz = add_backward(dy, saved.backend_state[BnSaved::kComposedOutput], true);
+  // The saved output goes as soon as it has given the ReLU's mask: one activation less alive
+  // while the batch norm's backward makes dx.
+  Tensor y = std::move(saved.backend_state[BnSaved::kComposedOutput]);
+  dz = add_backward(dy, y, true);
+  y = Tensor();
   return batchnorm_backward(dz, x, gamma, beta, saved, eps, false, dgamma, dbeta);
 }
 

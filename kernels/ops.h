@@ -189,9 +189,12 @@ class Backend {
   // in saved.backend_state[BnSaved::kComposedOutput].
   Tensor batchnorm_add_relu_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma,
                                           const Tensor& beta, float eps, BnSaved& saved);
-  // Its backward: returns dx, writes dgamma and dbeta, and sets dz to the gradient of z.
+  // Its backward: returns dx, writes dgamma and dbeta, and sets dz to the gradient of z. It
+  // consumes `saved` (the forward's, which nothing reads after this backward): the composed
+  // form releases the saved output once the ReLU's mask is applied, so that it is not alive
+  // beside dy, dz and dx at the peak of a checkpointed replay's backward.
   Tensor batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     const Tensor& beta, BnSaved& saved, float eps,
                                      Tensor& dgamma, Tensor& dbeta, Tensor& dz);
   // running = (1 - momentum) * running + momentum * batch (variance made unbiased with n).
   void batchnorm_update_running(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
@@ -311,7 +314,7 @@ class Backend {
                                                        float eps, BnSaved& saved);
   virtual Tensor batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
                                                   const Tensor& gamma, const Tensor& beta,
-                                                  const BnSaved& saved, float eps, Tensor& dgamma,
+                                                  BnSaved& saved, float eps, Tensor& dgamma,
                                                   Tensor& dbeta, Tensor& dz);
   virtual void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var,
                                              const BnSaved& saved, float momentum, int64_t n) = 0;
@@ -355,7 +358,7 @@ class Backend {
                                                    float eps, BnSaved& saved);
   Tensor composed_batchnorm_add_relu_backward(const Tensor& dy, const Tensor& x,
                                               const Tensor& gamma, const Tensor& beta,
-                                              const BnSaved& saved, float eps, Tensor& dgamma,
+                                              BnSaved& saved, float eps, Tensor& dgamma,
                                               Tensor& dbeta, Tensor& dz);
   static constexpr int kMaxOpDepth = 32;
 

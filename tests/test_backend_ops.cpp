@@ -855,6 +855,32 @@ TEST(BackendOpsReference, RefusesAnActivationInTheWrongLayout) {
   }
 }
 
+// The composed residual tail's backward (BN + Add + ReLU, as the CPU runs it) lets the saved
+// output go once it has given the ReLU's mask, before the batch norm's gradient is made: at
+// the peak of a checkpointed stage's backward it was one activation more alive (stage
+// checkpointing of ResNet-50 b64 fp32 kept 0.52 of the activation memory of none, not 0.49).
+TEST(BackendOpsMemory, TheComposedResidualTailsBackwardFreesItsOutputFirst) {
+  auto be = make_backend("cpu", BackendOptions{});
+  const Shape s{8, 64, 28, 28};
+  Tensor x = be->upload_activation(host_nhwc(s, 950), DType::f32);
+  Tensor z = be->upload_activation(host_nhwc(s, 951), DType::f32);
+  Tensor dy = be->upload_activation(host_nhwc(s, 952), DType::f32);
+  BnParams p = bn_params(*be, host_plain({64}, 953, 0.2f, 1.f), host_plain({64}, 954));
+  BnSaved saved;
+  be->batchnorm_add_relu_forward_train(x, z, p.gamma, p.beta, 1e-5f, saved);  // output dropped:
+  z = Tensor();                                                               // saved holds it
+  const size_t one = x.nbytes();
+  Allocator& host = Allocator::host();
+  const size_t before = host.stats().current_bytes;
+  host.reset_peak();
+  Tensor dz;
+  Tensor dx = be->batchnorm_add_relu_backward(dy, x, p.gamma, p.beta, saved, 1e-5f, p.dgamma, p.dbeta, dz);
+  const size_t grew = host.stats().peak_bytes - before;
+  // dz and dx are new; the saved output went before dx came: at most one activation more.
+  EXPECT_LT(grew, one + one / 2) << "the peak grew by " << double(grew) / double(one) << " activations";
+  EXPECT_TRUE(dz.defined() && dx.defined());
+}
+
 // A backend whose fallback calls the public op it implements (as the CUDA backend's fused
 // BN + Add + ReLU once did when cuDNN refused a shape): the op nests into itself, and ends in
 // an error naming the op, not in a stack overflow.
@@ -869,7 +895,7 @@ class FallbackThroughThePublicOp : public cpu::CpuBackend {
     return batchnorm_add_relu_forward_train(x, z, gamma, beta, eps, saved);  // the mistake
   }
   Tensor batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                          const Tensor& beta, const BnSaved& saved, float eps,
+                                          const Tensor& beta, BnSaved& saved, float eps,
                                           Tensor& dgamma, Tensor& dbeta, Tensor& dz) override {
     return composed_batchnorm_add_relu_backward(dy, x, gamma, beta, saved, eps, dgamma, dbeta, dz);
   }

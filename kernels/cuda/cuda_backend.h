@@ -103,7 +103,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   Tensor batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z, const Tensor& gamma,
                                           const Tensor& beta, float eps, BnSaved& saved) override;
   Tensor batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                     const Tensor& beta, const BnSaved& saved, float eps,
+                                     const Tensor& beta, BnSaved& saved, float eps,
                                      Tensor& dgamma, Tensor& dbeta, Tensor& dz) override;
   void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var, const BnSaved& saved,
                                 float momentum, int64_t n) override;

@@ -285,7 +285,7 @@ Tensor CudaBackend::batchnorm_add_relu_forward_train_impl(const Tensor& x, const
 
 Tensor CudaBackend::batchnorm_add_relu_backward_impl(const Tensor& dy, const Tensor& x,
                                                      const Tensor& gamma, const Tensor& beta,
-                                                     const BnSaved& saved, float eps, Tensor& dgamma,
+                                                     BnSaved& saved, float eps, Tensor& dgamma,
                                                      Tensor& dbeta, Tensor& dz) {
   auto& e = bn_entry(x);
   if (e.add_fused != 1 || e.f32 || !fuse_bn_add_)
