@@ -9,10 +9,6 @@
 
 namespace spotrain {
 
-double young_daly_interval(double cost_s, double job_mtbf_s) {
-  return std::sqrt(2.0 * std::max(cost_s, 0.0) * std::max(job_mtbf_s, 0.0));
-}
-
 double AutoCheckpointInterval::seconds(double stall_s, double write_s) const {
   const double t = young_daly_interval(stall_s, host_mtbf_s / std::max(hosts, 1));
   return std::max(t, write_s);

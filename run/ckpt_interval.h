@@ -5,10 +5,10 @@
 #pragma once
 #include <string>
 
+#include "run/goodput.h"  // young_daly_interval: the one model
+
 namespace spotrain {
 
-// sqrt(2 x cost x job MTBF), in seconds.
-double young_daly_interval(double cost_s, double job_mtbf_s);
 
 struct AutoCheckpointInterval {
   double host_mtbf_s = 0;  // --mtbf

@@ -171,7 +171,11 @@ enum SettingFlags : unsigned {
     kShowDefault | kPerNode, "")                                                                  \
   X(bool, new_run, false, "--new-run",                                                            \
     "start a new run in a --ckpt-dir that holds another run: its files move to previous-<time>/", \
-    kSettingPlain, "")
+    kSettingPlain, "")                                                                            \
+  X(std::string, plan, "", "--plan",                                                              \
+    "the plan this run follows (`spotrain plan ... --json FILE`): kept in the run folder as "    \
+    "plan.json, where `spotrain report` sets its predicted time, reclaims, goodput and cost "    \
+    "beside what the run measured", kPerNode, "")
 
 struct RunConfig {
 #define SPOTRAIN_DECLARE_SETTING(type, name, def, flag, help, flags, choices) type name = def;

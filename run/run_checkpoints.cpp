@@ -130,7 +130,12 @@ std::string RunCheckpoints::write(const TrainPosition& at, bool sync) {
     path = manager_->write(at.step, [&] { return snapshot(at, true, copies_ ? &bn_rank0_ : nullptr); }, sync);
     if (!path.empty()) {
       if (prometheus_) prometheus_->checkpoint(path, sync);
-      if (metrics_) metrics_->write("checkpoint", {{"step", at.step}, {"path", path}, {"background", !sync}});
+      // What it held training, and the last completed write (0 before the first): what
+      // `spotrain plan --from-run` prices a checkpoint at.
+      if (metrics_)
+        metrics_->write("checkpoint", {{"step", at.step}, {"path", path}, {"background", !sync},
+                                       {"held_seconds", manager_->last_snapshot_seconds()},
+                                       {"write_seconds", manager_->last_write_seconds()}});
     }
   }
   if (sync && session_.world() > 1)  // nobody exits before every copy is safe

@@ -55,6 +55,7 @@ std::string settings_file(RunConfig cfg) {
   cfg.new_run = false;
   cfg.ckpt_dir = absolute(cfg.ckpt_dir);
   if (cfg.metrics != "auto" && cfg.metrics != "none") cfg.metrics = absolute(cfg.metrics);
+  cfg.plan = "";  // kept in the folder as plan.json
   const size_t colon = cfg.data.find(':');  // fashion-mnist:DIR, imagefolder:DIR, shards:DIR
   if (colon != std::string::npos)
     cfg.data = cfg.data.substr(0, colon + 1) + absolute(cfg.data.substr(colon + 1));
@@ -62,6 +63,16 @@ std::string settings_file(RunConfig cfg) {
 }
 
 }  // namespace
+
+std::string read_plan(const std::string& file) {
+  SPOTRAIN_CHECK(fs::is_regular_file(file), "--plan ", file, " is not a file (write one with "
+                 "`spotrain plan ... --json FILE`)");
+  auto j = nlohmann::json::parse(read_file(file), nullptr, false);
+  SPOTRAIN_CHECK(j.is_object() && j.contains("chosen") && j["chosen"].is_object(), "--plan ", file,
+                 " holds no plan with a chosen offer (it is written by `spotrain plan ... --json FILE` "
+                 "with an offer that meets the deadline or budget)");
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
 
 std::string run_fingerprint(const RunConfig& cfg) {
   return fingerprint_json(nlohmann::json::parse(cfg.to_json())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -131,7 +142,7 @@ void RunFolder::move_aside() {
   for (auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string n = e.path().filename().string();
     const bool ours = n.rfind("ckpt-", 0) == 0 || n == "latest" || n == "run.json" ||
-                      n == "config.toml" || n == "metrics.jsonl" || n == "train.log" ||
+                      n == "config.toml" || n == "metrics.jsonl" || n == "train.log" || n == "plan.json" ||
                       n == "classes.txt";
     if (!ours) continue;
     fs::rename(e.path(), to / n, ec);
@@ -200,6 +211,8 @@ void RunFolder::claim(const RunConfig& cfg) {
     write_file_atomic(path("run.json"), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "the run's fingerprint");
   }
   write_file_atomic(path("config.toml"), settings_file(cfg), "the run's settings");
+  if (!cfg.plan.empty())  // the plan this run follows, for `report` to set beside it
+    write_file_atomic(path("plan.json"), read_plan(cfg.plan), "the run's plan");
 }
 
 }  // namespace spotrain

@@ -40,4 +40,9 @@ class RunFolder {
 // as JSON.
 std::string run_fingerprint(const RunConfig& cfg);
 
+// The plan of `--plan FILE` (`spotrain plan ... --json FILE`), checked: one with a chosen offer,
+// as the run folder keeps it (plan.json). Every rank reads it at start, so a bad one stops the
+// job before anything runs.
+std::string read_plan(const std::string& file);
+
 }  // namespace spotrain

@@ -124,6 +124,7 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   cfg_.validate();
   session_ = std::make_unique<Session>(session_options(cfg_));
   if (session_->world() > 1) check_ranks_agree(cfg_, *session_);
+  if (!cfg_.plan.empty()) read_plan(cfg_.plan);  // a bad --plan: before the data and the model
   data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed, cfg_.image_size);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");

@@ -307,7 +307,7 @@ PKG
     -DHDF5_C_COMPILER_EXECUTABLE=/bin/false
     -DZLIB_INCLUDE_DIR="$P/include" -DZLIB_LIBRARY="$zlib"
     -DGTest_DIR="$P/lib/$arch/cmake/GTest" -Dnlohmann_json_DIR="$P/share/cmake/nlohmann_json"
-    -DCLI11_DIR="$P/share/cmake/CLI11"
+    -DCLI11_DIR="$P/share/cmake/CLI11" -Dtoml11_DIR="$P/share/cmake/toml11"
     -DCMAKE_CXX_FLAGS="-isystem $P/include -isystem $P/include/$arch -isystem $P/include/hdf5/serial"
     -DCMAKE_CUDA_FLAGS="-isystem $P/include -isystem $P/include/$arch")
   if [[ -n "${GPU_SIMULATE_BARE:-}" ]]; then  # dry run: nothing from /usr may be found

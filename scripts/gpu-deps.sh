@@ -20,7 +20,7 @@ out="${1:-.gpu-debs}"
 
 # Headers, CMake files and static libraries the build needs.
 dev_pkgs=(libdnnl-dev libopenmpi-dev libhdf5-dev libturbojpeg0-dev libjpeg62-turbo-dev
-          libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+          libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libtoml11-dev libgtest-dev libgmock-dev
           pkgconf pkgconf-bin libpkgconf3)
 # The shared libraries linked into spotrain, by package, and the file names to start from.
 rt_pkgs=(libdnnl2 libopenmpi3 libhdf5-103-1 libturbojpeg0 libjpeg62-turbo libpng16-16)

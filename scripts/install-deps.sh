@@ -9,7 +9,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libcurl4-openssl-dev
       libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcli11-dev nlohmann-json3-dev libjs-chart.js dataset-fashion-mnist)
+      libcli11-dev nlohmann-json3-dev libtoml11-dev libjs-chart.js dataset-fashion-mnist)
 if [[ "${1:-}" == "--test" ]]; then
   # iproute2: the multi-host tests' network namespaces; chromium: the report test's browser;
   # podman, runc, debootstrap: test_image.sh's engine (runc where crun cannot run, e.g. on

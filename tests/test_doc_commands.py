@@ -37,7 +37,8 @@ What is checked, by the command's first word:
     in that subcommand's --help; for a launcher or a script, the file must exist (and for
     mpirun.sh its --help must show the same usage).
   - every TOML recipe under examples/: `spotrain train --config FILE --dry-run` (bench for a
-    file with a [bench] section and no [train] one).
+    file with a [bench] section and no [train] one); a catalog of offers (`[[offer]]` tables)
+    is planned for real: `spotrain plan --catalog FILE --epochs 1 --max-hosts 1`.
 
 One line per command (file:line, OK/FAIL/SKIP, the command, the first error line) and a count;
 exit 1 on any failure, a stale ALLOW entry, or fewer than MIN_CHECKS commands run (an
@@ -735,6 +736,11 @@ def main():
         check_mpijob(path, report)
 
     for path in sorted(glob.glob(os.path.join(SRC, "examples/**/*.toml"), recursive=True)):
+        if any(l.strip() == "[[offer]]" for l in open(path)):  # a catalog of offers for `spotrain plan`
+            rc, out, err = run([SPOTRAIN, "plan", "--catalog", rel(path), "--epochs", "1", "--max-hosts", "1"])
+            report(rel(path), "catalog", "spotrain plan --catalog %s --epochs 1 --max-hosts 1" % rel(path),
+                   None if rc == 0 else "exit %d: %s" % (rc, first_error(out, err)))
+            continue
         sections = recipe_sections(path)
         sub = "bench" if "bench" in sections and "train" not in sections else "train"
         rc, out, err = run([SPOTRAIN, sub, "--config", rel(path), "--dry-run"])

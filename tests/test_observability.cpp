@@ -32,6 +32,7 @@
 #include "observe/telemetry.h"
 #include "io/jpeg.h"
 #include "io/png.h"
+#include "headless_page.h"
 #include "run_command.h"
 
 namespace fs = std::filesystem;
@@ -405,8 +406,7 @@ TEST_F(ReportRun, BadInputIsOneErrorLine) {
 }
 
 TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
-  const std::string browser = "chromium";
-  if (run_command("command -v " + browser).code != 0) {
+  if (!chromium_installed()) {
     if (std::getenv("SPOTRAIN_REQUIRE_BROWSER")) FAIL() << "chromium is not installed (scripts/install-deps.sh --test)";
     GTEST_SKIP() << "chromium is not installed (Debian package chromium; scripts/install-deps.sh --test adds it)";
   }
@@ -422,17 +422,11 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
   EXPECT_FALSE(std::regex_search(html, std::regex(R"((src|href)\s*=\s*["']?(https?:)?//)")))
       << "the page refers to something on the network";
 
-  const std::string flags = " --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars "
-                            "--disable-background-networking --virtual-time-budget=8000 ";
   for (const std::string mode : {"step", "wall"}) {
-    auto d = run_command(browser + flags + "--dump-dom 'file://" + page + (mode == "wall" ? "#x=wall" : "") + "' 2>/dev/null");
+    auto d = headless_dom(page, mode == "wall" ? "#x=wall" : "");
     ASSERT_EQ(d.code, 0) << d.out.substr(0, 2000);
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(d.out, m, std::regex(R"(<pre id="selfcheck"[^>]*>([^<]+)</pre>)")))
-        << "the page's script did not finish: " << d.out.substr(0, 2000);
-    std::string text = m[1];
-    for (auto [from, to] : {std::pair<std::string, std::string>{"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}, {"&amp;", "&"}})
-      for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+    const std::string text = selfcheck_text(d.out);
+    ASSERT_FALSE(text.empty()) << "the page's script did not finish: " << d.out.substr(0, 2000);
     json check = json::parse(text);
     EXPECT_EQ(check["mode"], mode);
     ASSERT_TRUE(check.contains("violations") && check["violations"].is_array()) << text;
@@ -470,7 +464,7 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
   }
   // The screenshot: a real page with the curves' colour and the checkpoint markers' green.
   const std::string png = fs::path(page).parent_path().string() + "/report.png";
-  auto s = run_command(browser + flags + "--window-size=1400,2400 --screenshot=" + png + " 'file://" + page + "'");
+  auto s = run_command(kHeadlessChromium + "--window-size=1400,2400 --screenshot=" + png + " 'file://" + page + "'");
   ASSERT_TRUE(fs::exists(png)) << s.out;
   std::string bytes = read_file(png);
   std::vector<uint8_t> rgbx;

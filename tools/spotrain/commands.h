@@ -1,5 +1,5 @@
 // The `spotrain` subcommands, one file each (train.cpp, eval.cpp, bench.cpp, ckpt.cpp,
-// data.cpp, report.cpp): each adds its options to the CLI11 app and returns what runs it; main.cpp only
+// data.cpp, report.cpp, plan.cpp): each adds its options to the CLI11 app and returns what runs it; main.cpp only
 // wires them. Errors are thrown as spotrain::Error; main turns them into one line and exit 1.
 #pragma once
 #include <CLI/CLI.hpp>
@@ -26,5 +26,6 @@ Command add_bench(CLI::App& app);                // spotrain bench
 std::vector<Command> add_ckpt(CLI::App& app);    // spotrain ckpt info|verify
 std::vector<Command> add_data(CLI::App& app);    // spotrain data pack|verify
 Command add_report(CLI::App& app);               // spotrain report
+Command add_plan(CLI::App& app);                 // spotrain plan
 
 }  // namespace spotrain::cli

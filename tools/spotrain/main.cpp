@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
   for (auto& c : cli::add_data(app)) commands.push_back(c);
   commands.push_back(cli::add_bench(app));
   commands.push_back(cli::add_report(app));
+  commands.push_back(cli::add_plan(app));
 
   // --dry-run, anywhere on the line: parse and check, run nothing (taken out here so that
   // every subcommand accepts it after its own options).

@@ -43,6 +43,7 @@ struct Run {
   std::string name, metrics_path;
   std::vector<json> records;
   std::vector<json> evals;  // eval*.json files in the run folder (spotrain eval --json)
+  json plan;                // the run folder's plan.json (train --plan), or null
   int64_t torn = 0;         // lines skipped: cut by a kill, or not a record of the schema
   int64_t superseded = 0;   // records of steps a resume trained again (left out)
 };
@@ -110,6 +111,13 @@ Run load_run(const std::string& arg) {
     if (e.is_regular_file() && f.rfind("eval", 0) == 0 && e.path().extension() == ".json") evals.push_back(e.path());
   }
   std::sort(evals.begin(), evals.end());
+  const fs::path plan = (folder.empty() ? fs::path(".") : folder) / "plan.json";
+  if (fs::is_regular_file(plan)) {  // what `spotrain plan` predicted for this run
+    std::ifstream pf(plan);
+    json j = json::parse(pf, nullptr, false);
+    if (j.is_object() && j.contains("chosen") && j["chosen"].is_object()) r.plan = j["chosen"];
+    else log_info(str("report: ", plan.string(), " holds no plan with a chosen offer; left out"));
+  }
   for (const auto& e : evals) {
     std::ifstream ef(e);
     json j = json::parse(ef, nullptr, false);
@@ -159,7 +167,7 @@ json page_data(const Run& r, double price_per_hour) {
                  {"test_top5", json::array()}, {"test_loss", json::array()}, {"train_top1", json::array()}};
   json events = json::array(), starts = json::array();
   std::map<std::string, std::vector<double>> phases;
-  std::vector<double> ips, wait;
+  std::vector<double> ips, wait, step_secs;
   int64_t last_step = 0, stops = 0, warnings = 0, processes = 0;
   double busy_s = 0, process_elapsed = 0;
   bool any_gpu = false;
@@ -191,6 +199,7 @@ json page_data(const Run& r, double price_per_hour) {
       steps["memory_gib"].push_back(num_or_null(rec, "memory_bytes", 1.0 / double(1 << 30)));
       steps["rss_gib"].push_back(num_or_null(rec.contains("host") ? rec["host"] : json(), "rss_bytes", 1.0 / double(1 << 30)));
       if (rec.contains("images_per_sec")) ips.push_back(rec["images_per_sec"].get<double>());
+      if (rec.contains("step_seconds") && rec["step_seconds"].is_number()) step_secs.push_back(rec["step_seconds"].get<double>());
       if (rec.contains("data_wait_share")) wait.push_back(rec["data_wait_share"].get<double>());
       if (rec.contains("phases") && rec["phases"].is_object())
         for (auto& [k, v] : rec["phases"].items())
@@ -225,6 +234,32 @@ json page_data(const Run& r, double price_per_hour) {
     }
   }
   busy_s += process_elapsed;
+  // A plan's prediction beside what the run measured, like for like: the wall time (first to
+  // last record, the gaps between processes in it, as the plan's), the reclaims (the restarts),
+  // goodput (the surviving steps at the median step time over that wall time) and the cost of
+  // the wall time at the plan's price.
+  json plan_vs = nullptr;
+  const double wall_s = iso_seconds(field(r.records.back(), "time", std::string())) - t0;
+  if (r.plan.is_object()) {
+    const json& p = r.plan;
+    const double hosts = field(p, "hosts", 1.0), price = field(p, "price_per_host_hour", 0.0);
+    const double measured_goodput =
+        step_secs.empty() || !(wall_s > 0) ? NAN : double(last_step) * median(step_secs) / wall_s;
+    // Like for like: the share of the planned wall time that is training at full speed (the
+    // model's goodput less the start-up).
+    const double planned_wall = field(p, "wall_seconds", 0.0);
+    const double planned_goodput = planned_wall > 0 && p.contains("work_seconds")
+                                       ? field(p, "work_seconds", 0.0) / planned_wall : field(p, "goodput", 0.0);
+    plan_vs = {{"offer", field(p, "offer", std::string("?"))}, {"purchase", field(p, "purchase", std::string("?"))},
+               {"hosts", hosts},
+               {"predicted", {{"hours", field(p, "wall_seconds", 0.0) / 3600.0},
+                              {"reclaims", field(p, "expected_reclaims", 0.0)},
+                              {"goodput", planned_goodput}, {"cost", field(p, "cost_usd", 0.0)}}},
+               {"measured", {{"hours", std::isnan(wall_s) ? json(nullptr) : json(wall_s / 3600.0)},
+                             {"reclaims", std::max<int64_t>(0, processes - 1)},
+                             {"goodput", std::isnan(measured_goodput) ? json(nullptr) : json(measured_goodput)},
+                             {"cost", std::isnan(wall_s) ? json(nullptr) : json(wall_s / 3600.0 * hosts * price)}}}};
+  }
   const json& first_start = starts.empty() ? json::object() : starts.front();
   const json& latest_start = starts.empty() ? json::object() : starts.back();
   json phase_means = json::object();
@@ -264,7 +299,8 @@ json page_data(const Run& r, double price_per_hour) {
           {"backend", field(latest_start, "backend", std::string())},
           {"ranks", field(latest_start, "ranks", int64_t(0))},
           {"precision", field(latest_start, "precision", std::string())},
-          {"evals", r.evals}};
+          {"evals", r.evals},
+          {"plan", plan_vs}};
 }
 
 // Flattens nested objects into dotted keys ("host.rss_bytes"); the start record's settings and
@@ -321,12 +357,6 @@ void write_csv(const std::vector<Run>& runs, const std::string& path) {
   log_info(str("wrote ", path, ": ", rows.size(), " records, ", cols.size(), " columns"));
 }
 
-void replace_once(std::string& s, const std::string& marker, std::string_view with) {
-  const size_t at = s.find(marker);
-  SPOTRAIN_CHECK(at != std::string::npos, "report: the page template lacks ", marker);
-  s.replace(at, marker.size(), with.data(), with.size());
-}
-
 int run_report(const ReportOptions& o) {
   SPOTRAIN_CHECK(!o.runs.empty(), "report: name at least one run folder");
   SPOTRAIN_CHECK(o.price_per_hour >= 0, "--price-per-hour must not be negative");
@@ -348,20 +378,24 @@ int run_report(const ReportOptions& o) {
     json data = {{"title", o.title.empty() ? "spotrain report: " + runs[0].name + (runs.size() > 1 ? " and others" : "") : o.title},
                  {"generated", utc_time_iso()},
                  {"runs", json::array()}};
-    for (const Run& r : runs) data["runs"].push_back(page_data(r, o.price_per_hour));
-    // Inside <script> the HTML parser, not JavaScript, decides where the element ends: "</script"
-    // ends it and "<!--<script" keeps it open past its end tag. In JSON, '<', '>' and '&' occur
-    // only inside strings, where \u003c, \u003e and \u0026 mean the same characters.
-    std::string payload = data.dump(-1, ' ', false, json::error_handler_t::replace), safe;
-    for (char c : payload) {
-      if (c == '<') safe += "\\u003c";
-      else if (c == '>') safe += "\\u003e";
-      else if (c == '&') safe += "\\u0026";
-      else safe += c;
+    for (const Run& r : runs) {
+      data["runs"].push_back(page_data(r, o.price_per_hour));
+      const json& pv = data["runs"].back()["plan"];
+      if (pv.is_object()) {
+        auto both = [&](const char* k, int digits, double scale = 1) {
+          const json &p = pv["predicted"][k], &m = pv["measured"][k];
+          return str(p.is_number() ? fmt_fixed(p.get<double>() * scale, digits) : "?", " planned, ",
+                     m.is_number() ? fmt_fixed(m.get<double>() * scale, digits) : "?", " measured");
+        };
+        const bool short_run = pv["predicted"]["hours"].is_number() && pv["predicted"]["hours"].get<double>() < 2;
+        log_info(str("report: ", r.name, " against its plan (", pv["offer"].get<std::string>(), ", ",
+                     pv["purchase"].get<std::string>(), "): ",
+                     short_run ? "minutes " + both("hours", 1, 60.0) : "hours " + both("hours", 2), "; reclaims ",
+                     both("reclaims", 1), "; goodput ", both("goodput", 3), "; cost USD ", both("cost", 2)));
+      }
     }
-    std::string page(report_page_template());
-    replace_once(page, "/*@CHARTJS@*/", chartjs_source());
-    replace_once(page, "/*@DATA@*/", safe);
+    const std::string page =
+        fill_page(report_page_template(), data.dump(-1, ' ', false, json::error_handler_t::replace));
     write_file_atomic(output, page, "the report");
     size_t records = 0;
     for (const Run& r : runs) records += r.records.size();

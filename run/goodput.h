@@ -1,0 +1,79 @@
+// The goodput model of a data-parallel job on hosts that may be reclaimed (docs/SCALING.md), in
+// one place: `spotrain plan` prices offers with it, --ckpt-every auto takes its checkpoint
+// interval from it (run/ckpt_interval.h), and `plan --check-sweep` holds it against the
+// preempted runs bench/spot_sim.py measured. Goodput: the share of paid host time that becomes
+// training progress that survives.
+#pragma once
+#include <string>
+
+namespace spotrain {
+
+// Young's first-order optimum of the checkpoint interval, sqrt(2 C M), in seconds of training,
+// for a checkpoint costing training C seconds and a job failing every M seconds on average.
+double young_daly_interval(double cost_s, double job_mtbf_s);
+
+// The failure part of goodput with a checkpoint every T seconds of training costing C, a
+// restart costing R, and failures every M seconds (exponential): Daly's expected wall time per
+// T of work, M e^(R/M) (e^((T+C)/M) - 1), where failures strike during restarts too; or, with
+// fail_in_restart false, (M + R)(e^((T+C)/M) - 1), where they strike only while training.
+double daly_failure_goodput(double T, double C, double R, double M, bool fail_in_restart = true);
+
+// The survivors' recovery (a hard reclaim loses no work: the survivors save the last step every
+// rank finished, the job goes on at once on the hosts left, N/(N-1) slower per step until the
+// replacement is up `replacement_s` later, then grows back onto it at a stop and a start):
+// M / (M + R_s + step/2 + replacement/N + R_g).
+double survivors_failure_goodput(double M, double survivor_restart_s, double step_s,
+                                 double replacement_s, int hosts, double grow_restart_s);
+
+// One synchronous data-parallel job on `hosts` hosts.
+struct SpotJob {
+  int hosts = 1;
+  double step_s = 1;           // compute of one step, every host alike (the batch per GPU is fixed)
+  double grad_bytes = 0;       // all-reduced per step, between hosts
+  double link_bytes_s = 0;     // bandwidth between hosts (0 with one host)
+  double hop_latency_s = 10e-6;
+  double overlap = 0.6;        // share of the step that backward hides communication under
+  double host_mtbf_s = 0;      // mean time between reclaims of one host; 0: never reclaimed
+  double notice_s = 0;         // warning before a reclaim (a cloud's spot notice)
+  double ckpt_cost_s = 0.05;   // what a background checkpoint costs training
+  double ckpt_write_s = 2;     // writing one (a stop waits for it)
+  double restart_s = 120;      // from a reclaim to training again
+  bool survivors = false;      // the survivors' recovery (docs/SCALING.md) instead of a restart (hosts > 1)
+  double survivor_restart_s = 31, grow_restart_s = 10, replacement_s = 120;
+};
+
+struct Goodput {
+  double job_mtbf_s = 0;       // host MTBF / hosts; 0 when never reclaimed
+  double interval_s = 0;       // Young/Daly checkpoint interval (0 when never reclaimed)
+  double comm_exposed_s = 0;   // per step, beyond what backward hides
+  double step_efficiency = 1;  // step / (step + exposed communication)
+  double failure_goodput = 1;  // what reclaims leave of the time
+  double goodput = 1;          // the product
+  bool notice_covers_stop = false;  // a notice long enough for a step and a checkpoint: no work lost
+};
+Goodput estimate_goodput(const SpotJob& job);
+
+// A preempted run that bench/spot_sim.py measured (its JSON line): its own hosts, MTBF,
+// seconds of surviving steps, wall time, restarts, preemptions, checkpoints and what they held
+// training, its restart time and its start-up.
+struct MeasuredSpotRun {
+  std::string recovery = "today";  // "today" or "survivors"
+  double hosts = 1, mtbf_s = 0, step_time_s = 0, wall_s = 0, lost_s = 0;
+  double restarts = 0, preemptions = 0, checkpoints = 0, checkpoint_held_s = 0;
+  double restart_s = 0;  // from a process's last record to the next one's first step, mean
+  double startup_s = 0;  // from a start to its first step (the first process's is taken alike)
+  double goodput = 0;    // what it measured
+};
+// The goodput the model gives such a run from its own measured costs and its own count of
+// failures (a run's few failures are a Poisson draw: only with its own count does one run
+// compare): wall = the start-up + the surviving steps + each restart + each hard reclaim's
+// expected lost work, half a checkpoint interval and half a checkpoint (none with the
+// survivors' recovery). Nothing of it is taken from the run's wall time.
+double predicted_goodput(const MeasuredSpotRun& run);
+
+// The same run at the expected number of failures instead of its own (Daly's term with the
+// job MTBF = host MTBF / hosts, failures only while training as the simulator preempts): what
+// a plan predicts before the run; single runs scatter around it as their count of failures does.
+double expected_goodput(const MeasuredSpotRun& run);
+
+}  // namespace spotrain
