@@ -352,6 +352,13 @@ TEST(Recipes, EveryRecipeFileParsesAndStarts) {
   int recipes = 0;
   for (const auto& e : fs::recursive_directory_iterator(std::string(SPOTRAIN_SOURCE_DIR) + "/examples")) {
     if (e.path().extension() != ".toml") continue;
+    {  // a catalog of offers for `spotrain plan` (examples/offers.toml) is not a recipe: test_plan and
+       // test_doc_commands plan it
+      std::ifstream f(e.path());
+      bool catalog = false;
+      for (std::string line; !catalog && std::getline(f, line);) catalog = line == "[[offer]]";
+      if (catalog) continue;
+    }
     ++recipes;
     const std::string dir = fresh_dir("recipe_" + e.path().stem().string());
     // The recipe's own settings, with the data, size and length of a smoke test on top.
