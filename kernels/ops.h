@@ -101,9 +101,8 @@ class Backend {
   // A line on the device and its libraries for the start-up log ("" when name() says it all).
   virtual std::string device_line() const { return ""; }
   // What the backend chose per shape so far (cuDNN's convolution algorithms, its batch-norm
-  // configuration, the fp32 fallbacks, and whether cuDNN would fuse each 16-bit convolution
-  // with the batch-norm statistics of its output, planned here), one line each, for
-  // --profile; empty where there is no choice (the CPU).
+  // configuration, the fp32 fallbacks), one line each, for --profile; empty where there is no
+  // choice (the CPU).
   virtual std::vector<std::string> kernel_choices() { return {}; }
 
   // --- data movement (to_host, from_host and the host copies are not timed) -----------------

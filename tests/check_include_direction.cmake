@@ -1,7 +1,7 @@
 # The include-direction test: reads the #include "..." lines of every source under the
 # library folders and fails when a folder includes one it must not (docs/ARCHITECTURE.md):
 #   core <- kernels <- layers <- engine <- observe <- run <- tools
-#   core <- io, comm, checkpoints, spot   (used by engine and run)
+#   core <- io, comm, checkpoints   (used by engine and run); core <- spot (used by run)
 # Each folder below is one node of that picture; kernels/cpu and kernels/cuda are nodes of
 # their own, so the table says that they never include each other. Run: cmake -DROOT=<src> -P this.
 if(NOT ROOT)

@@ -162,6 +162,24 @@ TEST(Cli, DryRunChecksWithoutRunning) {
   expect_error(run("ckpt verify --dry-run"), 2, "file is required");
 }
 
+// bench takes the run's settings from train's table: the same choices, checks and exit codes,
+// with --dry-run and without.
+TEST(Cli, BenchTakesTheRunsSettingsFromTrainsTable) {
+  for (const char* cmd : {"train", "bench"}) {
+    expect_error(run(std::string(cmd) + " --precision fp17 --dry-run"), 2, "--precision");
+    expect_error(run(std::string(cmd) + " --precision fp17"), 2, "--precision");
+    expect_error(run(std::string(cmd) + " --device tpu --dry-run"), 2, "--device");
+    expect_error(run(std::string(cmd) + " --model resnet21 --dry-run"), 1, "unknown model 'resnet21'");
+    expect_error(run(std::string(cmd) + " --max-bad-fraction 2 --dry-run"), 1, "--max-bad-fraction");
+  }
+  expect_error(run("bench --steps 0 --dry-run"), 1, "--steps must be positive");
+  CmdResult train = run("train --help"), bench = run("bench --help");
+  for (const char* line : {"--grad-checkpoint TEXT=none none|block|stage|every:K", "--precision TEXT:{"})
+    EXPECT_TRUE(train.out.find(line) != std::string::npos && bench.out.find(line) != std::string::npos) << line;
+  EXPECT_NE(bench.out.find("--model TEXT=resnet50"), std::string::npos) << "bench's own default";
+  EXPECT_NE(bench.out.find("--batch-size INT=32"), std::string::npos) << bench.out;
+}
+
 // bench --end-to-end: steps queued back to back and timed together, besides the timed steps.
 TEST(Cli, BenchEndToEndTimesQueuedStepsTogether) {
   const fs::path j = fs::temp_directory_path() / "spotrain_bench_e2e.json";

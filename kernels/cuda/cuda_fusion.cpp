@@ -7,7 +7,7 @@
 // and the batch norm's weight gradients, whose coefficients give the batch norm's input
 // gradient in one elementwise kernel. Each graph cuDNN refuses for a shape, dtype or GPU (or
 // accepts but then fails to run the first time) runs as the composed ops (Backend's
-// composed_*), decided once per shape and graph and named by kernel_choices(); fp32 and
+// composed_*), decided once per shape and graph; fp32 and
 // --deterministic always run them.
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_kernels.h"

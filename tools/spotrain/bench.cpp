@@ -36,50 +36,40 @@ namespace spotrain::cli {
 
 namespace {
 
+// bench's own options; the training settings it shares with train (model, batch, precision,
+// device, data, ...) are train's, from the settings table, in `run` with bench's defaults.
 struct BenchOptions {
-  std::string model = "resnet50";
-  int64_t batch_size = 32;
-  int image_size = 224;
+  RunConfig run = bench_defaults();
   int channels = 3;
   int num_classes = 1000;
   int steps = 10;
   int warmup = 2;
-  int threads = 0;
-  std::string precision = "fp32";
-  std::string grad_checkpoint = "none";
-  std::string fusion = "none";
-  std::string device = "auto";
-  std::string data = "synthetic";  // synthetic | imagefolder:DIR | shards:DIR (training transforms)
-  int workers = 4;                  // loader threads for real data
-  int prefetch = 4;                 // batches the loader prepares ahead
-  double max_bad_fraction = 0.001;  // unreadable images tolerated (fraction of the set)
   std::string json;
   double price_per_hour = 0;
-  uint64_t seed = 0;
   bool profile = false;  // time every op (device events on a GPU) and print where a step goes
-  bool cuda_graph = false;  // steps replayed from one recorded as a CUDA Graph
   bool end_to_end = false;  // also time --steps steps queued back to back, waited for once
+
+  static RunConfig bench_defaults() {
+    RunConfig c;
+    c.model = "resnet50";
+    c.batch_size = 32;
+    c.image_size = 224;
+    c.data = "synthetic";  // synthetic | imagefolder:DIR | shards:DIR (training transforms)
+    c.workers = 4;
+    c.prefetch = 4;
+    c.metrics = "none";
+    c.ckpt_dir = "";
+    return c;
+  }
 };
 
+// The settings of the table bench takes (train's flags, help and choices).
+const std::vector<std::string> kBenchSettings = {
+    "--model",  "--batch-size", "--image-size", "--threads",  "--precision",        "--grad-checkpoint", "--fusion",
+    "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph"};
+
 // The training settings bench's options stand for.
-RunConfig run_config_of(const BenchOptions& o) {
-  RunConfig c;
-  c.model = o.model;
-  c.batch_size = o.batch_size;
-  c.image_size = o.image_size;
-  c.threads = o.threads;
-  c.precision = o.precision;
-  c.grad_checkpoint = o.grad_checkpoint;
-  c.fusion = o.fusion;
-  c.device = o.device;
-  c.data = o.data;
-  c.workers = o.workers;
-  c.prefetch = o.prefetch;
-  c.max_bad_fraction = o.max_bad_fraction;
-  c.seed = o.seed;
-  c.cuda_graph = o.cuda_graph;
-  return c;
-}
+const RunConfig& run_config_of(const BenchOptions& o) { return o.run; }
 
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -121,8 +111,8 @@ BenchInput make_input(const BenchOptions& o, const RunConfig& cfg, Session& sess
   BenchInput in;
   in.num_classes = o.num_classes;
   in.channels = o.channels;
-  if (o.data != "synthetic") {  // the training loader (decode + RandomResizedCrop + flip), this rank's slice
-    DataPair dp = open_data(o.data, 0, 0, o.seed, o.image_size, /*with_test=*/false);
+  if (o.run.data != "synthetic") {  // the training loader (decode + RandomResizedCrop + flip), this rank's slice
+    DataPair dp = open_data(o.run.data, 0, 0, o.run.seed, o.run.image_size, /*with_test=*/false);
     SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
     in.loader = std::make_unique<io::Loader>(dp.train, loader_options(cfg, dp, session));
     in.loader->start_epoch(0);
@@ -130,11 +120,11 @@ BenchInput make_input(const BenchOptions& o, const RunConfig& cfg, Session& sess
     in.channels = 3;
     return in;
   }
-  in.images = Tensor::host({o.batch_size, in.channels, o.image_size, o.image_size}, DType::f32, Layout::nhwc);
-  Philox rng(o.seed, 0xBE7C);
+  in.images = Tensor::host({o.run.batch_size, in.channels, o.run.image_size, o.run.image_size}, DType::f32, Layout::nhwc);
+  Philox rng(o.run.seed, 0xBE7C);
   float* px = in.images.data<float>();
   for (int64_t i = 0; i < in.images.numel(); ++i) px[i] = rng.normal();
-  in.labels.resize(size_t(o.batch_size));
+  in.labels.resize(size_t(o.run.batch_size));
   for (auto& l : in.labels) l = int32_t(rng.below(uint32_t(in.num_classes)));
   return in;
 }
@@ -176,7 +166,7 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
     if (prof) prof->collect(timed);
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
                  fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
-                 fmt_fixed(double(o.batch_size * session.world()) / total, 2), " img/s",
+                 fmt_fixed(double(o.run.batch_size * session.world()) / total, 2), " img/s",
                  r.overflow ? " (overflow: step skipped)" : ""));
     if (!timed) continue;
     tm.step.push_back(total);
@@ -215,7 +205,7 @@ double time_end_to_end(const BenchOptions& o, BenchInput& in, Session& session, 
   be.synchronize();
   const double seconds = now_seconds() - t0;
   runner.take_results();
-  return double(o.steps) * double(o.batch_size * session.world()) / seconds;
+  return double(o.steps) * double(o.run.batch_size * session.world()) / seconds;
 }
 
 // Each rank's own rate (its batch over its median step), gathered from every rank.
@@ -248,13 +238,13 @@ Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Te
   Summary s;
   s.telemetry = telemetry.sample();
   std::vector<double> ips;
-  for (double t : tm.step) ips.push_back(double(o.batch_size * session.world()) / t);
+  for (double t : tm.step) ips.push_back(double(o.run.batch_size * session.world()) / t);
   s.median = percentile(ips, 0.5);
   s.p10 = percentile(ips, 0.1);
   s.p90 = percentile(ips, 0.9);
   s.data = tm.median(tm.data);
   s.step = tm.median(tm.step);
-  s.rank_ips = per_rank_rates(session, o.batch_size, s.step);
+  s.rank_ips = per_rank_rates(session, o.run.batch_size, s.step);
   s.input_bound = InputWatch::input_bound(s.data / s.step, telemetry.sm_util());
   s.machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
   s.memory = be.allocator().stats();
@@ -269,7 +259,7 @@ Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Te
 
 void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpProfiler* prof,
                  const StepRunner& runner) {
-  if (o.cuda_graph && !runner.captured())
+  if (o.run.cuda_graph && !runner.captured())
     log_info(str("--cuda-graph: the step was NOT captured (", runner.capture_failure(),
                  "): the figures below are of steps run as they came"));
   auto gib = [](double b) { return fmt_fixed(b / (1 << 30), 3); };
@@ -294,7 +284,7 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
   log_info(str("machine: ", s.machine_cpu, "; ", gpu_info_line(gpu_info())));
   if (s.input_bound)
     log_info(str("input-bound: the step waits ", fmt_fixed(100 * s.data / s.step, 1),
-                 "% of its time for data; add loader threads (--workers, now ", o.workers,
+                 "% of its time for data; add loader threads (--workers, now ", o.run.workers,
                  ") or read packed shards (spotrain data pack) from faster storage"));
   if (prof)
     for (const std::string& line : prof->report()) log_info(line);
@@ -306,16 +296,16 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
 
 nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summary& s, Session& session,
                           bool loader, bool captured, double end_to_end) {
-  nlohmann::json j{{"model", o.model},
-                   {"batch_size", o.batch_size},
-                   {"image_size", o.image_size},
-                   {"precision", o.precision},
-                   {"data", o.data},
-                   {"workers", loader ? o.workers : 0},
+  nlohmann::json j{{"model", o.run.model},
+                   {"batch_size", o.run.batch_size},
+                   {"image_size", o.run.image_size},
+                   {"precision", o.run.precision},
+                   {"data", o.run.data},
+                   {"workers", loader ? o.run.workers : 0},
                    {"images_per_sec_per_rank", s.rank_ips},
                    {"input_bound", s.input_bound},
-                   {"grad_checkpoint", o.grad_checkpoint},
-                   {"fusion", o.fusion},
+                   {"grad_checkpoint", o.run.grad_checkpoint},
+                   {"fusion", o.run.fusion},
                    {"ranks", session.world()},
                    {"steps", o.steps},
                    {"images_per_sec", s.median},
@@ -354,23 +344,29 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
 
 }  // namespace
 
-static int run_bench(BenchOptions o) {
-  SPOTRAIN_CHECK(o.batch_size > 0, "--batch-size must be positive, got ", o.batch_size);
+// What --dry-run checks and a run checks first: the run's settings as train checks them, and
+// bench's own.
+static void check_bench(const BenchOptions& o) {
+  o.run.validate();
+  parse_precision(o.run.precision);
   SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
-  SPOTRAIN_CHECK(!(o.cuda_graph && o.profile),
+  SPOTRAIN_CHECK(o.run.image_size >= 8, "--image-size must be at least 8");
+  SPOTRAIN_CHECK(!(o.run.cuda_graph && o.profile),
                  "--profile times the ops one by one, which a captured step does not run: drop "
                  "--profile or --cuda-graph");
+}
+
+static int run_bench(BenchOptions o) {
+  check_bench(o);
   // With --cuda-graph the first steps run eagerly and the next one records the graph: none
   // of them is timed.
-  if (o.cuda_graph && o.warmup <= StepRunner::kEagerBeforeCapture) {
+  if (o.run.cuda_graph && o.warmup <= StepRunner::kEagerBeforeCapture) {
     log_info(str("--cuda-graph: ", StepRunner::kEagerBeforeCapture + 1,
                  " warm-up steps (the last records the step)"));
     o.warmup = StepRunner::kEagerBeforeCapture + 1;
   }
-  SPOTRAIN_CHECK(o.image_size >= 8, "--image-size must be at least 8");
   const RunConfig cfg = run_config_of(o);
-  parse_precision(cfg.precision);
   check_thread_counts(cfg.threads, cfg.workers);
   SessionOptions so = session_options(cfg);
   so.profile = o.profile;
@@ -382,10 +378,10 @@ static int run_bench(BenchOptions o) {
   const std::string device = be.device_line();
   if (!device.empty()) log_info(device);
   Training tr = session.make_training(training_spec(cfg, in.num_classes, in.channels));
-  log_info(str("bench ", o.model, " batch ", o.batch_size,
+  log_info(str("bench ", o.run.model, " batch ", o.run.batch_size,
                session.world() > 1 ? str(" per rank x ", session.world(), " ranks") : "", " ",
-               o.image_size, "x", o.image_size, "x", in.channels, " ", o.precision, " on ", be.name(),
-               "; data ", o.data, in.loader ? str(" (", o.workers, " loader threads)") : std::string(),
+               o.run.image_size, "x", o.run.image_size, "x", in.channels, " ", o.run.precision, " on ", be.name(),
+               "; data ", o.run.data, in.loader ? str(" (", o.run.workers, " loader threads)") : std::string(),
                "; ", tr.model->summary()));
   const Timings tm = time_steps(o, in, session, *tr.runner, telemetry);
   const Summary s = summarize(o, tm, session, telemetry);
@@ -407,44 +403,21 @@ Command add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   BenchOptions& bo = *o;
   auto* bench = app.add_subcommand("bench", "measure training-step throughput (synthetic or real data)");
-  bench->add_option("--model", bo.model, "model")->capture_default_str();
-  bench->add_option("--batch-size", bo.batch_size, "batch size per rank")->capture_default_str();
-  bench->add_option("--image-size", bo.image_size, "square input size")->capture_default_str();
+  add_run_settings(bench, bo.run, kBenchSettings);
   bench->add_option("--channels", bo.channels, "input channels")->capture_default_str();
   bench->add_option("--num-classes", bo.num_classes, "classes")->capture_default_str();
   bench->add_option("--steps", bo.steps, "timed steps")->capture_default_str();
   bench->add_option("--warmup", bo.warmup, "untimed warm-up steps")->capture_default_str();
-  bench->add_option("--threads", bo.threads, "compute threads (0 = all cores)");
-  bench->add_option("--precision", bo.precision, "fp32|tf32|bf16|fp16")->capture_default_str();
-  bench->add_option("--grad-checkpoint", bo.grad_checkpoint, "none|block|stage|every:K")
-      ->capture_default_str();
-  bench->add_option("--fusion", bo.fusion,
-                    "none|bn: conv + batch-norm fusion in training (see train --help)")
-      ->check(CLI::IsMember({"none", "bn"}))
-      ->capture_default_str();
-  bench->add_option("--device", bo.device, "auto|cpu|cuda")->capture_default_str();
-  bench->add_option("--data", bo.data,
-                    "synthetic (one batch made once) | imagefolder:DIR | shards:DIR (the training loader)")
-      ->capture_default_str();
-  bench->add_option("--workers", bo.workers, "loader threads for real data")->capture_default_str();
-  bench->add_option("--prefetch", bo.prefetch, "batches the loader prepares ahead")->capture_default_str();
-  bench->add_option("--max-bad-fraction", bo.max_bad_fraction,
-                    "stop when more than this fraction of images is unreadable")
-      ->capture_default_str();
   bench->add_option("--json", bo.json, "write the results as JSON to FILE");
   bench->add_option("--price-per-hour", bo.price_per_hour,
                     "USD per hour: estimate the cost of a 90-epoch ImageNet run");
-  bench->add_option("--seed", bo.seed, "random seed");
   bench->add_flag("--profile", bo.profile,
                   "time every op (CUDA events on a GPU) and print where a step's time goes");
   bench->add_flag("--end-to-end", bo.end_to_end,
                   "then queue --steps more steps back to back and time them together (no wait "
                   "between phases or steps, as training runs)");
-  bench->add_flag("--cuda-graph", bo.cuda_graph,
-                  "GPU, one rank: record a step as a CUDA Graph once, then replay it each step");
   auto check = [o] {
-    check_resnet_options(o->model, o->grad_checkpoint);
-    check_data_spec(o->data);
+    check_bench(*o);
     std::printf("spotrain bench --dry-run: the command line is valid\n");
     return 0;
   };

@@ -29,3 +29,16 @@ Command add_report(CLI::App& app);               // spotrain report
 Command add_plan(CLI::App& app);                 // spotrain plan
 
 }  // namespace spotrain::cli
+
+namespace spotrain {
+struct RunConfig;
+}
+
+namespace spotrain::cli {
+
+// The settings of RunConfig's table as options of `app` (flag, help, choices, defaults shown
+// from `cfg`'s values): all of them (train), or the flags `only` names (bench, which takes the
+// run's settings it uses from the same table).
+void add_run_settings(CLI::App* app, RunConfig& cfg, const std::vector<std::string>& only = {});
+
+}  // namespace spotrain::cli

@@ -1,5 +1,6 @@
 // `spotrain train`: one option per setting of config.h's table, then the Trainer. A run
 // stopped by a signal or --max-wall-time exits 75 (resume with --resume auto).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "spot/preempt_notice.h"
 #include "spot/preemption.h"
 #include "run/config.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "run/trainer.h"
 #include "tools/spotrain/commands.h"
@@ -54,21 +56,29 @@ std::vector<std::string> split_choices(const std::string& s) {
 
 }  // namespace
 
-Command add_train(CLI::App& app) {
-  auto cfg = std::make_shared<RunConfig>();
-  CLI::App* train = app.add_subcommand("train", "train a model");
-  for_each_setting(*cfg, [train](const SettingInfo& s, auto& value) {
+void add_run_settings(CLI::App* app, RunConfig& cfg, const std::vector<std::string>& only) {
+  const size_t before = app->get_options().size();
+  for_each_setting(cfg, [&](const SettingInfo& s, auto& value) {
+    if (!only.empty() && std::find(only.begin(), only.end(), std::string(s.flag)) == only.end()) return;
     CLI::Option* o;
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, bool>) {
-      o = train->add_flag(s.flag, value, s.help);
+      o = app->add_flag(s.flag, value, s.help);
     } else {
-      o = train->add_option(s.flag, value, s.help);
+      o = app->add_option(s.flag, value, s.help);
       if constexpr (std::is_same_v<T, std::string>)
         if (*s.choices) o->check(CLI::IsMember(split_choices(s.choices)));
     }
     if (s.flags & kShowDefault) o->capture_default_str();
   });
+  SPOTRAIN_CHECK(only.empty() || app->get_options().size() - before == only.size(),
+                 "internal: a setting ", app->get_name(), " names is not in the settings table");
+}
+
+Command add_train(CLI::App& app) {
+  auto cfg = std::make_shared<RunConfig>();
+  CLI::App* train = app.add_subcommand("train", "train a model");
+  add_run_settings(train, *cfg);
   auto check = [cfg] {
     cfg->validate();
     std::printf("# spotrain train --dry-run: the command line and settings are valid; the run "
