@@ -20,8 +20,17 @@ void Sequential::collect_buffers(std::vector<Buffer*>& out) {
   for (auto& l : layers_) l->collect_buffers(out);
 }
 
+void Sequential::visit(const std::function<void(Layer&)>& f) {
+  f(*this);
+  for (auto& l : layers_) l->visit(f);
+}
+
 void Sequential::clear_stash() {
   for (auto& l : layers_) l->clear_stash();
+}
+
+void Sequential::clear_stash_for_replay() {
+  for (auto& l : layers_) l->clear_stash_for_replay();
 }
 
 void Sequential::set_needs_input_grad(bool v) {
@@ -66,11 +75,24 @@ void Residual::collect_buffers(std::vector<Buffer*>& out) {
   if (shortcut_) shortcut_->collect_buffers(out);
 }
 
+void Residual::visit(const std::function<void(Layer&)>& f) {
+  f(*this);
+  main_->visit(f);
+  if (shortcut_) shortcut_->visit(f);
+}
+
 void Residual::clear_stash() {
   y_ = Tensor();
   fused_ = false;
   main_->clear_stash();
   if (shortcut_) shortcut_->clear_stash();
+}
+
+void Residual::clear_stash_for_replay() {
+  y_ = Tensor();
+  fused_ = false;
+  main_->clear_stash_for_replay();
+  if (shortcut_) shortcut_->clear_stash_for_replay();
 }
 
 Tensor Residual::forward_impl(const Tensor& x, Context& ctx) {
@@ -123,9 +145,10 @@ Checkpointed::Checkpointed(std::unique_ptr<Layer> inner)
 
 Tensor Checkpointed::forward_impl(const Tensor& x, Context& ctx) {
   Tensor y = inner_->forward(x, ctx);
-  if (ctx.training && !ctx.replay) {
+  // Also in a replay: a segment nested in a replayed one keeps its input for its own replay.
+  if (ctx.training) {
     x_ = x;
-    inner_->clear_stash();  // keep only the segment's input
+    inner_->clear_stash_for_replay();  // keep only the segment's input (and kept outputs)
   }
   return y;
 }

@@ -1,6 +1,6 @@
 // Layers made of layers: Sequential, Residual (main branch + optional projection shortcut,
 // joined by Add and ReLU) and Checkpointed (gradient checkpointing: keeps only its input in
-// forward, replays forward at backward time to rebuild the stash).
+// forward, replays forward at backward time to rebuild the stash; segments may nest).
 #pragma once
 #include <memory>
 #include <vector>
@@ -20,7 +20,9 @@ class Sequential : public Layer {
   }
   void collect_params(std::vector<Param*>& out) override;
   void collect_buffers(std::vector<Buffer*>& out) override;
+  void visit(const std::function<void(Layer&)>& f) override;
   void clear_stash() override;
+  void clear_stash_for_replay() override;
   void set_needs_input_grad(bool v) override;
   std::string kind() const override { return "Sequential"; }
   size_t size() const { return layers_.size(); }
@@ -42,7 +44,9 @@ class Residual final : public Layer {
   Residual(const std::string& name, std::unique_ptr<Layer> main, std::unique_ptr<Layer> shortcut);
   void collect_params(std::vector<Param*>& out) override;
   void collect_buffers(std::vector<Buffer*>& out) override;
+  void visit(const std::function<void(Layer&)>& f) override;
   void clear_stash() override;
+  void clear_stash_for_replay() override;
   std::string kind() const override { return "Residual"; }
 
  protected:
@@ -66,7 +70,12 @@ class Checkpointed final : public Layer {
   explicit Checkpointed(std::unique_ptr<Layer> inner);
   void collect_params(std::vector<Param*>& out) override { inner_->collect_params(out); }
   void collect_buffers(std::vector<Buffer*>& out) override { inner_->collect_buffers(out); }
+  void visit(const std::function<void(Layer&)>& f) override {
+    f(*this);
+    inner_->visit(f);
+  }
   void clear_stash() override { x_ = Tensor(); inner_->clear_stash(); }
+  void clear_stash_for_replay() override { x_ = Tensor(); inner_->clear_stash_for_replay(); }
   void set_needs_input_grad(bool v) override { inner_->set_needs_input_grad(v); }
   std::string kind() const override { return "Checkpointed"; }
 

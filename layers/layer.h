@@ -4,6 +4,7 @@
 // Gradients: parameter gradients are OVERWRITTEN by backward (every parameter is used once
 // per step, so no zeroing pass is needed); the input gradient is returned as a new tensor.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,7 +65,12 @@ class Layer {
 
   virtual void collect_params(std::vector<Param*>& out) { (void)out; }
   virtual void collect_buffers(std::vector<Buffer*>& out) { (void)out; }
+  // Calls f on this layer and, in a container, on every layer inside it.
+  virtual void visit(const std::function<void(Layer&)>& f) { f(*this); }
   virtual void clear_stash() {}
+  // What a Checkpointed segment calls after its forward: as clear_stash, except that a layer
+  // asked to keep its output for the replay (Conv2d under --grad-checkpoint selective) does.
+  virtual void clear_stash_for_replay() { clear_stash(); }
   // The model's first layer: its input (the image) takes no gradient.
   virtual void set_needs_input_grad(bool v) { needs_input_grad_ = v; }
   bool needs_input_grad() const { return needs_input_grad_; }

@@ -57,17 +57,33 @@ void Conv2d::validate(const Tensor& x) const {
 Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
   if (!ctx.training) return ctx.be.conv2d_forward(x, weight_.value, p_);
   x_ = x;
-  if (!stats_for_ && !applies_) return ctx.be.conv2d_forward(x, weight_.value, p_);
   // Fused: x is the un-normalized input of applies_, whose statistics its forward took.
   if (applies_) {
     const BatchNorm2d& bn = *applies_;
     SPOTRAIN_CHECK(bn.saved_.mean.defined(), "internal: ", name_, " runs before ", bn.name());
     pro_ = BnApply{bn.gamma_.value, bn.beta_.value, bn.saved_.mean, bn.saved_.var, bn.eps_};
   }
+  // Selective checkpointing: the kept output, held until this layer's backward (a segment
+  // nested in a replayed one replays it again).
+  if (ctx.replay && kept_y_.defined()) {
+    SPOTRAIN_CHECK(kept_y_.dim(0) == x.dim(0), "internal: ", name_, " replays a batch of ",
+                   x.dim(0), " for a kept output of ", kept_y_.dim(0));
+    if (stats_for_) stats_for_->given_ = kept_stats_;
+    return kept_y_;
+  }
+  Tensor y;
   BnSaved stats;
-  Tensor y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies_ ? &pro_ : nullptr,
-                                            stats_for_ ? stats_for_->eps_ : 0.f,
-                                            stats_for_ ? &stats : nullptr);
+  if (!stats_for_ && !applies_) {
+    y = ctx.be.conv2d_forward(x, weight_.value, p_);
+  } else {
+    y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies_ ? &pro_ : nullptr,
+                                       stats_for_ ? stats_for_->eps_ : 0.f,
+                                       stats_for_ ? &stats : nullptr);
+  }
+  if (keep_output_ && !ctx.replay) {
+    kept_y_ = y;
+    kept_stats_ = stats;
+  }
   if (stats_for_) stats_for_->given_ = std::move(stats);
   return y;
 }

@@ -13,14 +13,25 @@ class Conv2d final : public Layer {
   Conv2d(const std::string& name, int in_ch, int out_ch, int k, int stride, int pad);
   void collect_params(std::vector<Param*>& out) override { out.push_back(&weight_); }
   void clear_stash() override {
+    clear_stash_for_replay();
+    kept_y_ = Tensor();
+    kept_stats_ = BnSaved();
+  }
+  void clear_stash_for_replay() override {
     x_ = Tensor();
     acc_ = Tensor();
     pro_ = BnApply();
   }
   std::string kind() const override { return "Conv2d"; }
+  // --grad-checkpoint selective: the training forward's output outlives the segment's
+  // clear_stash_for_replay, and every replay hands it back instead of convolving again, until
+  // this layer's backward lets it go.
+  void keep_output_for_replay(bool v) { keep_output_ = v; }
   Param& weight() { return weight_; }
   int in_channels() const { return in_; }
   int out_channels() const { return out_; }
+  // Multiply-adds per output element: kernel area x input channels.
+  int64_t macs_per_output() const { return int64_t(p_.kh) * p_.kw * in_; }
   // Residual blocks: the next backward adds its input gradient to `g` (the shortcut's) and
   // returns the sum, in one backend op.
   void add_input_grad_to(const Tensor& g) { acc_ = g; }
@@ -43,6 +54,9 @@ class Conv2d final : public Layer {
   BatchNorm2d* stats_for_ = nullptr;
   BatchNorm2d* applies_ = nullptr;
   BnApply pro_;
+  bool keep_output_ = false;
+  Tensor kept_y_;        // the output the replay hands back (keep_output_for_replay)
+  BnSaved kept_stats_;   // with stats_for_: the statistics computed with it
 };
 
 class BatchNorm2d final : public Layer {

@@ -86,12 +86,13 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
 
 // Cuts the network body into Checkpointed segments according to the mode and appends them
 // to `net`. The stem (first convolution, BN, pool) is always a segment of its own (joined
-// with the first stage, its replay would hold both stashes at once). The last segment is never checkpointed: backward
-// would replay it right after forward ends, which saves no memory and costs a forward.
-// --grad-checkpoint as blocks per segment: 1 for "block", K for "every:K", 0 for "stage" (and
-// "none", which never gets here); throws Error for anything else.
+// with the first stage, its replay would hold both stashes at once). The last segment is never
+// checkpointed: backward would replay it right after forward ends, which saves no memory and
+// costs a forward.
+// --grad-checkpoint as blocks per segment: 1 for "block", K for "every:K", 0 for "stage" and
+// "selective" (and "none", which never gets here); throws Error for anything else.
 int checkpoint_every(const std::string& mode) {
-  if (mode == "none" || mode == "stage") return 0;
+  if (mode == "none" || mode == "stage" || mode == "selective") return 0;
   if (mode == "block") return 1;
   if (mode.rfind("every:", 0) == 0) {
     int every = 0;
@@ -103,7 +104,21 @@ int checkpoint_every(const std::string& mode) {
     SPOTRAIN_CHECK(every > 0, "--grad-checkpoint ", mode, ": K must be a positive integer");
     return every;
   }
-  SPOTRAIN_THROW("unknown --grad-checkpoint '", mode, "'; use none, block, stage or every:K");
+  SPOTRAIN_THROW("unknown --grad-checkpoint '", mode,
+                 "'; use none, selective, block, stage or every:K");
+}
+
+// --grad-checkpoint selective, in a checkpointed segment: which convolutions keep their output
+// for the replay. All but the cheap ones, those costing fewer multiply-adds per output element
+// than they have output channels (a bottleneck's last 1x1 and the projection shortcuts, which
+// expand channels: their outputs are the largest of a block) and the stem's (3 input channels).
+void keep_costly_conv_outputs(Layer& segment, bool is_stem) {
+  segment.visit([is_stem](Layer& l) {
+    auto* conv = dynamic_cast<Conv2d*>(&l);
+    if (!conv) return;
+    const bool cheap = is_stem || conv->macs_per_output() < conv->out_channels();
+    conv->keep_output_for_replay(!cheap);
+  });
 }
 
 void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
@@ -114,13 +129,21 @@ void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
     return;
   }
   const int every = checkpoint_every(mode);
+  const bool selective = mode == "selective";
   std::vector<std::unique_ptr<Sequential>> segments;
   segments.push_back(std::move(stem));
   for (size_t s = 0; s < stages.size(); ++s) {
     auto blocks = stages[s]->release();
-    if (mode == "stage") {
+    if (every == 0) {  // stage, selective: a segment per stage
       auto seg = std::make_unique<Sequential>(stages[s]->name());
-      for (auto& b : blocks) seg->add(std::move(b));
+      // selective: the first stage, whose activations are the largest, replays block by block
+      // within its own replay (each block keeps its input), so its whole stash is never alive
+      // at once.
+      const bool nest = selective && s == 0 && stages.size() > 1;
+      for (auto& b : blocks) {
+        if (nest) seg->add(std::make_unique<Checkpointed>(std::move(b)));
+        else seg->add(std::move(b));
+      }
       segments.push_back(std::move(seg));
       continue;
     }
@@ -132,8 +155,12 @@ void add_body(Sequential& net, std::unique_ptr<Sequential> stem,
     }
   }
   for (size_t i = 0; i < segments.size(); ++i) {
-    if (i + 1 == segments.size()) net.add(std::move(segments[i]));
-    else net.add(std::make_unique<Checkpointed>(std::move(segments[i])));
+    if (i + 1 == segments.size()) {
+      net.add(std::move(segments[i]));
+      continue;
+    }
+    if (selective) keep_costly_conv_outputs(*segments[i], i == 0);
+    net.add(std::make_unique<Checkpointed>(std::move(segments[i])));
   }
 }
 

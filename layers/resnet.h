@@ -15,8 +15,9 @@ struct ResNetOptions {
   int num_classes = 10;
   int in_channels = 1;
   bool zero_init_residual = false;  // last BN gamma of each block starts at zero
-  // Gradient checkpointing: "none", "block", "stage" or "every:K" (K consecutive blocks of
-  // a stage per segment). The stem is always a segment of its own;
+  // Gradient checkpointing: "none", "selective" (segments as "stage", convolution outputs kept:
+  // only batch norm, ReLU, Add and max-pool recomputed), "block", "stage" or "every:K" (K
+  // consecutive blocks of a stage per segment). The stem is always a segment of its own;
   // the last segment is never checkpointed (its replay would follow forward at once).
   std::string grad_checkpoint = "none";
   // Conv + batch-norm fusion in training: "none", or "bn" (in each block, a convolution

@@ -83,8 +83,8 @@ enum SettingFlags : unsigned {
     "cosine|step|constant (step: x0.1 at 50% and 75%)", kShowDefault, "cosine|step|constant")                             \
   X(bool, zero_init_residual, false, "--zero-init-residual",                                      \
     "start each block's last BN gamma at 0", kSettingPlain, "")                                       \
-  X(std::string, grad_checkpoint, "none", "--grad-checkpoint", "none|block|stage|every:K",        \
-    kShowDefault, "")                                                                                 \
+  X(std::string, grad_checkpoint, "none", "--grad-checkpoint",                                    \
+    "none|selective|block|stage|every:K", kShowDefault, "")                                         \
   X(std::string, fusion, "none", "--fusion",                                                      \
     "conv + batch-norm fusion in training: bn (a convolution makes the statistics of the BN+ReLU " \
     "after it, the next one applies that BN as it reads, and its backward goes through that BN; " \

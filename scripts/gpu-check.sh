@@ -29,7 +29,7 @@
 # --fusion bn, timed and profiled (which graphs cuDNN took and ran); "resume": a --cuda-graph run
 # stopped with a checkpoint and resumed, against one straight through; "ranks2": two ranks
 # on the one GPU (host-staged gradients), agreed stop and resume; "more": bf16, tf32, fp16
-# with checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
+# with stage and selective checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
 # data from GPU_FMNIST), "compile" (PyTorch torch.compile fp16), "levers" (fp16 without the
 # fused BN + Add + ReLU, bf16 --cuda-graph), "loader" (JPEG loader, GPU_JPEGS x 4 images)),
 # GPU_KEEP_LOGS=1 (keep $OUT/logs/ unpacked too), GPU_SIMULATE_BARE=1 (dry run, as root, on a
@@ -605,12 +605,14 @@ if want ranks2 && [[ -n "$bin" ]]; then
   fi
 fi
 
-# Only if time is left: bf16, tf32 and fp16 with gradient checkpointing, PyTorch's bf16 and
+# Only if time is left: bf16, tf32 and fp16 with stage and selective gradient checkpointing,
+# PyTorch's bf16 and
 # tf32, and the bf16 profile.
 if want more && [[ -n "$bin" && -n "$gpu" ]]; then
   bench bf16 bf16 none
   bench tf32 tf32 none
   bench fp16-ckpt fp16 stage
+  bench fp16-selective fp16 selective
   [[ -n "$python" ]] && torch_bench torch-more bf16,tf32
   want profile && bench profile-bf16 bf16 none --profile
 fi
@@ -706,12 +708,12 @@ if rows or torch:
         ph = r.get("phases") or {}
         step = sum(v for v in ph.values() if isinstance(v, (int, float)))
         wait = f"{100 * ph.get('data', 0) / step:.0f}%" if step and r.get("data", "synthetic") != "synthetic" else ""
-        print(f"{'spotrain':<9} {r['name']:<21} {r['grad_checkpoint']:<6} {r['images_per_sec']:>9.1f} "
+        print(f"{'spotrain':<9} {r['name']:<21} {r['grad_checkpoint']:<9} {r['images_per_sec']:>9.1f} "
               f"{r['images_per_sec_p10']:>6.0f}-{r['images_per_sec_p90']:<6.0f} {gib(r.get('peak_memory_bytes')):>9} {wait:>5} {ratio:>8}")
         e2e = r.get("images_per_sec_end_to_end")
         if isinstance(e2e, (int, float)):
             ratio = f"{e2e / t['images_per_sec']:.2f}x" if t and plain else ""
-            print(f"{'spotrain':<9} {r['name'] + ' e2e':<21} {r['grad_checkpoint']:<6} {e2e:>9.1f} "
+            print(f"{'spotrain':<9} {r['name'] + ' e2e':<21} {r['grad_checkpoint']:<9} {e2e:>9.1f} "
                   f"{'':>13} {'':>9} {'':>5} {ratio:>8}")
         if r.get("name", "").endswith("-graph") and not r.get("cuda_graph"):
             print(f"          ({r['name']}: the step was NOT captured; these are eager steps)")

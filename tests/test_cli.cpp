@@ -174,7 +174,7 @@ TEST(Cli, BenchTakesTheRunsSettingsFromTrainsTable) {
   }
   expect_error(run("bench --steps 0 --dry-run"), 1, "--steps must be positive");
   CmdResult train = run("train --help"), bench = run("bench --help");
-  for (const char* line : {"--grad-checkpoint TEXT=none none|block|stage|every:K", "--precision TEXT:{"})
+  for (const char* line : {"--grad-checkpoint TEXT=none none|selective|block|stage|every:K", "--precision TEXT:{"})
     EXPECT_TRUE(train.out.find(line) != std::string::npos && bench.out.find(line) != std::string::npos) << line;
   EXPECT_NE(bench.out.find("--model TEXT=resnet50"), std::string::npos) << "bench's own default";
   EXPECT_NE(bench.out.find("--batch-size INT=32"), std::string::npos) << bench.out;

@@ -270,8 +270,10 @@ Floats host_floats(Backend& be, const Tensor& t) {
   return Floats(h.data<float>(), h.data<float>() + h.numel());
 }
 
+// Two training steps and an evaluation of resnet20; with `convs`, the convolutions run in a
+// training step (forward, replays included).
 StepOutcome resnet20_steps(Backend& be, const std::string& mode,
-                           const std::string& fusion = "none") {
+                           const std::string& fusion = "none", double* convs = nullptr) {
   ResNetOptions o;
   o.arch = "resnet20";
   o.fusion = fusion;
@@ -284,6 +286,8 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
   for (auto* p : m.params()) out.names.push_back(p->name);
   int N = 4;
   std::vector<int32_t> labels = {3, 7, 0, 9};
+  std::unique_ptr<OpProfiler> prof;
+  if (convs) prof = std::make_unique<OpProfiler>(be);
   for (int step = 0; step < 2; ++step) {
     Tensor x = make_tensor(normals(int64_t(N) * 12 * 12, 170 + uint32_t(step)), {N, 1, 12, 12},
                            Layout::nhwc);
@@ -294,6 +298,13 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
     be.fill(m.flat_grads(), kNaN);  // every gradient must be overwritten
     m.backward(dl);
     out.grads.push_back(host_floats(be, m.flat_grads()));
+    if (prof) prof->collect(true);
+  }
+  if (prof) {
+    *convs = 0;
+    for (const auto& r : prof->by_op())
+      if (r.name.find("conv2d_forward") != std::string::npos) *convs += r.calls_per_step;
+    prof.reset();
   }
   for (auto* b : m.buffers()) {
     Floats v = host_floats(be, b->value);
@@ -318,7 +329,7 @@ TEST_P(Checkpointing, ModesGiveBitwiseIdenticalGradientsAndStatistics) {
     EXPECT_EQ(nan, 0u) << "gradient elements left unwritten";
     EXPECT_GT(rms(to_vec(g)), 0.0);
   }
-  for (const char* mode : {"block", "stage", "every:2"}) {
+  for (const char* mode : {"selective", "block", "stage", "every:2"}) {
     SCOPED_TRACE(mode);
     StepOutcome got = resnet20_steps(*be, mode);
     ASSERT_EQ(got.names, ref.names);
@@ -370,6 +381,32 @@ TEST(ConvBnFusion, ResNet20StepsMatchThePlainModelAndCheckpointingReplaysThemExa
   }
   for (size_t b = 0; b < fused.buffers.size(); ++b)
     EXPECT_TRUE(bitwise_equal(replayed.buffers[b], fused.buffers[b])) << "buffer " << b;
+}
+
+// --grad-checkpoint selective replays batch norm, ReLU and Add but hands the kept convolution
+// outputs back: resnet20's replays convolve again only the stem's convolution and the projection
+// shortcut of layer2.0 (a 1x1 that doubles the channels); its first stage, replayed block by
+// block inside its own replay, convolves nothing again. `stage` convolves its three segments
+// again. With --fusion bn the kept outputs carry their batch statistics along.
+TEST(SelectiveCheckpointing, ReplaysConvolveOnlyTheCheapConvolutionsAgain) {
+  auto be = cpu_backend(1);
+  double none = 0, selective = 0, stage = 0, fused = 0;
+  resnet20_steps(*be, "none", "none", &none);
+  resnet20_steps(*be, "selective", "none", &selective);
+  resnet20_steps(*be, "stage", "none", &stage);
+  EXPECT_EQ(none, 21);  // the stem's, 2 in each of 9 blocks, 2 projection shortcuts
+  EXPECT_EQ(selective, none + 2);
+  EXPECT_EQ(stage, none + 1 + 6 + 7);  // the stem, layer1, layer2 (layer3 is the last segment)
+
+  StepOutcome fused_none = resnet20_steps(*be, "none", "bn");
+  StepOutcome fused_sel = resnet20_steps(*be, "selective", "bn", &fused);
+  EXPECT_EQ(fused, none + 2);
+  for (size_t s = 0; s < fused_none.grads.size(); ++s) {
+    EXPECT_TRUE(bitwise_equal(fused_sel.logits[s], fused_none.logits[s])) << "logits, step " << s;
+    EXPECT_TRUE(bitwise_equal(fused_sel.grads[s], fused_none.grads[s])) << "gradients, step " << s;
+  }
+  for (size_t b = 0; b < fused_none.buffers.size(); ++b)
+    EXPECT_TRUE(bitwise_equal(fused_sel.buffers[b], fused_none.buffers[b])) << "buffer " << b;
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),
