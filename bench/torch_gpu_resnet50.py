@@ -8,6 +8,8 @@ JSON object per precision: images/s (median, p10, p90 over the timed steps) and 
   python3 bench/torch_gpu_resnet50.py --device cpu --batch-size 2 --image-size 64 --steps 2 --warmup 1
   python3 bench/torch_gpu_resnet50.py --precision fp16 --profile     (kernels by GPU time)
   python3 bench/torch_gpu_resnet50.py --precision fp16 --compile     (torch.compile)
+  python3 bench/torch_gpu_resnet50.py --precision fp16,bf16 --compile reduce-overhead
+                                                   (torch.compile with CUDA Graphs, its fastest)
 
 Exit code 3 and one line "no CUDA device" when --device cuda finds no GPU.
 """
@@ -39,8 +41,10 @@ def run(precision, args, device):
         torch.backends.cudnn.allow_tf32 = tf32
     model = torchvision.models.resnet50(num_classes=args.num_classes)
     model = model.to(device=device, memory_format=torch.channels_last).train()
-    if args.compile:
+    if args.compile == "default":
         model = torch.compile(model)
+    elif args.compile:
+        model = torch.compile(model, mode=args.compile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
     amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if amp_dtype is torch.float16 and not cuda:
@@ -116,6 +120,7 @@ def run(precision, args, device):
         "final_loss": float(loss.detach().float().cpu()),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "compiled": bool(args.compile),
+        "compile_mode": args.compile or "eager",
     }
     if precision == "fp16" and not cuda:
         res["note"] = "CPU smoke test: fp16 ran as bf16 autocast"
@@ -145,8 +150,11 @@ def main():
     ap.add_argument("--json", help="also write the results (a list) to this file")
     ap.add_argument("--profile", action="store_true",
                     help="GPU: after timing, print the kernels of 3 profiled steps by GPU time")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the model (the warm-up steps then include compiling)")
+    ap.add_argument("--compile", nargs="?", const="default", default=None,
+                    choices=["default", "reduce-overhead", "max-autotune",
+                             "max-autotune-no-cudagraphs"],
+                    help="torch.compile the model, in this mode (default: torch's default; "
+                         "reduce-overhead adds CUDA Graphs); the warm-up steps include compiling")
     args = ap.parse_args()
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     for p in precisions:
