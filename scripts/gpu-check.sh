@@ -173,7 +173,7 @@ have_system_pkgs() { dpkg-query -W -f='${Status}' libdnnl-dev 2>/dev/null | grep
 # /usr/lib/x86_64-linux-gnu and /usr/share get an overlay whose upper layer is private to
 # this run, and every file that a package of the bundle installs there is deleted from it
 # (the machine's own files stay as they are outside the namespace). Kept: the shared
-# libraries the build tools load (cmake, the compilers, the linker, nvcc, Python), which a
+# libraries the build tools load (cmake, the compilers, the linker, nvcc, Python, PyTorch), which a
 # GPU machine also has in some form; the "libs" step checks that our programs still load
 # the bundle's copies of those from the prefix.
 hide_system_copies() {
@@ -193,6 +193,15 @@ hide_system_copies() {
       [[ -n "$f" ]] && keep[$(readlink -f "$f")]=1
     done < <(ldd "$tool" 2>/dev/null | awk '/=> \//{print $3}')
   done
+  # The PyTorch we compare with is the machine's own (wheels with their libraries on the GPU
+  # node): the libraries its extension modules load stay too (Debian's loads oneDNN).
+  if [[ -n "$python" ]]; then
+    for tool in $("$python" -c 'import glob, os, torch; d = os.path.dirname(torch.__file__); print(" ".join(glob.glob(d + "/_C*.so") + glob.glob(d + "/lib/*.so*")))' 2>/dev/null); do
+      while read -r f; do
+        [[ -n "$f" ]] && keep[$(readlink -f "$f")]=1
+      done < <(ldd "$tool" 2>/dev/null | awk '/=> \//{print $3}')
+    done
+  fi
   for d in bin include lib/x86_64-linux-gnu share; do
     mkdir -p "$ovl/$d/up" "$ovl/$d/work"
     mount -t overlay overlay -o "lowerdir=/usr/$d,upperdir=$ovl/$d/up,workdir=$ovl/$d/work" "/usr/$d" ||
