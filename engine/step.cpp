@@ -110,8 +110,10 @@ void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr
       cap.end_recording();
     } catch (const Error& e) {
       // Recording ran nothing on the device: this step and the rest run as they come (a bad
-      // input then fails there with its own error).
+      // input then fails there with its own error). What the cut-short forward stashed (kept
+      // convolution outputs among it) lives in the recording's pool: let it go before the pool.
       cap.abort_recording();
+      model_.clear_stash();
       cap.drop();
       graph_x_ = Tensor();
       sgd_.set_steps(sgd_steps);

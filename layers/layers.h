@@ -32,6 +32,8 @@ class Conv2d final : public Layer {
   int out_channels() const { return out_; }
   // Multiply-adds per output element: kernel area x input channels.
   int64_t macs_per_output() const { return int64_t(p_.kh) * p_.kw * in_; }
+  // Under conv + batch-norm fusion: this convolution makes the next batch norm's statistics.
+  bool makes_bn_statistics() const { return stats_for_ != nullptr; }
   // Residual blocks: the next backward adds its input gradient to `g` (the shortcut's) and
   // returns the sum, in one backend op.
   void add_input_grad_to(const Tensor& g) { acc_ = g; }

@@ -112,12 +112,15 @@ int checkpoint_every(const std::string& mode) {
 // for the replay. All but the cheap ones, those costing fewer multiply-adds per output element
 // than they have output channels (a bottleneck's last 1x1 and the projection shortcuts, which
 // expand channels: their outputs are the largest of a block) and the stem's (3 input channels).
+// Under --fusion bn a convolution that makes a batch norm's statistics always keeps its output:
+// the convolution after it may hand back a kept output made with those statistics, which a
+// replay on a GPU could otherwise sum again in another order.
 void keep_costly_conv_outputs(Layer& segment, bool is_stem) {
   segment.visit([is_stem](Layer& l) {
     auto* conv = dynamic_cast<Conv2d*>(&l);
     if (!conv) return;
     const bool cheap = is_stem || conv->macs_per_output() < conv->out_channels();
-    conv->keep_output_for_replay(!cheap);
+    conv->keep_output_for_replay(!cheap || conv->makes_bn_statistics());
   });
 }
 
