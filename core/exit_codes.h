@@ -16,4 +16,15 @@ constexpr int kExitUsage = 2;
 constexpr int kExitResumable = 75;
 constexpr int kExitRetryable = 76;
 
+// The environment variable a launcher sets to have a finished stop (75 above) exit with
+// another code, its own sign that it reads the stop from rank 0's last line instead
+// ("stopped by ... after step N; resume with --resume auto"). examples/resnet50/launch/
+// mpirun.sh sets 0: Open MPI meets any rank's non-zero exit with its kill sequence, which
+// holds mpirun for 2 x odls_base_sigkill_timeout after every rank has already ended.
+constexpr const char* kStopExitCodeEnv = "SPOTRAIN_STOP_EXIT_CODE";
+
+// kExitResumable, or kStopExitCodeEnv's value (0-255; anything else is refused with an
+// error, so a launcher's typo is caught at start, not after the stop).
+int stopped_exit_code();
+
 }  // namespace spotrain

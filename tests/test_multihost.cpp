@@ -158,7 +158,9 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   fs::create_directories(www);
   const std::string server = "ip netns exec " + prefix_ + "-2 python3 -m http.server 8808 --bind 127.0.0.1 --directory " +
                              www.string() + " > /dev/null 2>&1 &\nsrv=$!\n";
-  const std::string args = train_args(dir_ / "run", "--steps 12 --preempt-notice http://127.0.0.1:8808/notice --preempt-poll 0.2");
+  // 48 steps: a notice polled every 0.2 s reaches a run of 0.03 s steps some 10 steps after it
+  // was written, and one seen only at the last step ends the job as finished (0, not 75).
+  const std::string args = train_args(dir_ / "run", "--steps 48 --preempt-notice http://127.0.0.1:8808/notice --preempt-poll 0.2");
   CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=2", args),
                              server +
                              "wait_for 'step 3/' || exit 1\n"
@@ -176,17 +178,24 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by (a preemption notice.*|a stop request on another rank) after step (\\d+)")))
       << r.out;
   const int stopped = std::stoi(m[2]);
+  ASSERT_LT(stopped, 48) << "the notice came only at the last step:\n" << r.out;
   char name[32];  // ckpt-%08d.h5: the stop may come at step 10 or later on a fast machine
   std::snprintf(name, sizeof name, "ckpt-%08d.h5", stopped);
   EXPECT_TRUE(contains(r.out, "resumed from " + (dir_ / "run" / name).string())) << r.out;
+  // The ranks of a finished stop exit 0 under the launcher (which says 75 from rank 0's line):
+  // a rank's 75 would make Open MPI hold mpirun 2 x SURVIVOR_WAIT (10 s) after they all ended.
+  const double notice_to_exit = figure(r.out, "notice_to_exit");
+  EXPECT_GE(notice_to_exit, 0) << r.out;
+  EXPECT_LT(notice_to_exit, 6) << "the launcher returned long after the ranks ended:\n" << r.out;
+  EXPECT_FALSE(contains(r.out, "returned\na non-zero exit code")) << r.out;
   std::cout << "measured: notice on one host -> every rank exited, launcher returned "
-            << figure(r.out, "notice_to_exit") << " s (stopped after step " << stopped << ")\n";
+            << notice_to_exit << " s (stopped after step " << stopped << ")\n";
 
   // The same job uninterrupted ends on the same weights and momentum, bit for bit.
-  CommandResult ref = run_command("timeout -k 10 300 " + launcher("", train_args(dir_ / "ref", "--steps 12")) + " 2>&1");
+  CommandResult ref = run_command("timeout -k 10 300 " + launcher("", train_args(dir_ / "ref", "--steps 48")) + " 2>&1");
   ASSERT_EQ(ref.code, 0) << ref.out;
-  CkptState a = load_ckpt_state((dir_ / "ref" / "ckpt-00000012.h5").string());
-  CkptState b = load_ckpt_state((dir_ / "run" / "ckpt-00000012.h5").string());
+  CkptState a = load_ckpt_state((dir_ / "ref" / "ckpt-00000048.h5").string());
+  CkptState b = load_ckpt_state((dir_ / "run" / "ckpt-00000048.h5").string());
   ASSERT_EQ(a.params.size(), b.params.size());
   EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);

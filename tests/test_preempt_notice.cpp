@@ -119,3 +119,32 @@ TEST(PreemptNotice, AFileNoticeStopsTheRunAndAnUnreachableSourceIsOnlyReported) 
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_TRUE(contains(bad.out, "unknown --preempt-notice 'ibm'")) << bad.out;
 }
+
+// SPOTRAIN_STOP_EXIT_CODE (core/exit_codes.h, set by mpirun.sh): a finished stop exits with
+// the code asked for and still says so on its last line; a notice already up at start (nothing
+// trained, nothing saved) keeps 75; a value that is no exit code is refused before training.
+TEST(PreemptNotice, ALauncherThatReadsTheStopLineGetsTheExitCodeItAskedFor) {
+  fs::path d = fs::temp_directory_path() / "spotrain_notice_exit_code";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string notice = (d / "notice").string();
+  CommandResult r = notice_after_step_3(
+      d, "SPOTRAIN_STOP_EXIT_CODE=0 " + train(d / "run", "--steps 400 --preempt-notice file:" + notice +
+                                                             " --preempt-poll 0.1"),
+      "echo reclaim > " + notice);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("stopped by a preemption notice .* after step (\\d+); "
+                                                     "resume with --resume auto")))
+      << r.out;
+  char name[32];
+  std::snprintf(name, sizeof name, "ckpt-%08d.h5", std::stoi(m[1]));
+  EXPECT_TRUE(fs::exists(d / "run" / name)) << r.out;
+  CommandResult up = run_command("SPOTRAIN_STOP_EXIT_CODE=0 " +
+                                 train(d / "run2", "--steps 100 --preempt-notice file:" + notice));
+  EXPECT_EQ(up.code, 75) << up.out;
+  CommandResult bad = run_command("SPOTRAIN_STOP_EXIT_CODE=75x " + train(d / "run3", "--steps 1"));
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_TRUE(contains(bad.out, "error: SPOTRAIN_STOP_EXIT_CODE='75x' is not an exit code (0-255)")) << bad.out;
+  EXPECT_FALSE(contains(bad.out, "step 1/")) << bad.out;
+}

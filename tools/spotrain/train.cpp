@@ -1,5 +1,6 @@
 // `spotrain train`: one option per setting of config.h's table, then the Trainer. A run
-// stopped by a signal or --max-wall-time exits 75 (resume with --resume auto).
+// stopped by a signal or --max-wall-time exits 75 (resume with --resume auto; a launcher may
+// ask for another code: core/exit_codes.h).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "spot/preemption.h"
 #include "run/config.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/log.h"
 #include "run/trainer.h"
 #include "tools/spotrain/commands.h"
@@ -20,6 +22,7 @@ namespace spotrain::cli {
 namespace {
 
 int run_train(const RunConfig& cfg) {
+  const int stopped_code = stopped_exit_code();  // a bad SPOTRAIN_STOP_EXIT_CODE fails now
   // A notice already up (a restart on a node about to go): stop before the costly set-up.
   if (!cfg.preempt_notice.empty()) {
     const std::string notice = check_preempt_notice(cfg.preempt_notice);
@@ -37,7 +40,7 @@ int run_train(const RunConfig& cfg) {
     log_to_file(str("error: ", e.what()));  // into the run folder's train.log too
     throw;
   }
-  if (r.stopped) return kExitResumable;
+  if (r.stopped) return stopped_code;
   log_info(str("finished ", r.steps, " steps in ", fmt_duration(r.seconds), "; test top-1 ",
                fmt_fixed(100 * r.test.top1, 2), "% top-5 ", fmt_fixed(100 * r.test.top5, 2), "%",
                t.scaler().enabled()

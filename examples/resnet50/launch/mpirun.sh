@@ -178,8 +178,9 @@ cmd+=(--mca odls_base_sigkill_timeout "$SURVIVOR_WAIT")
 if [[ -n "${MPI_IFNAME:-}" ]]; then
   cmd+=(--mca btl_tcp_if_include "$MPI_IFNAME" --mca oob_tcp_if_include "$MPI_IFNAME")
 fi
+export SPOTRAIN_STOP_EXIT_CODE=0  # a finished stop exits 0: see "Preemption" below
 for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG OMP_NUM_THREADS LD_LIBRARY_PATH PATH \
-         SPOTRAIN_FAULT ${EXTRA_ENV:-}; do
+         SPOTRAIN_FAULT SPOTRAIN_STOP_EXIT_CODE ${EXTRA_ENV:-}; do
   [[ -n "${!v+set}" ]] && cmd+=(-x "$v")
 done
 if [[ -n "${MPIRUN_ARGS:-}" ]]; then
@@ -232,7 +233,13 @@ fi
 # second after its own SIGTERM, odls_base_sigkill_timeout), which loses the stop checkpoint;
 # SIGUSR1 it forwards to every rank at once and leaves them be. So mpirun runs as a child here
 # and TERM, INT and USR1 all reach it as SIGUSR1: every rank finishes its step, rank 0 writes
-# and verifies the stop checkpoint, all exit 75, and so do mpirun and this script.
+# and verifies the stop checkpoint, all exit, and this script exits 75.
+#
+# The ranks of a finished stop exit 0 here (SPOTRAIN_STOP_EXIT_CODE), not 75, and this script
+# takes the stop from rank 0's line "stopped by ... after step N; resume with --resume auto":
+# Open MPI meets any non-zero exit with its kill sequence (SIGCONT, SIGTERM, SIGKILL,
+# SURVIVOR_WAIT apart), which would hold mpirun for 2 x SURVIVOR_WAIT after every rank had
+# already ended. Started without this script, the ranks exit 75.
 MAX_RESTARTS=${MAX_RESTARTS:-0}
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS must be a number, got '$MAX_RESTARTS'"
 delay=${RESTART_DELAY:-10}
@@ -283,6 +290,8 @@ stop_poller() {
 # restarts pass --resume latest, which refuses to start over when no rank's disk holds one any
 # more (node-local disks all replaced) instead of training again from scratch.
 seen_ckpt="$state_dir/seen-checkpoint"
+# This attempt's rank 0 said it stopped with a checkpoint (its ranks then exit 0: above).
+stopped_mark="$state_dir/stopped"
 # The first error line any attempt printed: what the last line says when the restarts run out.
 first_error="$state_dir/first-error"
 watch_output() {
@@ -293,6 +302,8 @@ watch_output() {
     case $line in
       *"checkpoint written: "* | *"saved the last step every rank finished"* | *"resumed from "*)
         [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
+      *"stopped by "*" after step "*"; resume with --resume auto")
+        : >"$stopped_mark" ;;
       *"error: "*)
         [[ -s "$first_error" ]] || printf '%s\n' "${line#*error: }" >"$first_error" ;;
     esac
@@ -306,6 +317,7 @@ while :; do
   printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
   printf ' %q' "${full[@]}"
   printf '\n'
+  rm -f "$stopped_mark"
   watch_output <"$state_dir/out" &
   watch_out=$!
   watch_output <"$state_dir/err" >&2 &
@@ -332,6 +344,7 @@ while :; do
   # HOST_DISCOVERY so is a start that could not reach a host it listed (255, ssh's failure:
   # "ORTE was unable to reliably start one or more daemons"): the host left after the question
   # (a worker pod stopping as the job restarts), and the restart asks again.
+  ((rc == 0)) && [[ -e "$stopped_mark" ]] && rc=75  # a finished stop (SPOTRAIN_STOP_EXIT_CODE)
   ((rc == 205 || rc == 137)) && rc=76
   [[ -n "$HOST_DISCOVERY" ]] && ((rc == 255)) && rc=76
   if ((grow && rc == 75 && stop_asked == 0)); then
