@@ -72,15 +72,22 @@ void Session::broadcast_buffers(Model& model) {
 
 std::unique_ptr<Model> Session::make_model(const ResNetOptions& net, uint64_t seed) {
   auto model = std::make_unique<Model>(build_resnet(net), *backend_);
-  model->initialize(seed);
-  broadcast_from_rank0(model->flat_params(), "the initial parameters");
-  broadcast_buffers(*model);
+  initialize_model(*model, seed);
   return model;
+}
+
+void Session::initialize_model(Model& model, uint64_t seed) {
+  model.initialize(seed);
+  broadcast_from_rank0(model.flat_params(), "the initial parameters");
+  broadcast_buffers(model);
 }
 
 Training Session::make_training(const TrainingSpec& spec) {
   Training t;
-  t.model = make_model(spec.net, spec.seed);
+  if (spec.initialize)
+    t.model = make_model(spec.net, spec.seed);
+  else
+    t.model = std::make_unique<Model>(build_resnet(spec.net), *backend_);
   if (world() > 1) t.sync = std::make_unique<GradSync>(*t.model, *worker_, spec.reducer);
   t.sgd = std::make_unique<Sgd>(*t.model, spec.sgd);
   LossScalerOptions lso = spec.scaler;

@@ -43,6 +43,10 @@ struct TrainingSpec {
   LossScalerOptions scaler;
   ReducerOptions reducer;
   bool cuda_graph = false;  // StepRunner::use_captured_steps (--cuda-graph)
+  // false: the model is left uninitialized for the caller, who loads a checkpoint into it or
+  // calls Session::initialize_model (a resumed ResNet-50 skips drawing 23.5 M weights it would
+  // overwrite).
+  bool initialize = true;
 };
 struct Training {
   std::unique_ptr<Model> model;
@@ -69,6 +73,9 @@ class Session {
   // A ResNet on this rank's backend, initialized from `seed`; with several ranks every rank
   // then holds rank 0's parameters and buffers.
   std::unique_ptr<Model> make_model(const ResNetOptions& net, uint64_t seed);
+  // Draws the model's weights from `seed`; with several ranks every rank then holds rank 0's
+  // parameters and buffers.
+  void initialize_model(Model& model, uint64_t seed);
   // The model with its optimizer, loss scaler, gradient sync (several ranks) and step runner.
   Training make_training(const TrainingSpec& spec);
 

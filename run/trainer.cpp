@@ -132,7 +132,9 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   // Said once, at start: how this backend computes the precision asked for.
   const std::string note = session_->backend().precision_note(compute_dtype(spec.precision), spec.precision == Precision::tf32);
   if (!note.empty()) log_info("note: " + note);
-  t_ = session_->make_training(spec);
+  TrainingSpec uninitialized = spec;
+  uninitialized.initialize = false;  // below: from a checkpoint, or drawn when there is none
+  t_ = session_->make_training(uninitialized);
   if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(*t_.model, cfg_.ema_decay);
   // The run folder once the data and the model are known good, on each rank that writes a copy
   // of the checkpoints (rank 0 alone where every rank sees the same folder): locked, refused
@@ -156,6 +158,19 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
                  cfg_.preempt_poll, " s"));
   }
   write_start_record(*metrics_, *session_, cfg_, storage_);
+  // Where training starts: a checkpoint (no weights drawn only to be overwritten), else fresh
+  // weights, or --init-from's.
+  try {
+    resumed_ = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
+    if (!resumed_.resumed) {
+      session_->initialize_model(*t_.model, spec.seed);
+      if (ema_) ema_->restart();  // made before the weights were
+      init_from_weights(cfg_, *session_, t_, ema_.get());
+    }
+  } catch (const std::exception& e) {
+    log_to_file(str("error: ", e.what()));  // the run folder's train.log closes as this unwinds
+    throw;
+  }
 }
 
 Trainer::~Trainer() {
@@ -241,8 +256,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
 }
 
 TrainResult Trainer::run() {
-  const Resumed resumed = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
-  if (!resumed.resumed) init_from_weights(cfg_, *session_, t_, ema_.get());
+  const Resumed& resumed = resumed_;
   cfg_.batch_size = resumed.per_rank_batch;  // a checkpoint of another world keeps its global batch
   checkpoints_->set_per_rank_batch(cfg_.batch_size);
   if (resumed.resumed) {

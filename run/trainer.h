@@ -18,6 +18,7 @@
 #include "observe/prometheus.h"
 #include "observe/telemetry.h"
 #include "run/config.h"
+#include "run/resume.h"
 #include "run/run_checkpoints.h"
 #include "run/run_folder.h"
 #include "run/storage.h"
@@ -41,6 +42,8 @@ struct TrainResult {
 
 class Trainer {
  public:
+  // Builds the rank's parts and sets the model where training starts: the checkpoint that
+  // --resume finds (resume_training), else fresh weights or --init-from's.
   explicit Trainer(const RunConfig& cfg);
   ~Trainer();
   TrainResult run();
@@ -78,6 +81,7 @@ class Trainer {
   RunStorage storage_;                       // where the checkpoints are kept (--ckpt-dir)
   std::unique_ptr<RunFolder> folder_;        // each writer of a copy (rank 0 where shared)
   std::unique_ptr<RunCheckpoints> checkpoints_;
+  Resumed resumed_;                          // where training starts (made by the constructor)
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host
   std::unique_ptr<PrometheusExport> prom_;    // --prometheus, the first rank of each node
