@@ -42,6 +42,12 @@ class Philox {
  public:
   SPOTRAIN_HD Philox(uint64_t seed, uint32_t a = 0, uint32_t b = 0, uint32_t c = 0)
       : key_(seed), ctr_{{0, a, b, c}} {}
+  // Jumps to the start of block `block` (4 words each): the stream from there is the one a
+  // fresh generator reaches after 4 x block draws of next_u32.
+  SPOTRAIN_HD void seek(uint32_t block) {
+    ctr_.v[0] = block;
+    idx_ = 4;
+  }
   SPOTRAIN_HD uint32_t next_u32() {
     if (idx_ == 4) {
       buf_ = philox4x32(ctr_, key_);

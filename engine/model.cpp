@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/philox.h"
@@ -66,30 +67,45 @@ Buffer* Model::find_buffer(const std::string& name) const {
 int64_t Model::offset_of(const Param* p) const { return offsets_.at(p); }
 size_t Model::index_of(const Param* p) const { return index_.at(p); }
 
+// Each parameter draws from its own stream (seed, its index): a normal takes 2 words, a
+// uniform 1, so a chunk starting at a multiple of 4 elements starts at a known block. The
+// chunks are drawn in parallel; the values do not depend on the thread count.
 void Model::initialize(uint64_t seed) {
   Tensor host = Tensor::host({num_params()});
   float* h = host.data<float>();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param* p = params_[i];
-    float* v = h + offsets_[p];
-    int64_t n = p->value.numel();
-    Philox rng(seed, uint32_t(i), 0x1417u);
+  constexpr int64_t kChunk = int64_t(1) << 16;  // elements, a multiple of 4
+  struct Chunk {
+    size_t param;
+    int64_t begin, end;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (int64_t b = 0, n = params_[i]->value.numel(); b < n; b += kChunk)
+      chunks.push_back({i, b, std::min(n, b + kChunk)});
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t c = 0; c < int64_t(chunks.size()); ++c) {
+    const Chunk& k = chunks[size_t(c)];
+    Param* p = params_[k.param];
+    float* v = h + offsets_.at(p);
+    Philox rng(seed, uint32_t(k.param), 0x1417u);
     switch (p->init) {
       case Param::Init::kaiming_fan_out: {
-        float std = std::sqrt(2.f / float(p->fan));
-        for (int64_t j = 0; j < n; ++j) v[j] = rng.normal() * std;
+        rng.seek(uint32_t(k.begin / 2));
+        const float std = std::sqrt(2.f / float(p->fan));
+        for (int64_t j = k.begin; j < k.end; ++j) v[j] = rng.normal() * std;
         break;
       }
       case Param::Init::uniform_fan_in: {
-        float bound = 1.f / std::sqrt(float(p->fan));
-        for (int64_t j = 0; j < n; ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
+        rng.seek(uint32_t(k.begin / 4));
+        const float bound = 1.f / std::sqrt(float(p->fan));
+        for (int64_t j = k.begin; j < k.end; ++j) v[j] = (2.f * rng.uniform() - 1.f) * bound;
         break;
       }
       case Param::Init::ones:
-        for (int64_t j = 0; j < n; ++j) v[j] = 1.f;
+        std::fill(v + k.begin, v + k.end, 1.f);
         break;
       case Param::Init::zeros:
-        for (int64_t j = 0; j < n; ++j) v[j] = 0.f;
+        std::fill(v + k.begin, v + k.end, 0.f);
         break;
     }
   }

@@ -415,3 +415,44 @@ INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),
                          });
 
 }  // namespace
+
+// Model::initialize draws each parameter from its own stream in chunks, in parallel: the
+// weights are the same whatever the thread count, and the same as drawing each parameter's
+// stream from its start in one go (as runs and checkpoints made before the chunks had them).
+TEST(ModelInit, TheWeightsDoNotDependOnTheThreadCount) {
+  ResNetOptions o;
+  o.arch = "resnet50";  // 3x3 convolutions of 590k weights: many chunks of 64k each
+  o.num_classes = 10;
+  const uint64_t seed = 77;
+  auto draw = [&](int threads) {
+    auto be = cpu_backend(threads);
+    Model m(build_resnet(o), *be);
+    m.initialize(seed);
+    std::vector<Floats> w;
+    for (auto* p : m.params()) w.push_back(host_floats(*be, p->value));
+    return w;
+  };
+  const std::vector<Floats> one = draw(1), four = draw(4);
+  auto be = cpu_backend(1);
+  Model m(build_resnet(o), *be);
+  ASSERT_EQ(one.size(), m.params().size());
+  int64_t compared = 0;
+  for (size_t i = 0; i < m.params().size(); ++i) {
+    const Param* p = m.params()[i];
+    Philox rng(seed, uint32_t(i), 0x1417u);
+    std::vector<float> ref(size_t(p->value.numel()));
+    for (float& v : ref) {
+      switch (p->init) {
+        case Param::Init::kaiming_fan_out: v = rng.normal() * std::sqrt(2.f / float(p->fan)); break;
+        case Param::Init::uniform_fan_in: v = (2.f * rng.uniform() - 1.f) * (1.f / std::sqrt(float(p->fan))); break;
+        case Param::Init::ones: v = 1.f; break;
+        case Param::Init::zeros: v = 0.f; break;
+      }
+    }
+    ASSERT_EQ(one[i].size(), ref.size()) << p->name;
+    EXPECT_EQ(std::memcmp(one[i].data(), ref.data(), ref.size() * 4), 0) << p->name << ": one thread";
+    EXPECT_EQ(std::memcmp(four[i].data(), ref.data(), ref.size() * 4), 0) << p->name << ": four threads";
+    compared += int64_t(ref.size());
+  }
+  EXPECT_EQ(compared, m.num_params());
+}
