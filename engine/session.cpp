@@ -84,10 +84,8 @@ void Session::initialize_model(Model& model, uint64_t seed) {
 
 Training Session::make_training(const TrainingSpec& spec) {
   Training t;
-  if (spec.initialize)
-    t.model = make_model(spec.net, spec.seed);
-  else
-    t.model = std::make_unique<Model>(build_resnet(spec.net), *backend_);
+  t.model = std::make_unique<Model>(build_resnet(spec.net), *backend_);
+  if (spec.initialize) initialize_model(*t.model, spec.seed);
   if (world() > 1) t.sync = std::make_unique<GradSync>(*t.model, *worker_, spec.reducer);
   t.sgd = std::make_unique<Sgd>(*t.model, spec.sgd);
   LossScalerOptions lso = spec.scaler;

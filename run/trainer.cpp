@@ -128,13 +128,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
   data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed, cfg_.image_size);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");
-  const TrainingSpec spec = training_spec(cfg_, data_.train->num_classes(), data_.train->image_shape().c);
+  TrainingSpec spec = training_spec(cfg_, data_.train->num_classes(), data_.train->image_shape().c);
+  spec.initialize = false;  // below: from a checkpoint, or drawn when there is none
   // Said once, at start: how this backend computes the precision asked for.
   const std::string note = session_->backend().precision_note(compute_dtype(spec.precision), spec.precision == Precision::tf32);
   if (!note.empty()) log_info("note: " + note);
-  TrainingSpec uninitialized = spec;
-  uninitialized.initialize = false;  // below: from a checkpoint, or drawn when there is none
-  t_ = session_->make_training(uninitialized);
+  t_ = session_->make_training(spec);
   if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(*t_.model, cfg_.ema_decay);
   // The run folder once the data and the model are known good, on each rank that writes a copy
   // of the checkpoints (rank 0 alone where every rank sees the same folder): locked, refused

@@ -32,11 +32,10 @@ int run_train(const RunConfig& cfg) {
       return kExitResumable;
     }
   }
-  std::unique_ptr<Trainer> trainer;
+  Trainer t(cfg);  // resumes, too (its own errors reach train.log there)
   TrainResult r;
   try {
-    trainer = std::make_unique<Trainer>(cfg);  // resumes, too
-    r = trainer->run();
+    r = t.run();
   } catch (const std::exception& e) {
     log_to_file(str("error: ", e.what()));  // into the run folder's train.log too
     throw;
@@ -44,7 +43,7 @@ int run_train(const RunConfig& cfg) {
   if (r.stopped) return stopped_code;
   log_info(str("finished ", r.steps, " steps in ", fmt_duration(r.seconds), "; test top-1 ",
                fmt_fixed(100 * r.test.top1, 2), "% top-5 ", fmt_fixed(100 * r.test.top5, 2), "%",
-               trainer->scaler().enabled()
+               t.scaler().enabled()
                    ? str("; ", r.skipped_steps, " overflowed steps skipped, loss scale ", r.loss_scale)
                    : std::string()));
   return 0;
