@@ -3,6 +3,8 @@
 // the interval with its inputs and checkpoints at about that pace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 #include <regex>
@@ -53,13 +55,18 @@ TEST(CkptInterval, ARunMeasuresItsCostAndCheckpointsAtTheInterval) {
   // (the log rounds the cost to 0.1 ms and the intervals to 10 ms)
   EXPECT_NEAR(yd, std::sqrt(2 * cost * 60), 0.02 + 0.05 * yd);
   EXPECT_GE(interval, yd - 0.01);
+  // The interval is logged again when the measured cost moves it (the first estimate, the
+  // buffers' first touch, can be far off under load): the pace is bounded by the shortest.
+  double shortest = interval;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end; it != end; ++it)
+    shortest = std::min(shortest, std::stod((*it)[1]));
   // Every checkpoint but the last is a periodic one here (one epoch is 256 steps): at least
-  // two, and no more than the run's length allows at the logged interval's pace.
+  // two, and no more than the run's length allows at the shortest logged interval's pace.
   int files = 0;
   for (auto& e : fs::directory_iterator(d)) files += e.path().extension() == ".h5";
   std::smatch t;
   ASSERT_TRUE(std::regex_search(r.out, t, std::regex("finished 200 steps in ([0-9.]+)s"))) << r.out;
   EXPECT_GE(files - 1, 2) << r.out;
-  EXPECT_LE(files - 1, int(std::stod(t[1]) / (0.5 * interval)) + 2) << r.out;
+  EXPECT_LE(files - 1, int(std::stod(t[1]) / (0.5 * shortest)) + 2) << r.out;
   fs::remove_all(d);
 }
