@@ -233,6 +233,25 @@ TEST_F(MultiHost, AHostPoweredOffEndsTheJobWithinTheBoundAndTheRestartResumes) {
   lose_host_2("poweroff");
 }
 
+// HOST_DISCOVERY lists host 2 before its network is up (as an instance just started can be
+// listed): the daemon started there cannot connect back, so mpirun cannot start the job
+// ("unable to reliably start one or more daemons") and returns 1. The launcher counts that as
+// a lost peer and starts again after RESTART_DELAY, once the host answers, on both hosts.
+TEST_F(MultiHost, AHostListedBeforeItsNetworkIsUpCostsARestartNotTheJob) {
+  const fs::path list = dir_ / "discover.sh";
+  std::ofstream(list) << "echo " << net_ << ".1; echo " << net_ << ".2\n";
+  ASSERT_EQ(run_command(hosts("cut", 2)).code, 0);
+  const std::string env = "HOST_DISCOVERY='bash " + list.string() + "' DISCOVERY_INTERVAL=0 MAX_RESTARTS=1 RESTART_DELAY=2";
+  CommandResult r = scenario(launcher(env, train_args(dir_ / "run", "--steps 6"), "-"),
+                             "sleep 3\n" + hosts("restore", 2) + "\n");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "unable to reliably start one or more daemons")) << r.out;
+  const size_t restart = r.out.find("mpirun.sh: the job could not start on every host listed (76); restart 1 of 1");
+  ASSERT_NE(restart, std::string::npos) << r.out;
+  EXPECT_TRUE(contains(r.out.substr(restart), "data parallel over 2 ranks")) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "ckpt-00000006.h5")) << r.out;
+}
+
 }  // namespace
 
 namespace {

@@ -31,8 +31,10 @@
 #                     then: a restart after a lost host needs no replacement, it goes on at once
 #                     on the hosts that remain (no RESTART_DELAY). It should list only hosts that
 #                     answer; a start that cannot reach one it listed (mpirun's 255) counts as a
-#                     lost peer (76) and restarts. The job's global batch must divide over every
-#                     rank count it may get (spotrain refuses one that does not).
+#                     lost peer (76) and restarts, and so does one whose daemon there cannot
+#                     connect back (a host listed before its network is up), after
+#                     RESTART_DELAY. The job's global batch must divide over every rank count
+#                     it may get (spotrain refuses one that does not).
 #   MIN_HOSTS         with HOST_DISCOVERY: fewer hosts up than this (default 1) and the script
 #                     waits, asking again after RESTART_DELAY, doubled up to RESTART_DELAY_MAX,
 #                     for at most HOST_WAIT_MAX seconds (default 3600; then it exits 76)
@@ -294,6 +296,9 @@ seen_ckpt="$state_dir/seen-checkpoint"
 stopped_mark="$state_dir/stopped"
 # The first error line any attempt printed: what the last line says when the restarts run out.
 first_error="$state_dir/first-error"
+# This attempt's mpirun could not start its daemon on every host (Open MPI 4's "ORTE was unable
+# to reliably start one or more daemons", PRRTE's "PRTE was ..."; mpirun then exits 1).
+start_failed="$state_dir/start-failed"
 watch_output() {
   trap '' TERM INT USR1 USR2  # forward to the end: the job's last lines say what it saved
   local line
@@ -304,6 +309,8 @@ watch_output() {
         [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
       *"stopped by "*" after step "*"; resume with --resume auto")
         : >"$stopped_mark" ;;
+      *"was unable to reliably start one or more daemons"*)
+        : >"$start_failed" ;;
       *"error: "*)
         [[ -s "$first_error" ]] || printf '%s\n' "${line#*error: }" >"$first_error" ;;
     esac
@@ -317,7 +324,7 @@ while :; do
   printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
   printf ' %q' "${full[@]}"
   printf '\n'
-  rm -f "$stopped_mark"
+  rm -f "$stopped_mark" "$start_failed"
   watch_output <"$state_dir/out" &
   watch_out=$!
   watch_output <"$state_dir/err" >&2 &
@@ -342,11 +349,20 @@ while :; do
   # Open MPI's "lost communication with a remote daemon" (205): a node is gone; a rank killed
   # without notice (137: SIGKILL, a reclaimed instance): both a lost peer, as 76. With
   # HOST_DISCOVERY so is a start that could not reach a host it listed (255, ssh's failure:
-  # "ORTE was unable to reliably start one or more daemons"): the host left after the question
-  # (a worker pod stopping as the job restarts), and the restart asks again.
+  # the host left after the question, a worker pod stopping as the job restarts; the restart
+  # asks again at once), and one whose daemon there could not connect back (1, with Open MPI's
+  # "unable to reliably start one or more daemons": a host listed before its network is up,
+  # an instance just started; the restart asks again after RESTART_DELAY).
   ((rc == 0)) && [[ -e "$stopped_mark" ]] && rc=75  # a finished stop (SPOTRAIN_STOP_EXIT_CODE)
   ((rc == 205 || rc == 137)) && rc=76
-  [[ -n "$HOST_DISCOVERY" ]] && ((rc == 255)) && rc=76
+  unreached=0
+  if [[ -n "$HOST_DISCOVERY" ]]; then
+    ((rc == 255)) && rc=76
+    if ((rc != 0 && rc != 75 && rc != 76)) && [[ -e "$start_failed" ]]; then
+      rc=76
+      unreached=1
+    fi
+  fi
   if ((grow && rc == 75 && stop_asked == 0)); then
     # Stopped to grow: at once, on the hosts up now, not counted as a restart.
     grow=0
@@ -358,9 +374,16 @@ while :; do
     # Restart only what a restart can mend, and never what this script was asked to stop.
     ((stop_asked == 0 && (rc == 75 || rc == 76) && restarts < MAX_RESTARTS)) || break
     restarts=$((restarts + 1))
-    if [[ -n "$HOST_DISCOVERY" ]]; then
+    if [[ -n "$HOST_DISCOVERY" ]] && ((unreached == 0)); then
       # On the hosts that remain, at once (pick_hosts waits while too few are up).
       echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS on the hosts up now" >&2
+    elif ((unreached)); then
+      # A host listed but not reachable yet: asking again at once would likely meet it again.
+      echo "mpirun.sh: the job could not start on every host listed ($rc); restart $restarts of $MAX_RESTARTS on the hosts up in ${delay} s" >&2
+      sleep "$delay" &
+      wait $! || true
+      ((stop_asked == 0)) || break
+      delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
     else
       echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s" >&2
       sleep "$delay" &
