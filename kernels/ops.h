@@ -104,6 +104,10 @@ class Backend {
   // configuration, the fp32 fallbacks), one line each, for --profile; empty where there is no
   // choice (the CPU).
   virtual std::vector<std::string> kernel_choices() { return {}; }
+  // Writes the kernel choices timed since the last call to the kernel cache
+  // (BackendOptions::kernel_cache); nothing to write, or no cache: returns at once. Called
+  // after each training step; the CPU times nothing.
+  virtual void save_kernel_choices() {}
 
   // --- data movement (to_host, from_host and the host copies are not timed) -----------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
@@ -385,6 +389,13 @@ struct BackendOptions {
   // nChw8c, its fast one) or Layout::nhwc (the GPU's; the op suite runs the CPU in it against
   // the blocked CPU, so the suite's own logic meets a second layout on every commit).
   Layout cpu_activations = Layout::blocked;
+  // GPU: time the candidates of each convolution direction and fused graph at their first
+  // use on the real shape and keep the fastest (--autotune); false takes cuDNN's heuristics'
+  // first choice (--no-autotune). --deterministic always takes the heuristics'.
+  bool autotune = true;
+  // GPU: the file the timed choices are remembered in (kernels/tuning_cache.h; "" = none),
+  // so a restarted job runs its chosen kernels from the first step.
+  std::string kernel_cache = "";
 };
 
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is

@@ -98,6 +98,13 @@ enum SettingFlags : unsigned {
   X(uint64_t, seed, 0, "--seed", "random seed (weights, data order, augmentation)", kShowDefault, "") \
   X(bool, deterministic, false, "--deterministic", "bitwise-reproducible runs", kSettingPlain, "")     \
   X(std::string, device, "auto", "--device", "auto|cpu|cuda", kShowDefault | kPerNode, "auto|cpu|cuda")            \
+  X(bool, autotune, true, "--autotune,!--no-autotune",                                            \
+    "GPU: time the candidate kernels of each convolution and fused graph at their first use "    \
+    "and keep the fastest (else cuDNN's heuristics' first choice)", kShowDefault | kPerNode, "")  \
+  X(std::string, kernel_cache, "auto", "--kernel-cache",                                          \
+    "GPU: the file the timed kernel choices are kept in, per GPU, driver, cuDNN and shape, so a " \
+    "restart skips the timing: auto (the run folder's kernel-choices.json; bench: "             \
+    "~/.cache/spotrain/), none, or a path", kShowDefault | kPerNode, "")                          \
   X(bool, cuda_graph, false, "--cuda-graph",                                                      \
     "GPU, one rank: record a training step as a CUDA Graph once, then replay it each step",       \
     kPerNode, "")                                                                                 \

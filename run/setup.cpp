@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/tuning_cache.h"
 
 namespace spotrain {
 
@@ -16,6 +17,8 @@ SessionOptions session_options(const RunConfig& cfg) {
   so.backend.threads = cfg.threads;
   so.backend.deterministic = cfg.deterministic;
   so.backend.tf32 = cfg.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
+  so.backend.autotune = cfg.autotune;
+  so.backend.kernel_cache = TuningCache::resolve_path(cfg.kernel_cache, cfg.ckpt_dir);
   so.comm_timeout = cfg.comm_timeout;
   so.device_comm = cfg.device_comm;
   return so;

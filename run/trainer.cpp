@@ -240,6 +240,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
   t_.runner->queue(b.images, b.labels.data(), lr, cfg_.label_smoothing, s.timed ? &s.phases : nullptr,
                    b.lam.empty() ? nullptr : &mix);
   if (ema_) ema_->update();
+  session_->backend().save_kernel_choices();  // the first steps' timed choices, for a restart
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};
   // before any other collective: what a survivor would save
   checkpoints_->step_done(settled(at, loop.p.per_epoch));

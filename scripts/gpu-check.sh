@@ -23,11 +23,14 @@
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph compile profile
-# fusion resume ranks2 more", run in that order of importance so that a short budget cuts only
+# fusion tuning resume ranks2 more", run in that order of importance so that a short budget cuts only
 # the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph
 # (captured or not); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
 # bf16; fp16 --profile with the kernels chosen per shape; "fusion": fp16 with
-# --fusion bn, timed and profiled (which graphs cuDNN took and ran); "resume": a --cuda-graph run
+# --fusion bn, timed and profiled (which graphs cuDNN took and ran); "tuning": fp16 and
+# --fusion bn with cuDNN's heuristics' first choices (--no-autotune) against the timed ones,
+# and a short ResNet-50 training run's wall time with an empty kernel cache, then with the
+# cache it left; "resume": a --cuda-graph run
 # stopped with a checkpoint and resumed, against one straight through; "ranks2": two ranks
 # on the one GPU (host-staged gradients), agreed stop and resume; "more": bf16, tf32, fp16
 # with stage and selective checkpointing. Not by default: "train" (Fashion-MNIST convergence and determinism,
@@ -274,7 +277,7 @@ prefix_ld=""
 compgen -G "$debs/*.deb" >/dev/null &&
   prefix_ld="$P/lib/$arch:$P/lib/$arch/openmpi/lib:$P/lib/$arch/hdf5/serial"
 ld_path="${prefix_ld}${prefix_ld:+${wheel_libs:+:}}${wheel_libs}"
-ours=(env "LD_LIBRARY_PATH=${ld_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+ours=(env "LD_LIBRARY_PATH=${ld_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "XDG_CACHE_HOME=$out/xdg-cache")
 # CMAKE_POLICY_VERSION_MINIMUM: a pip-installed CMake 4 still reads Debian's older
 # package configuration files.
 # PRE_TEST: the build does not run the test binaries to list their tests (ctest would; this
@@ -446,7 +449,7 @@ export bin logs ours_ld python repo
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
-steps_wanted=" ${GPU_STEPS:-tests bench torch graph compile profile fusion resume ranks2 more} "
+steps_wanted=" ${GPU_STEPS:-tests bench torch graph compile profile fusion tuning resume ranks2 more} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
 # The loader step's JPEG folder is made in the background while the GPU steps run.
 jpegs=/tmp/spotrain-gpu-jpegs
@@ -567,6 +570,25 @@ if want fusion && [[ -n "$bin" && -n "$gpu" ]]; then
   grep -q '"cuda_graph": true' "$logs/bench-fp16-fusion-graph.json" 2>/dev/null &&
     restatus "$(laststatus): captured" || restatus "$(laststatus): NOT captured"
   bench profile-fp16-fusion fp16 none --fusion bn --profile
+fi
+
+# What timing the kernels buys: fp16 and --fusion bn with cuDNN's heuristics' first choices
+# (the timed ones are the fp16 and fp16-fusion rows); and what the kernel cache buys a restart:
+# the same 8-step ResNet-50 training run (the timing happens in its first step) with an
+# empty cache, then with the one it left (the steps' durations in the summary).
+if want tuning && [[ -n "$bin" && -n "$gpu" ]]; then
+  bench fp16-heuristic fp16 none --no-autotune
+  bench fp16-fusion-heuristic fp16 none --fusion bn --no-autotune
+  rm -rf "$out/run-tuning" "$out/kernel-choices.json"
+  tuning=(train --model resnet50 --data synthetic --image-size 224 --train-limit 4096 --test-limit 256
+          --batch-size 256 --precision fp16 --steps 8 --log-every 1 --device cuda
+          --kernel-cache "$out/kernel-choices.json" --ckpt-dir "")
+  run_step train-kernel-cache-cold 120 "${ours[@]}" "$bin/spotrain" "${tuning[@]}"
+  run_step train-kernel-cache-warm 120 "${ours[@]}" "$bin/spotrain" "${tuning[@]}"
+  grep -q "timed choices for this GPU" "$logs/train-kernel-cache-warm.log" ||
+    restatus "$(laststatus): the cache was NOT read"
+  cp "$out/kernel-choices.json" "$logs/" 2>/dev/null
+  rm -f "$out/kernel-choices.json"
 fi
 
 # Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops, and fp16

@@ -17,6 +17,7 @@
 #include "kernels/op_profiler.h"
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
+#include "kernels/tuning_cache.h"
 
 namespace spotrain::cuda {
 
@@ -40,6 +41,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::string gpu_pci_bus_id() const override;
   std::string device_line() const override;
   std::vector<std::string> kernel_choices() override;
+  void save_kernel_choices() override;
   Allocator& allocator() override { return capturing_ ? *graph_pool_ : *pool_; }
 
   Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
@@ -176,6 +178,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
 
   BackendOptions opt_;
   std::string name_;
+  // The timed kernel choices, remembered per GPU, driver and library versions
+  // (BackendOptions::kernel_cache).
+  std::unique_ptr<TuningCache> tuning_;
   int device_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;

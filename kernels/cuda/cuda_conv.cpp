@@ -39,18 +39,48 @@ size_t workspace_limit() {
   return std::min(free_b / 4, size_t(2) << 30);
 }
 
+// How an algorithm is to be chosen, and where the choice is remembered.
+struct AlgoSearch {
+  bool deterministic = false;  // cuDNN's heuristics, restricted to deterministic algorithms
+  bool strict = false;         // fp32 without tensor cores
+  bool autotune = true;        // timed (FindEx); else the heuristics' first choice
+  TuningCache* cache = nullptr;
+  std::string key;             // the op and shape in the cache
+  std::string how;             // out: how the algorithm was chosen, for --profile
+};
+
+// An algorithm and its math, as the kernel cache keeps it ("algo 1 math 1").
+template <typename Perf>
+std::string algo_text(const Perf& r) {
+  return str("algo ", int(r.algo), " math ", int(r.mathType));
+}
+
 // Chooses an algorithm: under --deterministic, cuDNN's heuristics (the same choice every run);
-// otherwise by measurement (FindEx) with a workspace as large as the best candidates need.
+// otherwise the one timed fastest (FindEx, with a workspace as large as the best candidates
+// need), taken from the kernel cache where an earlier run timed this shape on this device.
 // get_v7(n, &returned, perf) and find_ex(n, &returned, perf, ws, ws_bytes) wrap the calls.
 template <typename Perf, int kCount, typename GetV7, typename FindEx>
-Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7, FindEx find_ex) {
+Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) {
+  const bool deterministic = s.deterministic, strict = s.strict;
   // Room for more results than the enum names: newer cuDNN builds may report extra entries.
   constexpr int kRoom = 2 * kCount + 8;
   Perf perf[kRoom];
   int got = 0;
   size_t limit = workspace_limit();
   CUDNN_CHECK(get_v7(kRoom, &got, perf));
-  if (!deterministic) {
+  // Remembered: the same algorithm and math, if the heuristics still list it as runnable here.
+  if (!deterministic && s.autotune && s.cache) {
+    if (const TuneVerdict* v = s.cache->find(s.key)) {
+      for (int i = 0; i < got; ++i) {
+        const Perf* r = pick(perf + i, 1, limit, false, strict);
+        if (r && algo_text(*r) == v->choice) {
+          s.how = "kernel cache: timed " + v->times();
+          return *r;
+        }
+      }
+    }
+  }
+  if (!deterministic && s.autotune) {
     size_t want = 0;
     for (int i = 0; i < got; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit)
@@ -67,8 +97,19 @@ Perf choose_algo(bool deterministic, bool strict, const char* what, GetV7 get_v7
     cudnnStatus_t st = find_ex(kRoom, &nfound, found, ws, want);
     if (ws) (void)cudaFree(ws);
     CUDNN_CHECK(st);
-    if (const Perf* r = pick(found, nfound, want, false, strict)) return *r;
+    if (const Perf* r = pick(found, nfound, want, false, strict)) {
+      TuneVerdict v{algo_text(*r), double(r->time), "", 0};
+      const int next = int(r - found) + 1;
+      if (const Perf* q = next < nfound ? pick(found + next, nfound - next, want, false, strict) : nullptr) {
+        v.runner_up = algo_text(*q);
+        v.runner_up_ms = double(q->time);
+      }
+      s.how = "timed " + v.times();
+      if (s.cache) s.cache->put(s.key, std::move(v));
+      return *r;
+    }
   }
+  s.how = deterministic ? "heuristics, deterministic" : "heuristics";
   if (const Perf* r = pick(perf, got, limit, deterministic, strict)) return *r;
   // No deterministic algorithm for this shape (some NHWC directions have only
   // non-deterministic kernels): run, and say once that this shape breaks bitwise repeatability.
@@ -121,17 +162,18 @@ std::vector<std::string> CudaBackend::conv_choices() const {
   auto math = [](cudnnMathType_t m) {
     return m == CUDNN_DEFAULT_MATH ? "default math" : m == CUDNN_FMA_MATH ? "fma" : "tensor ops";
   };
-  auto dir = [&](const char* what, bool have, int algo, cudnnMathType_t m, size_t ws, bool f32) {
+  auto dir = [&](const char* what, bool have, int algo, cudnnMathType_t m, size_t ws, bool f32,
+                 const std::string& how) {
     if (!have) return str(what, " unused");
     return str(what, " algo ", algo, " (", math(m), ", ", (ws + (1 << 20) - 1) >> 20, " MiB",
-               f32 ? ", fp32 fallback" : "", ")");
+               f32 ? ", fp32 fallback" : "", how.empty() ? std::string() : ", " + how, ")");
   };
   auto verdict = [&](const ConvEntry& e, int which) -> std::string {
     const FusedGraph& g = *e.fused[which];
     const char* name = fusion_graph_name(which);
     const std::string planned = str(", planned in ", fmt_fixed(g.plan_seconds(), 2), " s");
     return g.accepted() ? str(", ", name, " graph: accepted (engine ", g.engine(),
-                              g.lowered_precision() ? " of lowered precision" : "", ", ",
+                              g.lowered_precision() ? " of lowered precision" : "", ", ", g.how(), ", ",
                               (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
                               which != kStatsGraph ? str(", ", g.intermediates(), " intermediates") : std::string(),
                               planned, e.fused_ran[which] ? ", ran" : "", ")")
@@ -146,10 +188,10 @@ std::vector<std::string> CudaBackend::conv_choices() const {
   std::vector<std::string> out;
   for (auto& [key, e] : conv_cache_)
     out.push_back(str("conv ", key, ": ",
-                      dir("forward", e->have_fwd, int(e->fwd_algo), e->fwd_math, e->fwd_ws, e->fwd_f32), ", ",
-                      dir("data", e->have_bd, int(e->bd_algo), e->bd_math, e->bd_ws, e->bd_f32),
+                      dir("forward", e->have_fwd, int(e->fwd_algo), e->fwd_math, e->fwd_ws, e->fwd_f32, e->fwd_how), ", ",
+                      dir("data", e->have_bd, int(e->bd_algo), e->bd_math, e->bd_ws, e->bd_f32, e->bd_how),
                       e->bd_add_refused ? " (refuses beta = 1)" : "", ", ",
-                      dir("filter", e->have_bw, int(e->bw_algo), e->bw_math, e->bw_ws, e->bw_f32),
+                      dir("filter", e->have_bw, int(e->bw_algo), e->bw_math, e->bw_ws, e->bw_f32, e->bw_how),
                       fusion(*e)));
   return out;
 }
@@ -181,6 +223,7 @@ CudaBackend::ConvEntry& CudaBackend::conv_entry(const Tensor& x, const Tensor& w
   e->y = nhwc_desc(dt, n, c, h, wd);
   e->shape = ConvShape{dt, x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3),
                        p.stride, p.pad};
+  e->key = key;
   auto& ref = *e;
   conv_cache_.emplace(key, std::move(e));
   return ref;
@@ -219,8 +262,10 @@ Tensor CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const 
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
+                        str("convolution forward ", e.key, " math ", int(conv_math(x.dtype()))), ""};
       auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
-          opt_.deterministic, strict, "convolution forward",
+          search, "convolution forward",
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
             return cudnnGetConvolutionForwardAlgorithm_v7(dnn_, e.x, e.w, e.conv, e.y, n, got,
                                                           perf);
@@ -230,6 +275,7 @@ Tensor CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const 
                                                           y.raw(), n, got, perf, ws, bytes);
           });
       e.fwd_algo = r.algo;
+      e.fwd_how = search.how;
       e.fwd_math = strict ? CUDNN_FMA_MATH : r.mathType;
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
       CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn_, e.x, e.w, e.conv, e.y, e.fwd_algo,
@@ -266,9 +312,11 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
     Tensor trial = beta != 0.f ? alloc_like(x) : dx;
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
+                        str("convolution backward-data ", e.key, " math ", int(conv_math(x.dtype()))), ""};
       auto r =
           choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
-              opt_.deterministic, strict, "convolution backward-data",
+              search, "convolution backward-data",
               [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
                 return cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, e.w, e.y, e.conv, e.x, n,
                                                                    got, perf);
@@ -280,6 +328,7 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
                     bytes);
               });
       e.bd_algo = r.algo;
+      e.bd_how = search.how;
       e.bd_math = strict ? CUDNN_FMA_MATH : r.mathType;
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bd_math));
       CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, e.w, e.y, e.conv, e.x,
@@ -344,9 +393,11 @@ void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
+      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
+                        str("convolution backward-filter ", e.key, " math ", int(conv_math(x.dtype()))), ""};
       auto r =
           choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-              opt_.deterministic, strict, "convolution backward-filter",
+              search, "convolution backward-filter",
               [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
                 return cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, e.x, e.y, e.conv, e.w, n,
                                                                      got, perf);
@@ -358,6 +409,7 @@ void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy
                     bytes);
               });
       e.bw_algo = r.algo;
+      e.bw_how = search.how;
       e.bw_math = strict ? CUDNN_FMA_MATH : r.mathType;
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bw_math));
       CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, e.x, e.y, e.conv, e.w,

@@ -12,7 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/log.h"
 #include "core/test_hooks.h"
+#include "kernels/device_info.h"
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/elementwise.h"
@@ -111,6 +113,21 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_devic
   name_ = str("cuda (", prop.name, ", sm_", prop.major, prop.minor, ", cuDNN ", v / 10000, ".",
               (v % 10000) / 100, ".", v % 100, ", cuBLAS ", blas_v, opt.tf32 ? ", tf32" : "",
               opt.deterministic ? ", deterministic" : "", ")");
+  // A timed choice holds for the same GPU model, driver and libraries: the key of its verdicts.
+  int driver = 0;
+  (void)cudaDriverGetVersion(&driver);
+  const std::string release = gpu_info().driver;
+  tuning_ = std::make_unique<TuningCache>(
+      opt.kernel_cache, str(prop.name, " sm_", prop.major, prop.minor, ", driver ",
+                            release.empty() ? std::to_string(driver) : release, ", cuDNN ", v,
+                            ", cuBLAS ", blas_v));
+  if (tuning_->loaded() > 0)
+    log_info(str("kernel cache ", tuning_->path(), ": ", tuning_->loaded(),
+                 " timed choices for this GPU, driver and cuDNN"));
+}
+
+void CudaBackend::save_kernel_choices() {
+  if (tuning_ && tuning_->unsaved() > 0) tuning_->save();
 }
 
 int CudaBackend::record_mark() {
@@ -658,6 +675,10 @@ bool CudaBackend::queued_overflow() {
 CudaBackend::~CudaBackend() {
   // No throwing here: report and go on.
   drop();
+  try {
+    save_kernel_choices();  // what the last steps or an evaluation timed
+  } catch (...) {
+  }
   if (graph_in_copied_) CUDA_WARN(cudaEventDestroy(graph_in_copied_));
   if (compute_) CUDA_WARN(cudaStreamSynchronize(compute_));
   if (copy_) CUDA_WARN(cudaStreamSynchronize(copy_));

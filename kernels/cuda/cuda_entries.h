@@ -84,6 +84,10 @@ struct CudaBackend::ConvEntry {
   // The backward-data algorithm (chosen for beta = 0) refused to add into the gradient (beta =
   // 1): conv2d_backward_data_add computes into a new tensor and adds instead.
   bool bd_add_refused = false;
+  // How each direction's algorithm was chosen (timed, the kernel cache, heuristics), for
+  // --profile.
+  std::string fwd_how, bd_how, bw_how;
+  std::string key;  // the shape, as conv_cache_ and the kernel cache name it
   ConvShape shape;  // for the graph API
   // The conv + batch-norm fusion graphs of this shape (FusionGraph), planned at their first
   // use, and whether each ran.

@@ -22,15 +22,17 @@ FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
     // Planning finalizes engines (no kernel runs), but a step being recorded meets no new
     // shape: the eager warm-up steps plan every graph first.
     SPOTRAIN_CHECK(!capturing_, "internal: a fusion graph first planned while capturing a step");
+    // Timed at its first run and remembered per shape (--autotune, --kernel-cache).
+    GraphTuning t{opt_.autotune, tuning_.get(), str("graph ", fusion_graph_name(which), " ", e.key)};
     try {
       switch (which) {
-        case kStatsGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, false); break;
-        case kPrologueGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true); break;
+        case kStatsGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, false, true, t); break;
+        case kPrologueGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true, true, t); break;
         case kPrologueOnlyGraph:
-          slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true, false);
+          slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, true, false, t);
           break;
-        case kWgradGraph: slot = std::make_unique<ConvWgradGraph>(dnn_, e.shape); break;
-        default: slot = std::make_unique<DgradDreluDbnGraph>(dnn_, e.shape); break;
+        case kWgradGraph: slot = std::make_unique<ConvWgradGraph>(dnn_, e.shape, t); break;
+        default: slot = std::make_unique<DgradDreluDbnGraph>(dnn_, e.shape, t); break;
       }
     } catch (const Error& err) {  // a graph cuDNN errs on is refused like one it declines
       slot = std::make_unique<FailedGraph>(dnn_, err.what());

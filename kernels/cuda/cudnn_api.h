@@ -20,6 +20,7 @@ SPOTRAIN_CUDNN(cudnnGetLastErrorString);
 SPOTRAIN_CUDNN(cudnnCreate);
 SPOTRAIN_CUDNN(cudnnDestroy);
 SPOTRAIN_CUDNN(cudnnSetStream);
+SPOTRAIN_CUDNN(cudnnGetStream);
 SPOTRAIN_CUDNN(cudnnCreateTensorDescriptor);
 SPOTRAIN_CUDNN(cudnnSetTensor4dDescriptor);
 SPOTRAIN_CUDNN(cudnnDestroyTensorDescriptor);

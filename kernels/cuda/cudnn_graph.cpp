@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/clock.h"
+#include "core/log.h"
 
 namespace spotrain::cuda {
 
@@ -201,22 +202,56 @@ const ConvOpKind& conv_op_kind(ConvDir dir) {
 void FusedGraph::plan_either(DType dt, bool retry_16bit) {
   const double t0 = now_seconds();
   // An error while building one variant (not a refusal) still lets the other be tried.
-  auto attempt = [&](cudnnDataType_t inter) {
+  auto attempt = [&](cudnnDataType_t inter, int only_candidate, int64_t only_engine) {
     try {
-      plan(inter);
+      plan(inter, only_candidate, only_engine);
     } catch (const Error& e) {
+      plans_.clear();
+      accepted_ = false;
       refusal_ = str("error: ", e.what());
     }
   };
-  attempt(CUDNN_DATA_FLOAT);
+  // A choice an earlier run timed on this device: that plan alone, if the heuristics still
+  // propose its engine at the same place.
+  if (tuning_.autotune && tuning_.cache) {
+    if (const TuneVerdict* v = tuning_.cache->find(tuning_.key)) {
+      char inter[16] = {};
+      int candidate = -1;
+      long long engine = -1;
+      if (std::sscanf(v->choice.c_str(), "%15s intermediates, candidate %d, engine %lld", inter,
+                      &candidate, &engine) == 3 &&
+          (std::string(inter) == "fp32" || (retry_16bit && std::string(inter) == dtype_name(dt)))) {
+        attempt(std::string(inter) == "fp32" ? CUDNN_DATA_FLOAT : graph_dtype(dt), candidate, engine);
+        if (accepted_) {
+          intermediates_ = inter;
+          how_ = "kernel cache: timed " + v->times();
+          plan_seconds_ = now_seconds() - t0;
+          return;
+        }
+        refusal_.clear();
+      }
+    }
+  }
+  attempt(CUDNN_DATA_FLOAT, -1, -1);
   if (!accepted_ && retry_16bit && dt != DType::f32) {
     const std::string first = refusal_;
     refusal_.clear();
-    attempt(graph_dtype(dt));
+    attempt(graph_dtype(dt), -1, -1);
     if (accepted_) intermediates_ = dtype_name(dt);
     else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
   }
+  if (accepted_ && plans_.size() == 1) how_ = tuning_.autotune ? "the only engine that planned" : "heuristics' first";
   plan_seconds_ = now_seconds() - t0;
+}
+
+size_t FusedGraph::workspace_bytes() const {
+  size_t ws = 0;
+  for (const Plan& p : plans_) ws = std::max(ws, p.workspace);
+  return ws;
+}
+
+std::string FusedGraph::choice_text(const Plan& p) const {
+  return str(intermediates_, " intermediates, candidate ", p.candidate, ", engine ", p.engine);
 }
 
 // The engine configurations cuDNN's heuristics propose for `graph` (mode A, then the fallback
@@ -269,7 +304,7 @@ static std::vector<Candidate> engine_candidates(const BackendDesc& graph, std::s
   return clean;
 }
 
-void FusedGraph::plan(cudnnDataType_t inter) {
+void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_engine) {
   // Every descriptor an operation refers to is kept until the plan is made, as cuDNN's
   // frontend keeps them.
   std::vector<BackendDesc> ops;
@@ -284,14 +319,20 @@ void FusedGraph::plan(cudnnDataType_t inter) {
     refusal_ = "operation graph: " + status_text(st);
     return;
   }
-  // The first engine whose plan finalizes is kept. Runtime-compiled engines compile as their
-  // plan finalizes (can take a second each): at most kMaxEngineTries are tried.
+  // Plans are made in the heuristics' order: the first that finalizes alone, or with
+  // autotuning up to kTimedPlans for the first run to time. Runtime-compiled engines compile
+  // as their plan finalizes (can take a second each): at most kMaxEngineTries are tried. An
+  // engine of lowered precision (last in the list) only where no other planned.
   constexpr int kMaxEngineTries = 8;
+  const size_t wanted = tuning_.autotune && only_candidate < 0 ? size_t(kTimedPlans) : 1;
   std::string last;
   std::vector<Candidate> candidates = engine_candidates(graph, last);
   int tried = 0;
-  for (Candidate& c : candidates) {
-    if (tried == kMaxEngineTries) break;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Candidate& c = candidates[i];
+    if (only_candidate >= 0 && int(i) != only_candidate) continue;
+    if (only_engine >= 0 && c.engine != only_engine) break;  // not what was remembered: search
+    if (tried == kMaxEngineTries || (c.lowered && !plans_.empty())) break;
     ++tried;
     BackendDesc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
@@ -303,15 +344,84 @@ void FusedGraph::plan(cudnnDataType_t inter) {
     int64_t ws = 0, n = 0;
     CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                          CUDNN_TYPE_INT64, 1, &n, &ws));
-    plan_ = std::move(plan);
-    config_ = std::move(c.cfg);  // kept as long as the plan, as cuDNN's frontend does
-    workspace_ = size_t(ws);
-    engine_ = c.engine;
-    lowered_ = c.lowered;
+    Plan p;
+    p.config = std::move(c.cfg);
+    p.plan = std::move(plan);
+    p.workspace = size_t(ws);
+    p.engine = c.engine;
+    p.lowered = c.lowered;
+    p.candidate = int(i);
+    plans_.push_back(std::move(p));
+    if (plans_.size() == wanted) break;
+  }
+  if (!plans_.empty()) {
     accepted_ = true;
     return;
   }
-  refusal_ = str(last, " (", tried, " of ", candidates.size(), " engines tried)");
+  refusal_ = only_candidate >= 0 ? str("the remembered engine ", only_engine, " did not plan")
+                                 : str(last, " (", tried, " of ", candidates.size(), " engines tried)");
+}
+
+// Times every plan on the operands of the first run (a warm-up run, then kRuns timed), keeps
+// the fastest and remembers it; a plan that will not run is dropped (all: the error is thrown,
+// and the caller refuses the graph). While a step is being recorded nothing can be timed: the
+// first plan is kept.
+void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>& reset) {
+  cudaStream_t stream = nullptr;
+  CUDNN_CHECK(cudnnGetStream(handle_, &stream));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    plans_.erase(plans_.begin() + 1, plans_.end());
+    how_ = "heuristics' first (first run while recording a step)";
+    return;
+  }
+  constexpr int kRuns = 3;
+  cudaEvent_t from = nullptr, to = nullptr;
+  CUDA_CHECK(cudaEventCreate(&from));
+  CUDA_CHECK(cudaEventCreate(&to));
+  std::vector<double> ms(plans_.size(), -1);
+  std::string error;
+  for (size_t i = 0; i < plans_.size(); ++i) {
+    cudnnStatus_t st = cudnnBackendExecute(handle_, plans_[i].plan.get(), pack.get());
+    for (int r = 0; r < kRuns && st == CUDNN_STATUS_SUCCESS; ++r) {
+      if (r == 0) CUDA_WARN(cudaEventRecord(from, stream));
+      st = cudnnBackendExecute(handle_, plans_[i].plan.get(), pack.get());
+    }
+    if (st != CUDNN_STATUS_SUCCESS) {
+      if (error.empty()) error = str("engine ", plans_[i].engine, ": ", status_text(st));
+      continue;
+    }
+    float t = 0;
+    if (cudaEventRecord(to, stream) == cudaSuccess && cudaEventSynchronize(to) == cudaSuccess &&
+        cudaEventElapsedTime(&t, from, to) == cudaSuccess)
+      ms[i] = double(t) / kRuns;
+  }
+  CUDA_WARN(cudaEventDestroy(from));
+  CUDA_WARN(cudaEventDestroy(to));
+  int best = -1, second = -1, ran = 0;
+  for (int i = 0; i < int(ms.size()); ++i) {
+    if (ms[i] < 0) continue;
+    ++ran;
+    if (best < 0 || ms[i] < ms[best]) {
+      second = best;
+      best = i;
+    } else if (second < 0 || ms[i] < ms[second]) {
+      second = i;
+    }
+  }
+  SPOTRAIN_CHECK(best >= 0, "no engine of the fused graph ran: ", error);
+  TuneVerdict v{choice_text(plans_[best]), ms[best], "", 0};
+  if (second >= 0) {
+    v.runner_up = str("engine ", plans_[second].engine);
+    v.runner_up_ms = ms[second];
+  }
+  how_ = str("timed ", ran, " engine", ran == 1 ? "" : "s", ": ", v.times());
+  if (tuning_.cache) tuning_.cache->put(tuning_.key, std::move(v));
+  Plan kept = std::move(plans_[size_t(best)]);
+  plans_.clear();
+  plans_.push_back(std::move(kept));
+  if (reset) reset();
 }
 
 void FusedGraph::failed_to_run(const std::string& why) {
@@ -381,7 +491,7 @@ const BackendDesc* FusedGraph::bn_relu_prologue(const ConvShape& sh, cudnnDataTy
 }
 
 void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
-                         void* workspace) const {
+                         void* workspace, const std::function<void()>& reset) {
   SPOTRAIN_CHECK(accepted_, "internal: running a fused graph cuDNN refused: ", refusal_);
   check_aligned(ptrs);
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -389,14 +499,15 @@ void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<voi
       .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   CUDNN_CHECK(pack.finalize());
-  CUDNN_CHECK(cudnnBackendExecute(handle_, plan_.get(), pack.get()));
+  if (plans_.size() > 1) time_plans(pack, reset);
+  CUDNN_CHECK(cudnnBackendExecute(handle_, plans_.front().plan.get(), pack.get()));
 }
 
 // ---- ConvStatsGraph: [relu(x * scale + bias)] -> conv -> y [, GenStats(y)] -----------------
 
 ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue,
-                               bool with_stats)
-    : FusedGraph(handle), sh_(sh), prologue_(bn_relu_prologue), stats_(with_stats) {
+                               bool with_stats, GraphTuning tuning)
+    : FusedGraph(handle, std::move(tuning)), sh_(sh), prologue_(bn_relu_prologue), stats_(with_stats) {
   plan_either(sh.dtype, prologue_);
 }
 
@@ -427,7 +538,7 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
 }
 
 void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
-                         void* workspace, const void* scale, const void* bias) const {
+                         void* workspace, const void* scale, const void* bias) {
   SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
   std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y};
   std::vector<int64_t> uids = {kX, kW, kY};
@@ -443,13 +554,22 @@ void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, floa
     uids.push_back(kScale);
     uids.push_back(kBias);
   }
-  execute(uids, ptrs, workspace);
+  // The statistics start from the zeros the caller set: the timing's runs may have added to
+  // them (GenStats is not documented to overwrite).
+  auto zero_sums = [&] {
+    if (!stats_) return;
+    cudaStream_t stream = nullptr;
+    CUDNN_CHECK(cudnnGetStream(handle_, &stream));
+    CUDA_CHECK(cudaMemsetAsync(sum, 0, size_t(sh_.k) * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(sqsum, 0, size_t(sh_.k) * sizeof(float), stream));
+  };
+  execute(uids, ptrs, workspace, zero_sums);
 }
 
 // ---- ConvWgradGraph: relu(x * scale + bias), dy -> conv weight gradient ---------------------
 
-ConvWgradGraph::ConvWgradGraph(cudnnHandle_t handle, const ConvShape& sh)
-    : FusedGraph(handle), sh_(sh) {
+ConvWgradGraph::ConvWgradGraph(cudnnHandle_t handle, const ConvShape& sh, GraphTuning tuning)
+    : FusedGraph(handle, std::move(tuning)), sh_(sh) {
   plan_either(sh.dtype, true);
 }
 
@@ -466,7 +586,7 @@ bool ConvWgradGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
 }
 
 void ConvWgradGraph::run(const void* x, const void* dy, void* dw, const void* scale,
-                         const void* bias, void* workspace) const {
+                         const void* bias, void* workspace) {
   execute({kX, kDy, kDw, kScale, kBias},
           {const_cast<void*>(x), const_cast<void*>(dy), dw, const_cast<void*>(scale),
            const_cast<void*>(bias)},
@@ -475,8 +595,8 @@ void ConvWgradGraph::run(const void* x, const void* dy, void* dw, const void* sc
 
 // ---- DgradDreluDbnGraph: dgrad -> ReLU backward (mask from bn(x)) -> BN weight gradients ----
 
-DgradDreluDbnGraph::DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& sh)
-    : FusedGraph(handle), sh_(sh) {
+DgradDreluDbnGraph::DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& sh, GraphTuning tuning)
+    : FusedGraph(handle, std::move(tuning)), sh_(sh) {
   plan_either(sh.dtype, true);
 }
 
@@ -536,7 +656,7 @@ bool DgradDreluDbnGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& 
   return true;
 }
 
-void DgradDreluDbnGraph::run(const Args& a, void* workspace) const {
+void DgradDreluDbnGraph::run(const Args& a, void* workspace) {
   auto p = [](const void* q) { return const_cast<void*>(q); };
   execute({kDy, kW, kX, kMean, kInvStd, kGamma, kBeta, kG, kDgamma, kDbeta, kEqDy, kEqX, kEqBias},
           {p(a.dy), p(a.w), p(a.x), p(a.mean), p(a.invstd), p(a.gamma), p(a.beta), a.g, a.dgamma,

@@ -12,11 +12,13 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cuda/cudnn_api.h"
+#include "kernels/tuning_cache.h"
 
 namespace spotrain::cuda {
 
@@ -54,23 +56,41 @@ struct ConvShape {
 // The three directions of a convolution, as graph operations (FusedGraph::conv_op).
 enum class ConvDir { forward, data, filter };
 
-// What every fused graph shares: the plan of the first engine cuDNN's heuristics propose whose
-// execution plan finalizes (mode A, then the fallback list; each engine once, those that keep
-// the asked precision first, at most eight tried), or why none did.
+// How a graph's engine is chosen: timed among the plans that finalize (at most kTimedPlans),
+// at the graph's first run on the real operands, the fastest kept and remembered in `cache`
+// under `key`; or (autotune false) the heuristics' first that plans.
+struct GraphTuning {
+  bool autotune = false;
+  TuningCache* cache = nullptr;
+  std::string key;  // the graph and its shape
+};
+
+// What every fused graph shares: the engines cuDNN's heuristics propose (mode A, then the
+// fallback list; each engine once, those that keep the asked precision first, at most eight
+// tried) whose execution plans finalize, the fastest of them at the first run where timed
+// (GraphTuning), else the first; or why none planned.
 class FusedGraph {
  public:
+  // Plans kept for timing at the first run: each costs a compilation where cuDNN compiles
+  // the engine at run time, and a few runs of the kernel.
+  static constexpr int kTimedPlans = 4;
+
   virtual ~FusedGraph() = default;
   bool accepted() const { return accepted_; }
   // Why cuDNN refused the graph ("" when accepted).
   const std::string& refusal() const { return refusal_; }
-  size_t workspace_bytes() const { return workspace_; }
+  // The workspace the next run needs (before the timing, the largest of the candidates').
+  size_t workspace_bytes() const;
   // The dtype of the graph's virtual intermediates cuDNN took ("fp32", or the 16-bit type).
   const std::string& intermediates() const { return intermediates_; }
   // cuDNN's global index of the engine kept (-1: unknown), and whether it is one that lowers
   // precision (down-converted inputs, reduced-precision reductions): taken only when no
   // other engine would plan.
-  int64_t engine() const { return engine_; }
-  bool lowered_precision() const { return lowered_; }
+  int64_t engine() const { return plans_.empty() ? -1 : plans_.front().engine; }
+  bool lowered_precision() const { return !plans_.empty() && plans_.front().lowered; }
+  // How the engine was chosen ("timed 3 engines: ...", "kernel cache: ...", "heuristics'
+  // first"), for --profile.
+  const std::string& how() const { return how_; }
   // Seconds spent planning (engines compiled at run time are compiled then).
   double plan_seconds() const { return plan_seconds_; }
   // The graph was accepted but its first execution failed (`why`): refused from now on, so
@@ -78,7 +98,7 @@ class FusedGraph {
   void failed_to_run(const std::string& why);
 
  protected:
-  explicit FusedGraph(cudnnHandle_t handle) : handle_(handle) {}
+  FusedGraph(cudnnHandle_t handle, GraphTuning tuning) : handle_(handle), tuning_(std::move(tuning)) {}
   // Plans with the virtual intermediates in fp32 (cuDNN's older samples), and where that is
   // refused and `retry_16bit`, in the 16-bit type (its newer ones).
   void plan_either(DType dt, bool retry_16bit);
@@ -106,22 +126,34 @@ class FusedGraph {
   // or weight gradient (x, dy -> dw); false on a refusal.
   bool conv_op(ConvDir dir, const ConvShape& sh, const BackendDesc& in0, const BackendDesc& in1,
                const BackendDesc& out, std::vector<BackendDesc>& ops, std::deque<BackendDesc>& keep);
-  // Runs the plan on the handle's stream: tensors by unique id, each 16-byte aligned.
-  void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
-               void* workspace) const;
+  // Runs the plan on the handle's stream: tensors by unique id, each 16-byte aligned. At the
+  // first run with several plans, times each on these operands (outputs written repeatedly;
+  // `reset`, if given, restores what the runs accumulate into before the real run), keeps the
+  // fastest and remembers it.
+  void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace,
+               const std::function<void()>& reset = nullptr);
 
   cudnnHandle_t handle_;
 
  private:
-  void plan(cudnnDataType_t inter);
-  BackendDesc config_;  // the engine configuration the plan was made from
-  BackendDesc plan_;
+  // One execution plan and the engine configuration it was made from (kept as long as the
+  // plan, as cuDNN's frontend does).
+  struct Plan {
+    BackendDesc config, plan;
+    size_t workspace = 0;
+    int64_t engine = -1;
+    bool lowered = false;
+    int candidate = -1;  // its place in the heuristics' list
+  };
+  void plan(cudnnDataType_t inter, int only_candidate, int64_t only_engine);
+  void time_plans(const BackendDesc& pack_of_all, const std::function<void()>& reset);
+  std::string choice_text(const Plan& p) const;
+  GraphTuning tuning_;
+  std::vector<Plan> plans_;  // the one to run first; several until timed
   bool accepted_ = false;
   std::string refusal_;
   std::string intermediates_ = "fp32";
-  size_t workspace_ = 0;
-  int64_t engine_ = -1;
-  bool lowered_ = false;
+  std::string how_;
   double plan_seconds_ = 0;
 };
 
@@ -130,7 +162,7 @@ class FusedGraph {
 // separate ops as for any refusal.
 class FailedGraph : public FusedGraph {
  public:
-  FailedGraph(cudnnHandle_t handle, std::string why) : FusedGraph(handle) {
+  FailedGraph(cudnnHandle_t handle, std::string why) : FusedGraph(handle, GraphTuning{}) {
     refuse("error: " + std::move(why));
   }
 
@@ -147,12 +179,12 @@ class FailedGraph : public FusedGraph {
 class ConvStatsGraph : public FusedGraph {
  public:
   ConvStatsGraph(cudnnHandle_t handle, const ConvShape& shape, bool bn_relu_prologue = false,
-                 bool with_stats = true);
+                 bool with_stats = true, GraphTuning tuning = {});
   // x: NHWC, w: KRSC (NHWC filters), y: NHWC, all in shape.dtype; sum, sqsum: k floats each
   // (the statistics only); scale, bias: c values in shape.dtype (the prologue only). Queued on
   // the handle's stream.
   void run(const void* x, const void* w, void* y, float* sum, float* sqsum, void* workspace,
-           const void* scale = nullptr, const void* bias = nullptr) const;
+           const void* scale = nullptr, const void* bias = nullptr);
 
  private:
   bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
@@ -165,11 +197,11 @@ class ConvStatsGraph : public FusedGraph {
 // convolution's input made again inside the kernel from the batch norm's input x.
 class ConvWgradGraph : public FusedGraph {
  public:
-  ConvWgradGraph(cudnnHandle_t handle, const ConvShape& shape);
+  ConvWgradGraph(cudnnHandle_t handle, const ConvShape& shape, GraphTuning tuning = {});
   // x: NHWC (n, c, h, w), dy: NHWC (n, k, p, q), dw: KRSC, scale and bias: c values, all in
   // shape.dtype.
   void run(const void* x, const void* dy, void* dw, const void* scale, const void* bias,
-           void* workspace) const;
+           void* workspace);
 
  private:
   bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
@@ -183,7 +215,7 @@ class ConvWgradGraph : public FusedGraph {
 // norm's input gradient dx = eq_dy * g + eq_x * x + eq_bias per channel.
 class DgradDreluDbnGraph : public FusedGraph {
  public:
-  DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& shape);
+  DgradDreluDbnGraph(cudnnHandle_t handle, const ConvShape& shape, GraphTuning tuning = {});
   // dy: NHWC (n, k, p, q), w: KRSC, x and g: NHWC (n, c, h, w), all in shape.dtype; the
   // per-channel arguments are c floats each.
   struct Args {
@@ -192,7 +224,7 @@ class DgradDreluDbnGraph : public FusedGraph {
     void* g;
     float *dgamma, *dbeta, *eq_dy, *eq_x, *eq_bias;
   };
-  void run(const Args& a, void* workspace) const;
+  void run(const Args& a, void* workspace);
 
  private:
   bool build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,

@@ -66,7 +66,8 @@ struct BenchOptions {
 // The settings of the table bench takes (train's flags, help and choices).
 const std::vector<std::string> kBenchSettings = {
     "--model",  "--batch-size", "--image-size", "--threads",  "--precision",        "--grad-checkpoint", "--fusion",
-    "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph"};
+    "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph",
+    "--autotune,!--no-autotune", "--kernel-cache"};
 
 // The training settings bench's options stand for.
 const RunConfig& run_config_of(const BenchOptions& o) { return o.run; }
