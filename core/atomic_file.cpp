@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 
@@ -50,7 +51,9 @@ void fsync_path(const std::string& path, bool is_dir) {
 
 std::string temp_path_for(const std::string& path) {
   static std::atomic<uint64_t> next{0};
-  return path + "." + std::to_string(::getpid()) + "-" + std::to_string(next++) + ".tmp";
+  // The host too: ranks on several hosts writing one file on shared storage may have the same
+  // process id (containers number their processes alike).
+  return path + "." + host_name() + "-" + std::to_string(::getpid()) + "-" + std::to_string(next++) + ".tmp";
 }
 
 void write_file_atomic(const std::string& path, const std::string& contents, const std::string& what,

@@ -21,9 +21,9 @@ void write_file_atomic(const std::string& path, const std::string& contents, con
 // it; this fsyncs it, renames it to `path` and fsyncs the folder. On failure `tmp` is removed.
 void commit_file(const std::string& tmp, const std::string& path, const std::string& what);
 
-// A temporary name for `path` no other write uses, "PATH.<pid>-<n>.tmp": two processes (or
-// threads) replacing one file at once (several writers of a shared `latest`) never write
-// into each other's temporary; the last rename wins whole.
+// A temporary name for `path` no other write uses, "PATH.<host>-<pid>-<n>.tmp": two processes
+// (or threads, or hosts) replacing one file at once (several writers of a shared `latest`)
+// never write into each other's temporary; the last rename wins whole.
 std::string temp_path_for(const std::string& path);
 
 // fsync of a file, or of a folder (its entries: a rename made durable).

@@ -4,6 +4,10 @@
 //                                               "runner_up_ms": ...}, ...}, ...}}
 #include "kernels/tuning_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -32,7 +36,8 @@ nlohmann::json read_cache(const std::string& path) {
   text << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
   SPOTRAIN_CHECK(!j.is_discarded(), "is not JSON");
-  SPOTRAIN_CHECK(j.is_object() && j.value("format", "") == kFormat && j.contains("devices") &&
+  SPOTRAIN_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
+                     j["format"].get<std::string>() == kFormat && j.contains("devices") &&
                      j["devices"].is_object(),
                  "is not a kernel cache of this version (format '", kFormat, "')");
   return j;
@@ -40,10 +45,11 @@ nlohmann::json read_cache(const std::string& path) {
 
 bool verdict_of(const nlohmann::json& v, TuneVerdict& out) {
   if (!v.is_object() || !v.contains("choice") || !v["choice"].is_string()) return false;
+  auto number = [&](const char* k) { return v.contains(k) && v[k].is_number() ? v[k].get<double>() : 0.0; };
   out.choice = v["choice"].get<std::string>();
-  out.ms = v.value("ms", 0.0);
-  out.runner_up = v.value("runner_up", "");
-  out.runner_up_ms = v.value("runner_up_ms", 0.0);
+  out.ms = number("ms");
+  out.runner_up = v.contains("runner_up") && v["runner_up"].is_string() ? v["runner_up"].get<std::string>() : "";
+  out.runner_up_ms = number("runner_up_ms");
   return true;
 }
 
@@ -55,6 +61,25 @@ nlohmann::json json_of(const TuneVerdict& v) {
   }
   return j;
 }
+
+// Holds an exclusive lock on "PATH.lock" while alive, so that the ranks writing one cache (a
+// node's, or every node's on shared storage) merge in turn instead of one write replacing
+// what another just merged. Where no lock can be had (a filesystem without them) the writes
+// still replace the file whole; a rank's new choices may then be lost, never the file.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) : fd_(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ >= 0) (void)::flock(fd_, LOCK_EX);
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 }  // namespace
 
@@ -96,18 +121,19 @@ void TuningCache::put(const std::string& key, TuneVerdict v) {
 bool TuningCache::save() {
   if (path_.empty() || pending_.empty()) return false;
   try {
+    const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    FileLock lock(path_);
     nlohmann::json j;
     try {
       j = read_cache(path_);
-    } catch (const Error&) {
+    } catch (const std::exception&) {
       j = nlohmann::json::object();  // unreadable or foreign: replaced (the load warned)
     }
     if (!j.contains("devices")) j = {{"format", kFormat}, {"devices", nlohmann::json::object()}};
     nlohmann::json& mine = j["devices"][device_];
     if (!mine.is_object()) mine = nlohmann::json::object();
     for (const auto& [key, v] : pending_) mine[key] = json_of(v);
-    const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
     write_file_atomic(path_, j.dump(1) + "\n", "the kernel cache", Durability::visible);
     pending_.clear();
     return true;

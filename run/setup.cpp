@@ -18,7 +18,10 @@ SessionOptions session_options(const RunConfig& cfg) {
   so.backend.deterministic = cfg.deterministic;
   so.backend.tf32 = cfg.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
   so.backend.autotune = cfg.autotune;
-  so.backend.kernel_cache = TuningCache::resolve_path(cfg.kernel_cache, cfg.ckpt_dir);
+  // --deterministic and --no-autotune take the heuristics' choices: nothing to read or write.
+  so.backend.kernel_cache = cfg.deterministic || !cfg.autotune
+                                ? ""
+                                : TuningCache::resolve_path(cfg.kernel_cache, cfg.ckpt_dir);
   so.comm_timeout = cfg.comm_timeout;
   so.device_comm = cfg.device_comm;
   return so;

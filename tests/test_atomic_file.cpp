@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/atomic_file.h"
+#include "core/log.h"
 #include "core/error.h"
 #include "scratch_dir.h"
 
@@ -69,6 +70,8 @@ TEST(AtomicFile, WritersOfOneFileAtOnceNeverShareATemporary) {
   const fs::path d = fresh_dir("spotrain_atomic_concurrent");
   const std::string path = (d / "latest").string();
   EXPECT_NE(temp_path_for(path), temp_path_for(path));
+  // Hosts too (shared storage; containers on two hosts may give their writers one pid).
+  EXPECT_NE(temp_path_for(path).find("." + host_name() + "-"), std::string::npos) << temp_path_for(path);
   // Threads replacing one file together: each rename publishes a whole file of one writer.
   std::vector<std::thread> writers;
   std::atomic<int> failed{0};

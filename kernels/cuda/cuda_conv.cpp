@@ -33,12 +33,6 @@ const Perf* pick(const Perf* perf, int count, size_t limit, bool deterministic, 
   return nullptr;
 }
 
-size_t workspace_limit() {
-  size_t free_b = 0, total = 0;
-  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return size_t(256) << 20;
-  return std::min(free_b / 4, size_t(2) << 30);
-}
-
 // How an algorithm is to be chosen, and where the choice is remembered.
 struct AlgoSearch {
   bool deterministic = false;  // cuDNN's heuristics, restricted to deterministic algorithms

@@ -119,7 +119,8 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_devic
   const std::string release = gpu_info().driver;
   tuning_ = std::make_unique<TuningCache>(
       opt.kernel_cache, str(prop.name, " sm_", prop.major, prop.minor, ", driver ",
-                            release.empty() ? std::to_string(driver) : release, ", cuDNN ", v,
+                            release.empty() || release == "none" ? std::to_string(driver) : release,
+                            ", cuDNN ", v,
                             ", cuBLAS ", blas_v));
   if (tuning_->loaded() > 0)
     log_info(str("kernel cache ", tuning_->path(), ": ", tuning_->loaded(),

@@ -31,6 +31,17 @@ inline std::string cudnn_msg(cudnnStatus_t s) {
 inline bool cublas_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 inline const char* cublas_msg(cublasStatus_t s) { return blas::status_string(s); }
 
+// The most workspace one kernel choice may take: a quarter of the free memory, at most 2 GiB
+// (256 MiB when the question fails).
+inline size_t workspace_limit() {
+  size_t free_b = 0, total = 0;
+  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return size_t(256) << 20;
+  }
+  return free_b / 4 < (size_t(2) << 30) ? free_b / 4 : size_t(2) << 30;
+}
+
 }  // namespace spotrain::cuda
 
 #define CUDA_CHECK(call) \

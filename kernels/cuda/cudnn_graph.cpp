@@ -219,12 +219,12 @@ void FusedGraph::plan_either(DType dt, bool retry_16bit) {
       int candidate = -1;
       long long engine = -1;
       if (std::sscanf(v->choice.c_str(), "%15s intermediates, candidate %d, engine %lld", inter,
-                      &candidate, &engine) == 3 &&
+                      &candidate, &engine) == 3 && candidate >= 0 && engine >= 0 &&
           (std::string(inter) == "fp32" || (retry_16bit && std::string(inter) == dtype_name(dt)))) {
         attempt(std::string(inter) == "fp32" ? CUDNN_DATA_FLOAT : graph_dtype(dt), candidate, engine);
         if (accepted_) {
           intermediates_ = inter;
-          how_ = "kernel cache: timed " + v->times();
+          how_ = v->ms > 0 ? "kernel cache: timed " + v->times() : std::string("kernel cache: the only engine that planned");
           plan_seconds_ = now_seconds() - t0;
           return;
         }
@@ -240,7 +240,13 @@ void FusedGraph::plan_either(DType dt, bool retry_16bit) {
     if (accepted_) intermediates_ = dtype_name(dt);
     else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
   }
-  if (accepted_ && plans_.size() == 1) how_ = tuning_.autotune ? "the only engine that planned" : "heuristics' first";
+  if (accepted_ && plans_.size() > 1) how_ = str(plans_.size(), " engines planned, to be timed at the first run");
+  if (accepted_ && plans_.size() == 1) {
+    how_ = tuning_.autotune ? "the only engine that planned" : "heuristics' first";
+    // Remembered too: a restart then plans this engine alone instead of trying the others.
+    if (tuning_.autotune && tuning_.cache && plans_.front().engine >= 0)
+      tuning_.cache->put(tuning_.key, TuneVerdict{choice_text(plans_.front()), 0, "", 0});
+  }
   plan_seconds_ = now_seconds() - t0;
 }
 
@@ -325,6 +331,7 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
   // engine of lowered precision (last in the list) only where no other planned.
   constexpr int kMaxEngineTries = 8;
   const size_t wanted = tuning_.autotune && only_candidate < 0 ? size_t(kTimedPlans) : 1;
+  const size_t ws_limit = workspace_limit();
   std::string last;
   std::vector<Candidate> candidates = engine_candidates(graph, last);
   int tried = 0;
@@ -344,6 +351,9 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
     int64_t ws = 0, n = 0;
     CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                          CUDNN_TYPE_INT64, 1, &n, &ws));
+    // A rival to time only where its workspace fits (the shared workspace keeps the largest
+    // it was ever asked for).
+    if (!plans_.empty() && size_t(ws) > ws_limit) continue;
     Plan p;
     p.config = std::move(c.cfg);
     p.plan = std::move(plan);
@@ -378,8 +388,13 @@ void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>
   }
   constexpr int kRuns = 3;
   cudaEvent_t from = nullptr, to = nullptr;
-  CUDA_CHECK(cudaEventCreate(&from));
-  CUDA_CHECK(cudaEventCreate(&to));
+  if (cudaEventCreate(&from) != cudaSuccess || cudaEventCreate(&to) != cudaSuccess) {
+    if (from) CUDA_WARN(cudaEventDestroy(from));
+    (void)cudaGetLastError();
+    plans_.erase(plans_.begin() + 1, plans_.end());
+    how_ = "heuristics' first (no events to time with)";
+    return;
+  }
   std::vector<double> ms(plans_.size(), -1);
   std::string error;
   for (size_t i = 0; i < plans_.size(); ++i) {
@@ -389,6 +404,7 @@ void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>
       st = cudnnBackendExecute(handle_, plans_[i].plan.get(), pack.get());
     }
     if (st != CUDNN_STATUS_SUCCESS) {
+      (void)cudaGetLastError();  // a failed launch must not surface at a later kernel's check
       if (error.empty()) error = str("engine ", plans_[i].engine, ": ", status_text(st));
       continue;
     }
