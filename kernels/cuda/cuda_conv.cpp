@@ -39,9 +39,15 @@ struct AlgoSearch {
   bool strict = false;         // fp32 without tensor cores
   bool autotune = true;        // timed (FindEx); else the heuristics' first choice
   TuningCache* cache = nullptr;
-  std::string key;             // the op and shape in the cache
+  std::string shape;           // the shape and math; with the direction, the key in the cache
   std::string how;             // out: how the algorithm was chosen, for --profile
 };
+
+// The search for a shape (`key`, conv_cache_'s) computed with `math`, as the options ask.
+AlgoSearch algo_search(const BackendOptions& o, TuningCache* cache, const std::string& key,
+                       cudnnMathType_t math, bool strict) {
+  return AlgoSearch{o.deterministic, strict, o.autotune, cache, str(key, " math ", int(math)), ""};
+}
 
 // An algorithm and its math, as the kernel cache keeps it ("algo 1 math 1").
 template <typename Perf>
@@ -56,6 +62,7 @@ std::string algo_text(const Perf& r) {
 template <typename Perf, int kCount, typename GetV7, typename FindEx>
 Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) {
   const bool deterministic = s.deterministic, strict = s.strict;
+  const std::string key = str(what, " ", s.shape);
   // Room for more results than the enum names: newer cuDNN builds may report extra entries.
   constexpr int kRoom = 2 * kCount + 8;
   Perf perf[kRoom];
@@ -64,7 +71,7 @@ Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) 
   CUDNN_CHECK(get_v7(kRoom, &got, perf));
   // Remembered: the same algorithm and math, if the heuristics still list it as runnable here.
   if (!deterministic && s.autotune && s.cache) {
-    if (const TuneVerdict* v = s.cache->find(s.key)) {
+    if (const TuneVerdict* v = s.cache->find(key)) {
       for (int i = 0; i < got; ++i) {
         const Perf* r = pick(perf + i, 1, limit, false, strict);
         if (r && algo_text(*r) == v->choice) {
@@ -99,7 +106,7 @@ Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) 
         v.runner_up_ms = double(q->time);
       }
       s.how = "timed " + v.times();
-      if (s.cache) s.cache->put(s.key, std::move(v));
+      if (s.cache) s.cache->put(key, std::move(v));
       return *r;
     }
   }
@@ -256,8 +263,7 @@ Tensor CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const 
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
-                        str("convolution forward ", e.key, " math ", int(conv_math(x.dtype()))), ""};
+      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
       auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
           search, "convolution forward",
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
@@ -306,8 +312,7 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
     Tensor trial = beta != 0.f ? alloc_like(x) : dx;
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
-                        str("convolution backward-data ", e.key, " math ", int(conv_math(x.dtype()))), ""};
+      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
       auto r =
           choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
               search, "convolution backward-data",
@@ -387,8 +392,7 @@ void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search{opt_.deterministic, strict, opt_.autotune, tuning_.get(),
-                        str("convolution backward-filter ", e.key, " math ", int(conv_math(x.dtype()))), ""};
+      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
       auto r =
           choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
               search, "convolution backward-filter",

@@ -199,38 +199,46 @@ const ConvOpKind& conv_op_kind(ConvDir dir) {
 
 // ---- FusedGraph ------------------------------------------------------------------------------
 
+// plan(), an error while building (not a refusal) kept as the refusal: the other variant, or
+// the search after a remembered choice, may still plan.
+void FusedGraph::attempt(cudnnDataType_t inter, int only_candidate, int64_t only_engine) {
+  try {
+    plan(inter, only_candidate, only_engine);
+  } catch (const Error& e) {
+    plans_.clear();
+    accepted_ = false;
+    refusal_ = str("error: ", e.what());
+  }
+}
+
+// A choice an earlier run made on this device ("<intermediates> intermediates, candidate C,
+// engine E", choice_text's words): that plan alone, if the heuristics still propose its engine
+// at the same place. False (nothing kept) where there is none or it no longer plans.
+bool FusedGraph::plan_remembered(DType dt, bool retry_16bit) {
+  const TuneVerdict* v = tuning_.autotune && tuning_.cache ? tuning_.cache->find(tuning_.key) : nullptr;
+  char inter[16] = {};
+  int candidate = -1;
+  long long engine = -1;
+  if (!v || std::sscanf(v->choice.c_str(), "%15s intermediates, candidate %d, engine %lld", inter,
+                        &candidate, &engine) != 3 || candidate < 0 || engine < 0)
+    return false;
+  const std::string in = inter;
+  if (in != "fp32" && !(retry_16bit && in == dtype_name(dt))) return false;
+  attempt(in == "fp32" ? CUDNN_DATA_FLOAT : graph_dtype(dt), candidate, engine);
+  if (!accepted_) {
+    refusal_.clear();
+    return false;
+  }
+  intermediates_ = in;
+  how_ = v->ms > 0 ? "kernel cache: timed " + v->times() : std::string("kernel cache: the only engine that planned");
+  return true;
+}
+
 void FusedGraph::plan_either(DType dt, bool retry_16bit) {
   const double t0 = now_seconds();
-  // An error while building one variant (not a refusal) still lets the other be tried.
-  auto attempt = [&](cudnnDataType_t inter, int only_candidate, int64_t only_engine) {
-    try {
-      plan(inter, only_candidate, only_engine);
-    } catch (const Error& e) {
-      plans_.clear();
-      accepted_ = false;
-      refusal_ = str("error: ", e.what());
-    }
-  };
-  // A choice an earlier run timed on this device: that plan alone, if the heuristics still
-  // propose its engine at the same place.
-  if (tuning_.autotune && tuning_.cache) {
-    if (const TuneVerdict* v = tuning_.cache->find(tuning_.key)) {
-      char inter[16] = {};
-      int candidate = -1;
-      long long engine = -1;
-      if (std::sscanf(v->choice.c_str(), "%15s intermediates, candidate %d, engine %lld", inter,
-                      &candidate, &engine) == 3 && candidate >= 0 && engine >= 0 &&
-          (std::string(inter) == "fp32" || (retry_16bit && std::string(inter) == dtype_name(dt)))) {
-        attempt(std::string(inter) == "fp32" ? CUDNN_DATA_FLOAT : graph_dtype(dt), candidate, engine);
-        if (accepted_) {
-          intermediates_ = inter;
-          how_ = v->ms > 0 ? "kernel cache: timed " + v->times() : std::string("kernel cache: the only engine that planned");
-          plan_seconds_ = now_seconds() - t0;
-          return;
-        }
-        refusal_.clear();
-      }
-    }
+  if (plan_remembered(dt, retry_16bit)) {
+    plan_seconds_ = now_seconds() - t0;
+    return;
   }
   attempt(CUDNN_DATA_FLOAT, -1, -1);
   if (!accepted_ && retry_16bit && dt != DType::f32) {

@@ -145,7 +145,11 @@ class FusedGraph {
     bool lowered = false;
     int candidate = -1;  // its place in the heuristics' list
   };
+  // Plans with intermediates `inter`: the heuristics' candidates in order, or only the one at
+  // `only_candidate` if its engine is `only_engine` (a remembered choice; -1: search).
   void plan(cudnnDataType_t inter, int only_candidate, int64_t only_engine);
+  void attempt(cudnnDataType_t inter, int only_candidate, int64_t only_engine);
+  bool plan_remembered(DType dt, bool retry_16bit);
   void time_plans(const BackendDesc& pack_of_all, const std::function<void()>& reset);
   std::string choice_text(const Plan& p) const;
   GraphTuning tuning_;

@@ -377,15 +377,14 @@ while :; do
     if [[ -n "$HOST_DISCOVERY" ]] && ((unreached == 0)); then
       # On the hosts that remain, at once (pick_hosts waits while too few are up).
       echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS on the hosts up now" >&2
-    elif ((unreached)); then
-      # A host listed but not reachable yet: asking again at once would likely meet it again.
-      echo "mpirun.sh: the job could not start on every host listed ($rc); restart $restarts of $MAX_RESTARTS on the hosts up in ${delay} s" >&2
-      sleep "$delay" &
-      wait $! || true
-      ((stop_asked == 0)) || break
-      delay=$((delay * 2 > delay_max ? delay_max : delay * 2))
     else
-      echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s" >&2
+      # After RESTART_DELAY: without HOST_DISCOVERY, and for a host listed before it could be
+      # reached (asked again at once, it would likely fail again).
+      if ((unreached)); then
+        echo "mpirun.sh: the job could not start on every host listed ($rc); restart $restarts of $MAX_RESTARTS on the hosts up in ${delay} s" >&2
+      else
+        echo "mpirun.sh: the job ended with $rc; restart $restarts of $MAX_RESTARTS in ${delay} s" >&2
+      fi
       sleep "$delay" &
       wait $! || true
       ((stop_asked == 0)) || break
