@@ -756,6 +756,11 @@ if rows or torch:
                   f"{'':>13} {'':>9} {'':>5} {ratio:>8}")
         if r.get("name", "").endswith("-graph") and not r.get("cuda_graph"):
             print(f"          ({r['name']}: the step was NOT captured; these are eager steps)")
+        # A captured step's memory against the same run's eager steps (the goal: at most 1.15x).
+        eager = next((e for e in rows if e["name"] == r["name"][:-6]), None) if r["name"].endswith("-graph") else None
+        if eager and r.get("cuda_graph") and eager.get("peak_memory_bytes") and eager.get("reserved_memory_bytes"):
+            print(f"          ({r['name']} vs {eager['name']}: peak {r['peak_memory_bytes'] / eager['peak_memory_bytes']:.2f}x, "
+                  f"reserved {r.get('reserved_memory_bytes', 0) / eager['reserved_memory_bytes']:.2f}x)")
     for p, t in list(torch.items()) + [(t["precision"] + "-compile-" + t.get("compile_mode", "default"), t)
                                         for t in compiled]:
         # A replayed CUDA Graph allocates nothing after the warm-up that reset the peak: its
