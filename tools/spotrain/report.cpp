@@ -243,8 +243,11 @@ json page_data(const Run& r, double price_per_hour) {
   if (r.plan.is_object()) {
     const json& p = r.plan;
     const double hosts = field(p, "hosts", 1.0), price = field(p, "price_per_host_hour", 0.0);
+    // At most 1: on a noisy machine the median step can come out above the mean (few slow
+    // windows, many fast ones), and the steps at that pace then seem to outlast the wall time
+    // (1.21 once on a loaded 2-core CI machine).
     const double measured_goodput =
-        step_secs.empty() || !(wall_s > 0) ? NAN : double(last_step) * median(step_secs) / wall_s;
+        step_secs.empty() || !(wall_s > 0) ? NAN : std::min(1.0, double(last_step) * median(step_secs) / wall_s);
     // Like for like: the share of the planned wall time that is training at full speed (the
     // model's goodput less the start-up).
     const double planned_wall = field(p, "wall_seconds", 0.0);
