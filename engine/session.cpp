@@ -93,7 +93,13 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.scaler = std::make_unique<LossScaler>(lso);
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
-  if (spec.cuda_graph) t.runner->use_captured_steps();
+  if (spec.cuda_graph) {
+    // Where the backend could capture but this run cannot, one line says why (the CPU never
+    // captures: nothing to say).
+    const std::string why = t.runner->use_captured_steps();
+    if (!why.empty() && backend_->capture() != nullptr)
+      log_info(str("steps run as they come, not captured: ", why));
+  }
   return t;
 }
 

@@ -33,18 +33,30 @@ void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
 
 void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr,
                                 float label_smoothing, StepTimes* times, const LabelMix* mix) {
-  if (capture_ && eager_steps_ >= kEagerBeforeCapture) {
-    queue_captured(x, labels, lr, label_smoothing, times, mix);
-    return;
-  }
-  ++eager_steps_;
-  double t1 = now_seconds();
-  Tensor logits = model_.forward(x, /*training=*/true);
-  // The step before is read back now, with this forward queued ahead of the device: its
-  // verdict decides this step's loss scale, and the host waits while the device works.
+  const double t0 = now_seconds();
+  Route route = route_for(x, mix);
+  // An eager step queues its forward before the step before is read back, so the device works
+  // while the host waits. A recording or replay cannot start before: the read-back's verdict
+  // decides this step's loss scale, which goes into them.
+  Tensor logits;
+  if (route == Route::eager) logits = model_.forward(x, /*training=*/true);
   read_back();
   const double scale = scaler_.scale();
-  queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, times, t1);
+  if (route == Route::record && !record(x, labels, lr, label_smoothing, scale, mix))
+    route = Route::eager;  // logged; this step and the rest run as they come
+  if (route == Route::eager) {
+    ++eager_steps_;
+    if (!logits.defined()) logits = model_.forward(x, /*training=*/true);
+    queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, times, t0);
+  } else {
+    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * world_))};
+    replay(x, in, /*recorded_now=*/route == Route::record);
+    if (times) {
+      model_.backend().synchronize();
+      *times = StepTimes{};
+      times->captured = now_seconds() - t0;
+    }
+  }
   queued_ = true;
   queued_scale_ = scale;
   if (!defer_) read_back();
@@ -75,79 +87,75 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
   if (times) *times = StepTimes{0.0, t2 - t1, t3 - t2, waited, t4 - t3b};
 }
 
-void StepRunner::use_captured_steps() {
+std::string StepRunner::use_captured_steps() {
   Backend& be = model_.backend();
-  SPOTRAIN_CHECK(be.capture() != nullptr, "--cuda-graph needs the CUDA backend; the ", be.name(),
-                 " backend runs steps as they come (drop --cuda-graph)");
-  SPOTRAIN_CHECK(sync_ == nullptr && world_ == 1,
-                 "--cuda-graph trains on one GPU rank: the gradient all-reduce of several ranks "
-                 "is not captured (drop --cuda-graph, or train on one rank)");
+  if (be.capture() == nullptr) return str("the ", be.name(), " backend runs steps as they come");
+  if (sync_ != nullptr || world_ != 1)
+    return str(world_, " ranks train: the gradient all-reduce of several ranks is not captured");
   capture_ = true;
+  return "";
 }
 
-void StepRunner::queue_captured(const Tensor& x, const int32_t* labels, float lr,
-                                float label_smoothing, StepTimes* times, const LabelMix* mix) {
+StepRunner::Route StepRunner::route_for(const Tensor& x, const LabelMix* mix) {
+  if (!capture_ || eager_steps_ < kEagerBeforeCapture) return Route::eager;
+  if (!graph_x_.defined()) return Route::record;
+  if (x.shape() == graph_x_.shape() && x.dtype() == graph_x_.dtype() &&
+      x.layout() == graph_x_.layout() && (mix != nullptr) == graph_mixed_)
+    return Route::replay;
+  if (!told_other_batch_) {
+    told_other_batch_ = true;
+    log_info(str("captured steps: a batch of ", x.describe(), mix ? " with mixed targets" : "",
+                 " where the recorded step took ", graph_x_.describe(),
+                 graph_mixed_ ? " with mixed targets" : "", ": such steps run as they come"));
+  }
+  return Route::eager;
+}
+
+bool StepRunner::record(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                        double scale, const LabelMix* mix) {
   Backend& be = model_.backend();
   StepCapture& cap = *be.capture();
-  const double t0 = now_seconds();
-  // The step before is read back first: this step's loss scale depends on its verdict, and
-  // the replay refills the buffers its figures are read from. The device idles only for the
-  // launch in between.
-  read_back();
-  const double scale = scaler_.scale();
-  const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * world_))};
-  bool recorded_now = false;
-  if (!graph_x_.defined()) {
-    graph_x_ = be.cast(x, x.dtype());  // the batch's fixed place, which every replay reads
-    // Every compute copy of the weights is refreshed inside the recorded step (and so in
-    // each replay, after the update before it).
+  graph_x_ = be.cast(x, x.dtype());  // the batch's fixed place, which every replay reads
+  graph_mixed_ = mix != nullptr;
+  // Every compute copy of the weights is refreshed inside the recorded step (and so in each
+  // replay, after the update before it).
+  model_.flat_params().mark_written();
+  const int64_t sgd_steps = sgd_.steps();
+  try {
+    cap.begin_recording(x.dim(0), mix != nullptr);
+    Tensor logits = model_.forward(graph_x_, /*training=*/true);
+    queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, nullptr, 0.0);
+    cap.end_recording();
+    return true;
+  } catch (const Error& e) {
+    // Recording ran nothing on the device: the step runs as it comes (a bad input then fails
+    // there with its own error). What the cut-short forward stashed (kept convolution outputs
+    // among it) lives in the recording's pool: let it go before the pool.
+    cap.abort_recording();
+    model_.clear_stash();
+    cap.drop();
+    graph_x_ = Tensor();
+    sgd_.set_steps(sgd_steps);
+    capture_ = false;
+    capture_failure_ = e.what();
+    // The recorded conversions of the weights to their compute copies ran nothing, but marked
+    // the copies fresh: marked stale again, the eager step converts them.
     model_.flat_params().mark_written();
-    const int64_t sgd_steps = sgd_.steps();
-    try {
-      cap.begin_recording(in.n, mix != nullptr);
-      Tensor logits = model_.forward(graph_x_, /*training=*/true);
-      queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, nullptr, 0.0);
-      cap.end_recording();
-    } catch (const Error& e) {
-      // Recording ran nothing on the device: this step and the rest run as they come (a bad
-      // input then fails there with its own error). What the cut-short forward stashed (kept
-      // convolution outputs among it) lives in the recording's pool: let it go before the pool.
-      cap.abort_recording();
-      model_.clear_stash();
-      cap.drop();
-      graph_x_ = Tensor();
-      sgd_.set_steps(sgd_steps);
-      capture_ = false;
-      capture_failure_ = e.what();
-      // The recorded conversions of the weights to their compute copies ran nothing, but
-      // marked the copies fresh: marked stale again, the eager step below converts them.
-      model_.flat_params().mark_written();
-      log_info(str("warning: --cuda-graph: the step could not be captured (", e.what(),
-                   "); training goes on without it"));
-      queue_uploaded(x, labels, lr, label_smoothing, times, mix);
-      return;
-    }
-    recorded_now = true;
-  } else {
-    SPOTRAIN_CHECK(x.shape() == graph_x_.shape() && x.dtype() == graph_x_.dtype() &&
-                       x.layout() == graph_x_.layout(),
-                   "--cuda-graph: a batch of ", x.describe(), " where the captured step took ",
-                   graph_x_.describe(), " (train without --cuda-graph)");
-    if (x.raw() != graph_x_.raw()) be.copy(x, graph_x_);
+    log_info(str("warning: captured steps: the step could not be recorded (", e.what(),
+                 "); steps run as they come"));
+    return false;
   }
-  cap.replay(in);
-  // The replay updated the weights behind the host's back: eager forwards (evaluation)
-  // refresh their copies.
+}
+
+void StepRunner::replay(const Tensor& x, const StepInputs& in, bool recorded_now) {
+  Backend& be = model_.backend();
+  if (!recorded_now && x.raw() != graph_x_.raw()) be.copy(x, graph_x_);  // recorded on a copy
+  be.capture()->replay(in);
+  // The replay updated the weights behind the host's back: eager forwards (evaluation, a batch
+  // of another shape) refresh their copies.
   model_.flat_params().mark_written();
   // Recording counted the first update; an fp16 update is counted once its verdict is read.
   if (!recorded_now && !scaler_.enabled()) sgd_.count_applied();
-  queued_ = true;
-  queued_scale_ = scale;
-  if (times) {
-    be.synchronize();
-    *times = StepTimes{};
-    times->captured = now_seconds() - t0;
-  }
 }
 
 void StepRunner::read_back() {

@@ -2,9 +2,9 @@
 // softmax cross-entropy (times the loss scale) -> backward -> unscale + overflow verdict ->
 // SGD on the fp32 master weights (skipped on the device on overflow) -> loss-scaler update.
 // On a GPU a queued step's loss and verdict are read back during the next step, once its
-// forward is queued, so the GPU never waits for the host inside a step. With use_captured_steps() the
-// GPU records one step as a CUDA Graph and replays it. The Trainer and `spotrain bench` both
-// run steps through here.
+// forward is queued, so the GPU never waits for the host inside a step. With use_captured_steps()
+// (train's and bench's default, --cuda-graph) a GPU records one step as a CUDA Graph and replays
+// it. The Trainer and `spotrain bench` both run steps through here.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,6 +15,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/precision.h"
+#include "kernels/step_capture.h"
 
 namespace spotrain {
 
@@ -71,12 +72,17 @@ class StepRunner {
   void defer_read_back(bool on) { defer_ = on; }
 
   // From the (kEagerBeforeCapture + 1)th step on, each step is one replay of a step recorded
-  // then (CUDA Graphs; --cuda-graph): the steps before it choose the convolution algorithms
-  // and size every buffer. One rank only, every batch alike. The step before is read back
-  // ahead of each replay, as a step's loss scale and inputs go into the replay. Throws Error
-  // where the backend cannot capture or several ranks train; a step that cannot be recorded
-  // is logged as a warning, and training goes on without capture.
-  void use_captured_steps();
+  // then (CUDA Graphs; --cuda-graph, on by default): the steps before it choose the kernels and
+  // size every buffer. A batch of another shape (or with mixed targets where the recorded step
+  // had none, or the reverse) runs as it comes, logged once. The step before is read back ahead
+  // of each replay, as a step's loss scale and inputs go into the replay. Returns why steps will
+  // run as they come instead ("" when they will be captured): the backend cannot record them
+  // (the CPU), or several ranks train. A step that cannot be recorded is logged as a warning,
+  // and training goes on without capture (capture_failure()).
+  std::string use_captured_steps();
+  // Whether steps are to be, or are being, captured (use_captured_steps() took, no recording
+  // failed).
+  bool capturing() const { return capture_; }
   bool captured() const { return graph_x_.defined(); }  // a recorded step is being replayed
   // Why recording the step failed ("" when it did not): the steps then ran as they came.
   const std::string& capture_failure() const { return capture_failure_; }
@@ -89,8 +95,15 @@ class StepRunner {
   void queue_after_forward(const Tensor& logits, const int32_t* labels, float lr,
                            float label_smoothing, double scale, const LabelMix* mix,
                            StepTimes* times, double t1);
-  void queue_captured(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
-                      StepTimes* times, const LabelMix* mix);
+  // How a step runs: as it comes, recorded (and then replayed), or replayed.
+  enum class Route { eager, record, replay };
+  Route route_for(const Tensor& x, const LabelMix* mix);
+  // Records the step on graph_x_ (a copy of x); false, with the capture turned off, when it
+  // cannot be recorded.
+  bool record(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+              double scale, const LabelMix* mix);
+  // Queues the recorded step on x's values; `recorded_now`: the recording counted the update.
+  void replay(const Tensor& x, const StepInputs& in, bool recorded_now);
 
   Model& model_;
   Sgd& sgd_;
@@ -105,6 +118,8 @@ class StepRunner {
   bool capture_ = false;    // use_captured_steps()
   int eager_steps_ = 0;     // steps run as they came
   Tensor graph_x_;          // the captured step's batch (each replay's is copied there)
+  bool graph_mixed_ = false;      // whether it was recorded with mixed targets
+  bool told_other_batch_ = false; // a batch unlike graph_x_ was logged
   std::string capture_failure_;
 };
 

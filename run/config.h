@@ -105,9 +105,9 @@ enum SettingFlags : unsigned {
     "GPU: the file the timed kernel choices are kept in, per GPU, driver, cuDNN and shape, so a " \
     "restart skips the timing: auto (the run folder's kernel-choices.json; bench: "             \
     "~/.cache/spotrain/), none, or a path", kShowDefault | kPerNode, "")                          \
-  X(bool, cuda_graph, false, "--cuda-graph",                                                      \
-    "GPU, one rank: record a training step as a CUDA Graph once, then replay it each step",       \
-    kPerNode, "")                                                                                 \
+  X(bool, cuda_graph, true, "--cuda-graph,!--no-cuda-graph",                                     \
+    "GPU, one rank: record a training step as a CUDA Graph once, then replay it each step "     \
+    "(a no-op on the CPU and with several ranks)", kShowDefault | kPerNode, "")                 \
   X(int, threads, 0, "--threads", "compute threads (0 = all cores)", kPerNode, "")                    \
   X(int, workers, 1, "--workers", "data loader threads", kShowDefault | kPerNode, "")                 \
   X(int, prefetch, 2, "--prefetch", "batches the data loader prepares ahead",                     \

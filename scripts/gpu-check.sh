@@ -25,7 +25,7 @@
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph compile profile
 # fusion tuning resume ranks2 more", run in that order of importance so that a short budget cuts only
 # the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph
-# (captured or not); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
+# (captured or not; the default: every other bench row runs eager, with --no-cuda-graph); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
 # bf16; fp16 --profile with the kernels chosen per shape; "fusion": fp16 with
 # --fusion bn, timed and profiled (which graphs cuDNN took and ran); "tuning": fp16 and
 # --fusion bn with cuDNN's heuristics' first choices (--no-autotune) against the timed ones,
@@ -506,6 +506,8 @@ compare_runs() {
 bench() {  # bench NAME PRECISION CHECKPOINT [EXTRA...]
   local name=$1 prec=$2 ck=$3
   shift 3
+  # Captured steps are the default: a row is eager (--no-cuda-graph) unless it asks for them.
+  case " $* " in *" --cuda-graph "*) ;; *) set -- --no-cuda-graph "$@" ;; esac
   run_step "bench-$name" 75 "${ours[@]}" "$bin/spotrain" bench --model resnet50 --image-size 224 \
     --batch-size 256 --precision "$prec" --grad-checkpoint "$ck" --steps "$steps" \
     --warmup "$warmup" --device cuda --json "$logs/bench-$name.json" "$@"

@@ -99,18 +99,25 @@ TEST(Cli, UnknownModel) {
   expect_error(run("train --model resnet7 --data synthetic --steps 1"), 1, "unknown model 'resnet7'");
 }
 
-// Captured steps need a GPU: on the CPU the flag is refused at set-up, in train and bench.
-TEST(Cli, CudaGraphOnTheCpuIsRefused) {
+// Captured steps are the default and a no-op on the CPU: --cuda-graph trains there, silent
+// about capture, and --no-cuda-graph is taken by train and bench alike.
+TEST(Cli, CudaGraphOnTheCpuIsANoOp) {
   fs::path dir = fs::temp_directory_path() / "spotrain_cli_graph";
   fs::remove_all(dir);
-  expect_error(run("train --data synthetic --train-limit 32 --batch-size 16 --steps 2 --device cpu "
-                   "--cuda-graph --ckpt-dir " + dir.string()),
-               1, "--cuda-graph needs the CUDA backend");
-  EXPECT_FALSE(fs::exists(dir / "ckpt-00000002.h5"));
-  expect_error(run("bench --model resnet20 --image-size 28 --channels 1 --num-classes 10 "
-                   "--batch-size 4 --steps 1 --device cpu --cuda-graph"),
-               1, "--cuda-graph needs the CUDA backend");
-  fs::remove_all(dir);
+  for (const char* flag : {"--cuda-graph", "--no-cuda-graph"}) {
+    CmdResult r = run("train --data synthetic --train-limit 32 --batch-size 16 --steps 2 "
+                      "--device cpu " + std::string(flag) + " --ckpt-dir " + dir.string());
+    EXPECT_EQ(r.code, 0) << flag << "\n" << r.out;
+    EXPECT_EQ(r.out.find("captured"), std::string::npos) << r.out;
+    EXPECT_TRUE(fs::exists(dir / "ckpt-00000002.h5")) << flag;
+    fs::remove_all(dir);
+    r = run("bench --model resnet20 --image-size 28 --channels 1 --num-classes 10 "
+            "--batch-size 4 --warmup 0 --steps 1 --device cpu " + std::string(flag));
+    EXPECT_EQ(r.code, 0) << flag << "\n" << r.out;
+    EXPECT_EQ(r.out.find("captured"), std::string::npos) << r.out;
+    // The CPU times what it was asked to: no warm-up steps added for a recording.
+    EXPECT_EQ(r.out.find("warm-up 1"), std::string::npos) << r.out;
+  }
 }
 
 TEST(Cli, ZeroBatchSize) {

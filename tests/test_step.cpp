@@ -2,19 +2,23 @@
 // leaves weights and momentum untouched and halves the scale; steps whose figures are read a
 // step late (as on a GPU) equal steps read at once, bit for bit; a loss that is not finite
 // stops at its read-back; the CPU reads each step back at once; a static loss scale is kept
-// end to end, and one that always overflows stops training.
+// end to end, and one that always overflows stops training; captured steps' routes (eager,
+// recorded, replayed, a batch of another shape, a refused recording) with a stand-in recorder.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/philox.h"
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/ops.h"
+#include "kernels/step_capture.h"
 #include "layers/resnet.h"
 #include "run/trainer.h"
 #include "step_reference.h"
@@ -305,3 +309,102 @@ TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
   EXPECT_EQ(t.optimizer().steps(), 1);
 }
 
+
+// ---- captured steps: which step is run, recorded or replayed ----------------------------------
+
+namespace {
+
+// The CPU backend with a stand-in recorder that notes each call. The CPU computes its ops as
+// they are called, so the "recorded" step is computed then and a "replay" computes nothing:
+// what these tests check is the route each step takes, the update count and the fallbacks.
+class NotingRecorder : public cpu::CpuBackend, public StepCapture {
+ public:
+  using cpu::CpuBackend::CpuBackend;
+  StepCapture* capture() override { return this; }
+  void begin_recording(int64_t batch, bool mixed) override {
+    calls.push_back(str("begin ", batch, mixed ? " mixed" : ""));
+    if (refuse) throw Error("this recorder refuses");
+  }
+  void end_recording() override { calls.push_back("end"); }
+  void abort_recording() override { calls.push_back("abort"); }
+  void replay(const StepInputs& in) override { calls.push_back(str("replay ", in.n)); }
+  void drop() override { calls.push_back("drop"); }
+  size_t reserved_bytes() const override { return 0; }
+
+  std::vector<std::string> calls;
+  bool refuse = false;
+};
+
+struct RecorderRun {
+  NotingRecorder be{BackendOptions{}};
+  Model model{build_resnet(ResNetOptions{}), be};
+  Sgd sgd{model, SgdOptions{}};
+  LossScaler scaler{LossScalerOptions{}};
+  StepRunner runner{model, sgd, scaler, Precision::fp32};
+  RecorderRun() { model.initialize(5); }
+
+  // Runs one step of n images; whether it changed the weights (the stand-in's replays do not).
+  bool step(int64_t n, uint64_t seed) {
+    std::vector<float> before = host_copy(be, model.flat_params());
+    Batch b = random_batch(n, seed);
+    runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+    return host_copy(be, model.flat_params()) != before;
+  }
+};
+
+using Calls = std::vector<std::string>;
+
+}  // namespace
+
+TEST(CapturedSteps, EagerStepsThenOneRecordingThenReplaysAndAnotherBatchRunsAsItComes) {
+  RecorderRun r;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  EXPECT_TRUE(r.runner.capturing());
+  for (int i = 0; i < StepRunner::kEagerBeforeCapture; ++i) EXPECT_TRUE(r.step(8, 10 + i));
+  EXPECT_EQ(r.be.calls, Calls{});
+  EXPECT_FALSE(r.runner.captured());
+  r.step(8, 20);  // recorded, then replayed on its own batch
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8"}));
+  EXPECT_TRUE(r.runner.captured());
+  EXPECT_FALSE(r.step(8, 21));
+  EXPECT_EQ(r.be.calls.back(), "replay 8");
+  // Two batches of another size run as they come, said once; the replays go on after them.
+  testing::internal::CaptureStdout();
+  EXPECT_TRUE(r.step(4, 22));
+  EXPECT_TRUE(r.step(4, 23));
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("such steps run as they come"), std::string::npos) << out;
+  EXPECT_EQ(out.find("such steps"), out.rfind("such steps")) << out;
+  EXPECT_EQ(r.be.calls.size(), 4u);
+  EXPECT_FALSE(r.step(8, 24));
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "replay 8", "replay 8"}));
+  EXPECT_EQ(r.sgd.steps(), 7) << "every step, replayed or not, counts once";
+  EXPECT_EQ(r.runner.capture_failure(), "");
+}
+
+TEST(CapturedSteps, AStepThatCannotBeRecordedRunsAsItComesAndSoDoTheRest) {
+  RecorderRun r;
+  r.be.refuse = true;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < StepRunner::kEagerBeforeCapture + 3; ++i) EXPECT_TRUE(r.step(8, 30 + i)) << i;
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("could not be recorded (this recorder refuses)"), std::string::npos) << out;
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "abort", "drop"}));
+  EXPECT_FALSE(r.runner.capturing());
+  EXPECT_FALSE(r.runner.captured());
+  EXPECT_EQ(r.runner.capture_failure(), "this recorder refuses");
+  EXPECT_EQ(r.sgd.steps(), StepRunner::kEagerBeforeCapture + 3);
+}
+
+// Where steps cannot be captured, use_captured_steps says why and every step runs as it comes.
+TEST(CapturedSteps, ABackendWithoutARecorderOrSeveralRanksSayWhyNot) {
+  RecorderRun r;
+  StepRunner two(r.model, r.sgd, r.scaler, Precision::fp32, nullptr, /*world=*/2);
+  EXPECT_NE(two.use_captured_steps().find("2 ranks"), std::string::npos);
+  EXPECT_FALSE(two.capturing());
+  Trainer t(small_fp16_config());
+  StepRunner cpu(t.model(), t.optimizer(), r.scaler, Precision::fp32);
+  EXPECT_NE(cpu.use_captured_steps().find("runs steps as they come"), std::string::npos);
+  EXPECT_FALSE(cpu.capturing());
+}

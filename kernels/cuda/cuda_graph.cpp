@@ -1,4 +1,4 @@
-// CUDA backend: captured steps (--cuda-graph). One training step is recorded by stream
+// CUDA backend: captured steps (--cuda-graph, the default). One training step is recorded by stream
 // capture and replayed with one graph launch. Recording allocates from a pool of its own,
 // and the values that change from step to step (scalars, labels, mixed targets) live in one
 // device block that each replay refills from pinned memory before the launch.
@@ -62,10 +62,10 @@ void CudaBackend::abort_recording() {
 void CudaBackend::replay(const StepInputs& in) {
   SPOTRAIN_CHECK(graph_exec_, "internal: replay without a captured step");
   SPOTRAIN_CHECK(in.n == graph_batch_ && (in.mix != nullptr) == graph_mixed_,
-                 "--cuda-graph: a batch of ", in.n, in.mix ? " with mixed targets" : "",
+                 "internal: a replay of a batch of ", in.n, in.mix ? " with mixed targets" : "",
                  " where the captured step took ", graph_batch_,
                  graph_mixed_ ? " with mixed targets" : "",
-                 "; a captured step needs every batch alike (train without --cuda-graph)");
+                 " (the step runner runs such a batch as it comes)");
   const int64_t n = in.n, m = graph_classes_;
   for (int64_t i = 0; i < n; ++i) {
     SPOTRAIN_CHECK(in.labels[i] >= 0 && in.labels[i] < m, "softmax_xent: label ", in.labels[i],

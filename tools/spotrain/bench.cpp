@@ -66,7 +66,7 @@ struct BenchOptions {
 // The settings of the table bench takes (train's flags, help and choices).
 const std::vector<std::string> kBenchSettings = {
     "--model",  "--batch-size", "--image-size", "--threads",  "--precision",        "--grad-checkpoint", "--fusion",
-    "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph",
+    "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph,!--no-cuda-graph",
     "--autotune,!--no-autotune", "--kernel-cache"};
 
 // The training settings bench's options stand for.
@@ -264,8 +264,8 @@ Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Te
 
 void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpProfiler* prof,
                  const StepRunner& runner) {
-  if (o.run.cuda_graph && !runner.captured())
-    log_info(str("--cuda-graph: the step was NOT captured (", runner.capture_failure(),
+  if (!runner.capture_failure().empty())
+    log_info(str("captured steps: the step was NOT recorded (", runner.capture_failure(),
                  "): the figures below are of steps run as they came"));
   auto gib = [](double b) { return fmt_fixed(b / (1 << 30), 3); };
   std::string per_rank;
@@ -359,21 +359,11 @@ static void check_bench(const BenchOptions& o) {
   SPOTRAIN_CHECK(o.steps > 0, "--steps must be positive");
   SPOTRAIN_CHECK(o.warmup >= 0, "--warmup must not be negative");
   SPOTRAIN_CHECK(o.run.image_size >= 8, "--image-size must be at least 8");
-  SPOTRAIN_CHECK(!(o.run.cuda_graph && o.profile),
-                 "--profile times the ops one by one, which a captured step does not run: drop "
-                 "--profile or --cuda-graph");
 }
 
 static int run_bench(BenchOptions o) {
   check_bench(o);
-  // With --cuda-graph the first steps run eagerly and the next one records the graph: none
-  // of them is timed.
-  if (o.run.cuda_graph && o.warmup <= StepRunner::kEagerBeforeCapture) {
-    log_info(str("--cuda-graph: ", StepRunner::kEagerBeforeCapture + 1,
-                 " warm-up steps (the last records the step)"));
-    o.warmup = StepRunner::kEagerBeforeCapture + 1;
-  }
-  const RunConfig cfg = run_config_of(o);
+  RunConfig cfg = run_config_of(o);
   check_thread_counts(cfg.threads, cfg.workers);
   SessionOptions so = session_options(cfg);
   so.profile = o.profile;
@@ -384,7 +374,20 @@ static int run_bench(BenchOptions o) {
   Telemetry telemetry(be.gpu_pci_bus_id());
   const std::string device = be.device_line();
   if (!device.empty()) log_info(device);
+  // --profile times the ops one by one, which a replayed step does not run.
+  if (o.profile && cfg.cuda_graph && be.capture()) {
+    log_info("--profile: steps run as they come, not captured (a replayed step's ops are not "
+             "timed one by one)");
+    cfg.cuda_graph = false;
+  }
   Training tr = session.make_training(training_spec(cfg, in.num_classes, in.channels));
+  // Captured steps: the first steps run as they come and the next one records the step; none
+  // of them is timed.
+  if (tr.runner->capturing() && o.warmup <= StepRunner::kEagerBeforeCapture) {
+    log_info(str("captured steps: ", StepRunner::kEagerBeforeCapture + 1,
+                 " warm-up steps (the last records the step)"));
+    o.warmup = StepRunner::kEagerBeforeCapture + 1;
+  }
   log_info(str("bench ", o.run.model, " batch ", o.run.batch_size,
                session.world() > 1 ? str(" per rank x ", session.world(), " ranks") : "", " ",
                o.run.image_size, "x", o.run.image_size, "x", in.channels, " ", o.run.precision, " on ", be.name(),
