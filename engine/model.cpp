@@ -118,6 +118,13 @@ Tensor Model::forward(const Tensor& x, bool training) {
   return net_->forward(x, ctx);
 }
 
+Tensor Model::forward_probed(const Tensor& x,
+                             const std::function<void(Layer&, const Tensor&)>& probe) {
+  Context ctx{be_, false, false};
+  ctx.probe = probe;
+  return net_->forward(x, ctx);
+}
+
 void Model::backward(const Tensor& dlogits, GradListener* listener) {
   Context ctx{be_, true, false, listener};
   net_->backward(dlogits, ctx);

@@ -3,6 +3,7 @@
 // checkpoints all see one array and the last layer's gradients come first. The BN buffers
 // (running statistics) are views into one flat buffer too: one copy or broadcast moves them all.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,8 @@ class Model {
   void initialize(uint64_t seed);
 
   Tensor forward(const Tensor& x, bool training);
+  // An evaluation forward that tells `probe` each layer and its input before the layer runs.
+  Tensor forward_probed(const Tensor& x, const std::function<void(Layer&, const Tensor&)>& probe);
   // Fills every parameter's gradient (overwriting), telling `listener` as each completes.
   void backward(const Tensor& dlogits, GradListener* listener = nullptr);
   void clear_stash() { net_->clear_stash(); }

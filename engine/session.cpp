@@ -3,6 +3,7 @@
 
 #include "comm/staged_comm.h"
 #include "core/log.h"
+#include "engine/fusion_choice.h"
 #include "kernels/device_info.h"
 #include "kernels/op_profiler.h"
 
@@ -16,6 +17,7 @@ Session::Session(const SessionOptions& opt) {
   backend_ = make_backend(opt.device, opt.backend);
   if (comm_->size() > 1 && backend_->stream()) start_device_comm(opt);
   if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
+  deterministic_ = opt.backend.deterministic;
 }
 
 // GPU ranks all-reduce device buffers with NCCL, or, where ranks share a GPU (which NCCL
@@ -72,6 +74,7 @@ void Session::broadcast_buffers(Model& model) {
 
 std::unique_ptr<Model> Session::make_model(const ResNetOptions& net, uint64_t seed) {
   auto model = std::make_unique<Model>(build_resnet(net), *backend_);
+  if (net.fusion == "auto") set_fusion(*model, false);  // nothing times it here
   initialize_model(*model, seed);
   return model;
 }
@@ -93,6 +96,18 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.scaler = std::make_unique<LossScaler>(lso);
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
+  if (spec.net.fusion == "auto") {
+    // Timed where there is something to win: a device running cuDNN's fused graphs. The CPU's
+    // fused ops are composed of its separate ones, and --deterministic runs must not depend
+    // on a timing.
+    if (backend_->device() == Device::cpu || deterministic_) {
+      set_fusion(*t.model, false);
+      if (backend_->device() != Device::cpu)
+        log_info("--fusion auto with --deterministic: the layers run apart (no timing)");
+    } else {
+      t.runner->choose_fusion_at_first_step();
+    }
+  }
   if (spec.cuda_graph) {
     // Where the backend could capture but this run cannot, one line says why (the CPU never
     // captures: nothing to say).

@@ -33,6 +33,11 @@ void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
 
 void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr,
                                 float label_smoothing, StepTimes* times, const LabelMix* mix) {
+  if (choose_fusion_) {  // before the first forward: the chains' links decide what it runs
+    choose_fusion_ = false;
+    fusion_verdicts_ = choose_fusion(model_, x);
+    log_info(fusion_summary(fusion_verdicts_));
+  }
   const double t0 = now_seconds();
   Route route = route_for(x, mix);
   // An eager step queues its forward before the step before is read back, so the device works
@@ -45,7 +50,6 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
   if (route == Route::record && !record(x, labels, lr, label_smoothing, scale, mix))
     route = Route::eager;  // logged; this step and the rest run as they come
   if (route == Route::eager) {
-    ++eager_steps_;
     if (!logits.defined()) logits = model_.forward(x, /*training=*/true);
     queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, times, t0);
   } else {
@@ -97,8 +101,22 @@ std::string StepRunner::use_captured_steps() {
 }
 
 StepRunner::Route StepRunner::route_for(const Tensor& x, const LabelMix* mix) {
-  if (!capture_ || eager_steps_ < kEagerBeforeCapture) return Route::eager;
-  if (!graph_x_.defined()) return Route::record;
+  if (!capture_) return Route::eager;
+  if (!graph_x_.defined()) {
+    // Recorded after kEagerBeforeCapture eager steps of this very batch shape: they met every
+    // kernel shape the recording needs (none may be chosen while recording).
+    const bool alike = x.shape() == warm_shape_ && (mix != nullptr) == warm_mixed_;
+    if (!alike) {
+      warm_shape_ = x.shape();
+      warm_mixed_ = mix != nullptr;
+      warm_steps_ = 0;
+    }
+    if (warm_steps_ < kEagerBeforeCapture) {
+      ++warm_steps_;
+      return Route::eager;
+    }
+    return Route::record;
+  }
   if (x.shape() == graph_x_.shape() && x.dtype() == graph_x_.dtype() &&
       x.layout() == graph_x_.layout() && (mix != nullptr) == graph_mixed_)
     return Route::replay;

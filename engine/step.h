@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/fusion_choice.h"
 #include "engine/grad_sync.h"
 #include "engine/loss_scaler.h"
 #include "engine/model.h"
@@ -72,8 +73,8 @@ class StepRunner {
   void defer_read_back(bool on) { defer_ = on; }
 
   // From the (kEagerBeforeCapture + 1)th step on, each step is one replay of a step recorded
-  // then (CUDA Graphs; --cuda-graph, on by default): the steps before it choose the kernels and
-  // size every buffer. A batch of another shape (or with mixed targets where the recorded step
+  // then (CUDA Graphs; --cuda-graph, on by default): the kEagerBeforeCapture eager steps before
+  // it, of the same batch shape, choose the kernels and size every buffer. A batch of another shape (or with mixed targets where the recorded step
   // had none, or the reverse) runs as it comes, logged once. The step before is read back ahead
   // of each replay, as a step's loss scale and inputs go into the replay. Returns why steps will
   // run as they come instead ("" when they will be captured): the backend cannot record them
@@ -87,6 +88,12 @@ class StepRunner {
   // Why recording the step failed ("" when it did not): the steps then ran as they came.
   const std::string& capture_failure() const { return capture_failure_; }
   static constexpr int kEagerBeforeCapture = 2;
+
+  // --fusion auto: the first step's batch first times the model's fused chains both ways and
+  // keeps each fused only where it wins (engine/fusion_choice.h), logged in one line.
+  void choose_fusion_at_first_step() { choose_fusion_ = true; }
+  // The verdicts, once made (empty before, and without --fusion auto).
+  const std::vector<FusionVerdict>& fusion_verdicts() const { return fusion_verdicts_; }
 
  private:
   void read_back();  // the queued step's figures, if one is queued
@@ -116,11 +123,15 @@ class StepRunner {
   std::vector<StepResult> results_;
   bool defer_;              // defer_read_back()
   bool capture_ = false;    // use_captured_steps()
-  int eager_steps_ = 0;     // steps run as they came
+  Shape warm_shape_;        // before the recording: the batch shape of the eager steps in a
+  bool warm_mixed_ = false; // row, with or without mixed targets,
+  int warm_steps_ = 0;      // and how many ran
   Tensor graph_x_;          // the captured step's batch (each replay's is copied there)
   bool graph_mixed_ = false;      // whether it was recorded with mixed targets
   bool told_other_batch_ = false; // a batch unlike graph_x_ was logged
   std::string capture_failure_;
+  bool choose_fusion_ = false;  // choose_fusion_at_first_step(), not done yet
+  std::vector<FusionVerdict> fusion_verdicts_;
 };
 
 }  // namespace spotrain

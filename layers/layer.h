@@ -41,12 +41,17 @@ class GradListener {
   virtual void grad_ready(const Param& p) = 0;
 };
 
+class Layer;
+
 // What a pass needs besides its input: the backend and the mode.
 struct Context {
   Backend& be;
   bool training = true;
   bool replay = false;  // re-running forward for gradient checkpointing: no side effects
   GradListener* listener = nullptr;
+  // Told each layer and its input before the layer's forward (engine/fusion_choice.cpp times
+  // the fused chains on the inputs an evaluation forward meets).
+  std::function<void(Layer&, const Tensor&)> probe = nullptr;
   void grad_ready(const Param& p) {
     if (listener) listener->grad_ready(p);
   }

@@ -9,6 +9,7 @@ namespace spotrain {
 
 Tensor Layer::forward(const Tensor& x, Context& ctx) {
   validate(x);
+  if (ctx.probe) ctx.probe(*this, x);
   return forward_impl(x, ctx);
 }
 
@@ -80,7 +81,7 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
                                        stats_for_ ? stats_for_->eps_ : 0.f,
                                        stats_for_ ? &stats : nullptr);
   }
-  if (keep_output_ && !ctx.replay) {
+  if ((keep_output_ || (keep_if_stats_ && stats_for_)) && !ctx.replay) {
     kept_y_ = y;
     kept_stats_ = stats;
   }
@@ -124,6 +125,8 @@ void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b) {
   a.stats_for_ = &bn;
   bn.deferred_ = true;
   b.applies_ = &bn;
+  bn.chain_a_ = &a;
+  bn.chain_b_ = &b;
 }
 
 // ---- BatchNorm2d ----

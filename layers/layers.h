@@ -34,6 +34,9 @@ class Conv2d final : public Layer {
   int64_t macs_per_output() const { return int64_t(p_.kh) * p_.kw * in_; }
   // Under conv + batch-norm fusion: this convolution makes the next batch norm's statistics.
   bool makes_bn_statistics() const { return stats_for_ != nullptr; }
+  // --grad-checkpoint selective: keep the output too whenever this convolution makes a batch
+  // norm's statistics (a fused chain may be switched on or off after the model is built).
+  void keep_output_when_making_statistics(bool v) { keep_if_stats_ = v; }
   // Residual blocks: the next backward adds its input gradient to `g` (the shortcut's) and
   // returns the sum, in one backend op.
   void add_input_grad_to(const Tensor& g) { acc_ = g; }
@@ -45,6 +48,7 @@ class Conv2d final : public Layer {
 
  private:
   friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
+  friend class FusionChain;
   int in_, out_;
   ConvParams p_;
   Param weight_;  // (out, in, k, k)
@@ -57,6 +61,7 @@ class Conv2d final : public Layer {
   BatchNorm2d* applies_ = nullptr;
   BnApply pro_;
   bool keep_output_ = false;
+  bool keep_if_stats_ = false;
   Tensor kept_y_;        // the output the replay hands back (keep_output_for_replay)
   BnSaved kept_stats_;   // with stats_for_: the statistics computed with it
 };
@@ -87,6 +92,7 @@ class BatchNorm2d final : public Layer {
 
  private:
   friend class Conv2d;
+  friend class FusionChain;
   friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
   int c_;
   bool relu_;
@@ -103,6 +109,8 @@ class BatchNorm2d final : public Layer {
   // applies the normalization and ReLU as it reads; that convolution's backward computes this
   // layer's gradients too (input_grad_done_), and this backward passes its gradient through.
   bool deferred_ = false;
+  Conv2d* chain_a_ = nullptr;  // the convolutions fuse_conv_bn_conv linked it with (kept when
+  Conv2d* chain_b_ = nullptr;  // the chain is switched off: FusionChain)
   BnSaved given_;  // empty until the convolution before hands its statistics over
   bool input_grad_done_ = false;
 };
@@ -112,7 +120,8 @@ class BatchNorm2d final : public Layer {
 // passes its input through, and b applies bn and its ReLU to what it reads
 // (Backend::conv2d_forward_bn_stats, fused where the backend can). bn's output is never
 // written; b's backward goes through bn as well (Backend::conv2d_backward_bn_relu).
-// Evaluation runs the layers as they are.
+// Evaluation runs the layers as they are. The chain can be switched off and on again
+// (FusionChain, layers/fusion_chain.h).
 void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b);
 
 class ReLU final : public Layer {

@@ -112,7 +112,7 @@ int checkpoint_every(const std::string& mode) {
 // for the replay. All but the cheap ones, those costing fewer multiply-adds per output element
 // than they have output channels (a bottleneck's last 1x1 and the projection shortcuts, which
 // expand channels: their outputs are the largest of a block) and the stem's (3 input channels).
-// Under --fusion bn a convolution that makes a batch norm's statistics always keeps its output:
+// Under fusion a convolution that makes a batch norm's statistics always keeps its output:
 // the convolution after it may hand back a kept output made with those statistics, which a
 // replay on a GPU could otherwise sum again in another order.
 void keep_costly_conv_outputs(Layer& segment, bool is_stem) {
@@ -120,7 +120,8 @@ void keep_costly_conv_outputs(Layer& segment, bool is_stem) {
     auto* conv = dynamic_cast<Conv2d*>(&l);
     if (!conv) return;
     const bool cheap = is_stem || conv->macs_per_output() < conv->out_channels();
-    conv->keep_output_for_replay(!cheap || conv->makes_bn_statistics());
+    conv->keep_output_for_replay(!cheap);
+    conv->keep_output_when_making_statistics(true);
   });
 }
 
@@ -194,9 +195,11 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
   check_resnet_options(opt.arch, opt.grad_checkpoint);
   SPOTRAIN_CHECK(opt.num_classes > 0, "number of classes must be positive");
   SPOTRAIN_CHECK(opt.in_channels > 0, "number of input channels must be positive");
-  SPOTRAIN_CHECK(opt.fusion == "none" || opt.fusion == "bn", "unknown --fusion '", opt.fusion,
-                 "'; use none or bn");
-  const bool fusion = opt.fusion == "bn";
+  SPOTRAIN_CHECK(opt.fusion == "none" || opt.fusion == "bn" || opt.fusion == "auto",
+                 "unknown --fusion '", opt.fusion, "'; use auto, bn or none");
+  // auto links the chains as bn does; the engine then switches each on or off
+  // (engine/fusion_choice.h).
+  const bool fusion = opt.fusion != "none";
   auto net = std::make_unique<Sequential>("");
   std::vector<std::unique_ptr<Sequential>> stages;
   int n_small = 0;

@@ -20,9 +20,10 @@ struct ResNetOptions {
   // consecutive blocks of a stage per segment). The stem is always a segment of its own;
   // the last segment is never checkpointed (its replay would follow forward at once).
   std::string grad_checkpoint = "none";
-  // Conv + batch-norm fusion in training: "none", or "bn" (in each block, a convolution
+  // Conv + batch-norm fusion in training: "none", "bn" (in each block, a convolution
   // computes the batch statistics of the BN+ReLU after it and the next convolution applies
-  // that BN as it reads: fuse_conv_bn_conv in layers.h).
+  // that BN as it reads: fuse_conv_bn_conv in layers.h) or "auto" (linked as bn, each chain
+  // switched on or off by the engine: engine/fusion_choice.h; left on if nothing decides).
   std::string fusion = "none";
 };
 

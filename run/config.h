@@ -85,11 +85,12 @@ enum SettingFlags : unsigned {
     "start each block's last BN gamma at 0", kSettingPlain, "")                                       \
   X(std::string, grad_checkpoint, "none", "--grad-checkpoint",                                    \
     "none|selective|block|stage|every:K", kShowDefault, "")                                         \
-  X(std::string, fusion, "none", "--fusion",                                                      \
+  X(std::string, fusion, "auto", "--fusion",                                                      \
     "conv + batch-norm fusion in training: bn (a convolution makes the statistics of the BN+ReLU " \
     "after it, the next one applies that BN as it reads, and its backward goes through that BN; " \
-    "cuDNN graphs on a GPU at fp16/bf16 where cuDNN takes the shape) or none", kShowDefault,      \
-    "none|bn")                                                                                     \
+    "cuDNN graphs on a GPU at fp16/bf16 where cuDNN takes the shape), auto (each such chain "    \
+    "fused only where timing it at the first step says it wins; on the CPU and with "           \
+    "--deterministic, none) or none", kShowDefault, "auto|bn|none")                               \
   X(std::string, precision, "fp32", "--precision", "fp32|tf32|bf16|fp16", kShowDefault, "fp32|tf32|bf16|fp16")           \
   X(double, loss_scale, 0, "--loss-scale", "fp16: static loss scale (0 = dynamic)", kShowDefault, "") \
   X(int64_t, max_overflow_steps, 50, "--max-overflow-steps",                                      \

@@ -24,8 +24,9 @@
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
 # GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph compile profile
 # fusion tuning resume ranks2 more", run in that order of importance so that a short budget cuts only
-# the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 --cuda-graph
-# (captured or not; the default: every other bench row runs eager, with --no-cuda-graph); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
+# the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 in the default
+# configuration (captured steps, --fusion auto) and fp16 --cuda-graph (captured or not; every
+# other bench row runs eager and unfused, --no-cuda-graph --fusion none, unless it names them); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
 # bf16; fp16 --profile with the kernels chosen per shape; "fusion": fp16 with
 # --fusion bn, timed and profiled (which graphs cuDNN took and ran); "tuning": fp16 and
 # --fusion bn with cuDNN's heuristics' first choices (--no-autotune) against the timed ones,
@@ -506,8 +507,10 @@ compare_runs() {
 bench() {  # bench NAME PRECISION CHECKPOINT [EXTRA...]
   local name=$1 prec=$2 ck=$3
   shift 3
-  # Captured steps are the default: a row is eager (--no-cuda-graph) unless it asks for them.
+  # Captured steps and --fusion auto are the defaults: a row is eager (--no-cuda-graph) and
+  # unfused (--fusion none) unless it asks otherwise, as the rows were before those defaults.
   case " $* " in *" --cuda-graph "*) ;; *) set -- --no-cuda-graph "$@" ;; esac
+  case " $* " in *" --fusion "*) ;; *) set -- --fusion none "$@" ;; esac
   run_step "bench-$name" 75 "${ours[@]}" "$bin/spotrain" bench --model resnet50 --image-size 224 \
     --batch-size 256 --precision "$prec" --grad-checkpoint "$ck" --steps "$steps" \
     --warmup "$warmup" --device cuda --json "$logs/bench-$name.json" "$@"
@@ -526,11 +529,13 @@ if [[ -n "$bin" && -n "$gpu" ]]; then
   want bench && bench fp16 fp16 none --end-to-end
   want torch && [[ -n "$python" ]] && torch_bench torch fp16
   if want graph; then
+    # The default configuration (captured steps, --fusion auto), then captured without fusion.
+    bench fp16-default fp16 none --cuda-graph --fusion auto --end-to-end
     bench fp16-graph fp16 none --cuda-graph --end-to-end
     if grep -q '"cuda_graph": true' "$logs/bench-fp16-graph.json" 2>/dev/null; then
       restatus "$(laststatus): captured"
     else
-      restatus "$(laststatus): NOT captured ($(grep -m1 -o 'NOT captured ([^)]*' "$logs/bench-fp16-graph.log" | cut -c15-))"
+      restatus "$(laststatus): NOT captured ($(grep -m1 -o 'NOT recorded ([^)]*' "$logs/bench-fp16-graph.log" | cut -c15-))"
     fi
   fi
 elif [[ -n "$bin" ]]; then
@@ -558,6 +563,7 @@ fi
 # (PyTorch), at fp16 (and bf16 with "more").
 if want profile && [[ -n "$bin" && -n "$gpu" ]]; then
   bench profile-fp16 fp16 none --profile
+  bench profile-fp16-auto fp16 none --fusion auto --profile  # each chain's verdict
   [[ -n "$python" ]] && run_step torch-profile 120 env PYTHONUNBUFFERED=1 "$python" \
     "$repo/bench/torch_gpu_resnet50.py" --precision fp16 --batch-size 256 --image-size 224 \
     --steps 5 --warmup 5 --profile --json "$logs/torch-profile.json"
@@ -611,7 +617,7 @@ if want resume && [[ -n "$bin" && -n "$gpu" ]]; then
           --batch-size 128 --steps 40 --log-every 10 --device cuda --cuda-graph --deterministic)
   rm -rf "$out"/run-graph-*
   run_step graph-straight 60 "${ours[@]}" "$bin/spotrain" "${common[@]}" --ckpt-dir "$out/run-graph-a"
-  grep -q "NOT captured\|could not be captured" "$logs/graph-straight.log" && restatus "$(laststatus): NOT captured"
+  grep -q "could not be recorded\|not captured" "$logs/graph-straight.log" && restatus "$(laststatus): NOT captured"
   run_step graph-stop 60 "${ours[@]}" SPOTRAIN_FAULT=term:0:20 "$bin/spotrain" "${common[@]}" \
     --ckpt-dir "$out/run-graph-b"
   (($? == 75)) && restatus "ok: stopped with a checkpoint (exit 75)"
@@ -651,6 +657,7 @@ fi
 # PyTorch's bf16 and tf32, and the bf16 profile.
 if want more && [[ -n "$bin" && -n "$gpu" ]]; then
   bench bf16 bf16 none
+  bench bf16-default bf16 none --cuda-graph --fusion auto
   bench tf32 tf32 none
   bench fp16-ckpt fp16 stage
   bench fp16-selective fp16 selective

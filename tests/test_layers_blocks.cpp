@@ -3,7 +3,12 @@
 // the shortcut's gradient (seen through an OpProfiler), and gradient checkpointing: every mode
 // gives bitwise the same gradients and running statistics as the plain graph.
 // Inputs are fresh Philox draws (never zeros); outputs and gradients are NaN-poisoned first.
+#include <functional>
+#include <set>
+
+#include "engine/fusion_choice.h"
 #include "layer_test_util.h"
+#include "layers/fusion_chain.h"
 
 using namespace spotrain;
 
@@ -263,6 +268,7 @@ struct StepOutcome {
   std::vector<Floats> logits, grads, buffers;  // per step; buffers after the last step
   std::vector<double> losses;
   Floats eval_logits;
+  std::map<std::string, double> calls;  // per training step, by op (when convs was asked)
 };
 
 Floats host_floats(Backend& be, const Tensor& t) {
@@ -273,7 +279,8 @@ Floats host_floats(Backend& be, const Tensor& t) {
 // Two training steps and an evaluation of resnet20; with `convs`, the convolutions run in a
 // training step (forward, replays included).
 StepOutcome resnet20_steps(Backend& be, const std::string& mode,
-                           const std::string& fusion = "none", double* convs = nullptr) {
+                           const std::string& fusion = "none", double* convs = nullptr,
+                           const std::function<void(Model&)>& prepare = nullptr) {
   ResNetOptions o;
   o.arch = "resnet20";
   o.fusion = fusion;
@@ -282,6 +289,7 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
   o.grad_checkpoint = mode;
   Model m(build_resnet(o), be);
   m.initialize(4242);
+  if (prepare) prepare(m);
   StepOutcome out;
   for (auto* p : m.params()) out.names.push_back(p->name);
   int N = 4;
@@ -302,8 +310,10 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
   }
   if (prof) {
     *convs = 0;
-    for (const auto& r : prof->by_op())
+    for (const auto& r : prof->by_op()) {
       if (r.name.find("conv2d_forward") != std::string::npos) *convs += r.calls_per_step;
+      out.calls[r.name] = r.calls_per_step;
+    }
     prof.reset();
   }
   for (auto* b : m.buffers()) {
@@ -407,6 +417,88 @@ TEST(SelectiveCheckpointing, ReplaysConvolveOnlyTheCheapConvolutionsAgain) {
   }
   for (size_t b = 0; b < fused_none.buffers.size(); ++b)
     EXPECT_TRUE(bitwise_equal(fused_sel.buffers[b], fused_none.buffers[b])) << "buffer " << b;
+}
+
+// --fusion auto links the chains as bn does and switches each on or off: all off is the plain
+// model bit for bit (under selective checkpointing too: a convolution keeps its output for its
+// statistics only while its chain is on), and any mix of on and off the plain model's numbers
+// up to rounding.
+TEST(FusionAuto, ChainsSwitchedOffAreThePlainModelAndAnyMixTrainsAlike) {
+  auto be = cpu_backend(1);
+  auto all_off = [](Model& m) { set_fusion(m, false); };
+  for (const char* mode : {"none", "selective"}) {
+    SCOPED_TRACE(mode);
+    StepOutcome plain = resnet20_steps(*be, mode);
+    StepOutcome off = resnet20_steps(*be, mode, "auto", nullptr, all_off);
+    for (size_t s = 0; s < plain.grads.size(); ++s) {
+      EXPECT_EQ(off.losses[s], plain.losses[s]) << "step " << s;
+      EXPECT_TRUE(bitwise_equal(off.grads[s], plain.grads[s])) << "gradients, step " << s;
+    }
+    for (size_t b = 0; b < plain.buffers.size(); ++b)
+      EXPECT_TRUE(bitwise_equal(off.buffers[b], plain.buffers[b])) << "buffer " << b;
+  }
+  int switched = 0;
+  auto alternate = [&switched](Model& m) {
+    std::vector<FusionChain> chains = fusion_chains(m.net());
+    ASSERT_EQ(chains.size(), 9u);  // one per basic block
+    for (size_t i = 0; i < chains.size(); ++i) chains[i].set_fused(i % 2 == 0);
+    for (size_t i = 0; i < chains.size(); ++i) switched += chains[i].fused() == (i % 2 == 0);
+  };
+  StepOutcome plain = resnet20_steps(*be, "none");
+  double convs = 0;
+  StepOutcome mixed = resnet20_steps(*be, "none", "auto", &convs, alternate);
+  EXPECT_EQ(switched, 9);
+  // Five chains fused: each one's first convolution makes statistics, its second applies them;
+  // its backward runs through both of the second's ops at once.
+  EXPECT_EQ(mixed.calls["conv2d_forward+stats"], 5);
+  EXPECT_EQ(mixed.calls["bn_relu+conv2d_forward+stats"], 5);
+  EXPECT_EQ(mixed.calls["conv2d_backward+bn_relu"], 5);
+  for (size_t s = 0; s < plain.grads.size(); ++s) {
+    EXPECT_NEAR(mixed.losses[s], plain.losses[s], 1e-5 * std::fabs(plain.losses[s]));
+    EXPECT_LT(rel_diff(to_vec(mixed.grads[s]), to_vec(plain.grads[s])), 1e-3) << "step " << s;
+  }
+}
+
+// choose_fusion times every chain both ways on the inputs an evaluation forward meets (on the
+// CPU here, which the engine itself never times), once per shape, switches each as its verdict
+// says, and changes no weight or running statistic.
+TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
+  auto be = cpu_backend(1);
+  ResNetOptions o;
+  o.arch = "resnet20";
+  o.fusion = "auto";
+  o.in_channels = 1;
+  Model m(build_resnet(o), *be);
+  m.initialize(7);
+  const Floats p0 = host_floats(*be, m.flat_params()), b0 = host_floats(*be, m.flat_buffers());
+  Tensor x = be->upload_images(make_tensor(normals(8 * 12 * 12, 90), {8, 1, 12, 12}, Layout::nhwc));
+  const std::vector<FusionVerdict> v = choose_fusion(m, x);
+  ASSERT_EQ(v.size(), 9u);
+  std::vector<FusionChain> chains = fusion_chains(m.net());
+  std::set<std::string> names;
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_GT(v[i].fused_ms, 0.0) << v[i].chain;
+    EXPECT_GT(v[i].apart_ms, 0.0) << v[i].chain;
+    EXPECT_EQ(v[i].fused, v[i].fused_ms <= kFusionWinsBelow * v[i].apart_ms) << v[i].chain;
+    names.insert(v[i].chain);
+  }
+  EXPECT_EQ(names.size(), 9u);
+  EXPECT_TRUE(names.count("layer1.0.conv1+bn1+conv2")) << *names.begin();
+  for (const FusionChain& c : chains) {
+    auto it = std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == c.name(); });
+    ASSERT_NE(it, v.end()) << c.name();
+    EXPECT_EQ(c.fused(), it->fused) << c.name();
+  }
+  // layer1's three blocks share a shape: timed once, the same figures for all three.
+  auto of = [&](const std::string& n) {
+    return *std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == n; });
+  };
+  EXPECT_EQ(of("layer1.0.conv1+bn1+conv2").fused_ms, of("layer1.2.conv1+bn1+conv2").fused_ms);
+  EXPECT_EQ(of("layer1.0.conv1+bn1+conv2").apart_ms, of("layer1.2.conv1+bn1+conv2").apart_ms);
+  EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_params()), p0)) << "weights changed";
+  EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_buffers()), b0)) << "running statistics changed";
+  EXPECT_NE(fusion_summary(v).find("of 9 conv + BN+ReLU + conv chains fused"), std::string::npos)
+      << fusion_summary(v);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),

@@ -6,6 +6,7 @@
 // recorded, replayed, a batch of another shape, a refused recording) with a stand-in recorder.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
+#include "layers/fusion_chain.h"
 #include "layers/resnet.h"
 #include "run/trainer.h"
 #include "step_reference.h"
@@ -382,6 +384,18 @@ TEST(CapturedSteps, EagerStepsThenOneRecordingThenReplaysAndAnotherBatchRunsAsIt
   EXPECT_EQ(r.runner.capture_failure(), "");
 }
 
+// The recording waits for kEagerBeforeCapture eager steps in a row of the batch it records:
+// they chose every kernel it needs.
+TEST(CapturedSteps, TheRecordingFollowsEagerStepsOfItsOwnShape) {
+  RecorderRun r;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  const int64_t sizes[] = {8, 4, 8, 8};
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(r.step(sizes[i], 40 + i)) << i;
+  EXPECT_EQ(r.be.calls, Calls{});
+  r.step(8, 50);
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8"}));
+}
+
 TEST(CapturedSteps, AStepThatCannotBeRecordedRunsAsItComesAndSoDoTheRest) {
   RecorderRun r;
   r.be.refuse = true;
@@ -407,4 +421,36 @@ TEST(CapturedSteps, ABackendWithoutARecorderOrSeveralRanksSayWhyNot) {
   StepRunner cpu(t.model(), t.optimizer(), r.scaler, Precision::fp32);
   EXPECT_NE(cpu.use_captured_steps().find("runs steps as they come"), std::string::npos);
   EXPECT_FALSE(cpu.capturing());
+}
+
+// --fusion auto, the default: on the CPU the Trainer keeps every chain apart without timing;
+// a StepRunner told to choose times the chains on its first batch, before the first forward,
+// and says so in one line.
+TEST(FusionAutoStep, TheCpuRunsTheLayersApartAndAFirstStepCanChoose) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  ASSERT_EQ(cfg.fusion, "auto");
+  Trainer t(cfg);
+  const std::vector<FusionChain> chains = fusion_chains(t.model().net());
+  ASSERT_EQ(chains.size(), 9u);
+  for (const FusionChain& c : chains) EXPECT_FALSE(c.fused()) << c.name();
+
+  LossScaler off{LossScalerOptions{}};
+  StepRunner runner(t.model(), t.optimizer(), off, Precision::fp32);
+  runner.choose_fusion_at_first_step();
+  Batch b = random_batch(8, 60);
+  testing::internal::CaptureStdout();
+  StepResult r = runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+  runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(std::isfinite(r.loss.loss));
+  ASSERT_EQ(runner.fusion_verdicts().size(), 9u);
+  EXPECT_EQ(out.find("--fusion auto: "), out.rfind("--fusion auto: ")) << "chosen once: " << out;
+  EXPECT_NE(out.find("of 9 conv + BN+ReLU + conv chains fused"), std::string::npos) << out;
+  for (size_t i = 0; i < chains.size(); ++i) {
+    auto& v = runner.fusion_verdicts();
+    auto it = std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == chains[i].name(); });
+    ASSERT_NE(it, v.end());
+    EXPECT_EQ(chains[i].fused(), it->fused) << chains[i].name();
+  }
 }

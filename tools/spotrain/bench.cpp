@@ -72,6 +72,14 @@ const std::vector<std::string> kBenchSettings = {
 // The training settings bench's options stand for.
 const RunConfig& run_config_of(const BenchOptions& o) { return o.run; }
 
+// --fusion auto's chains that run fused (null where nothing was chosen: none, bn, the CPU).
+nlohmann::json fused_chains(const StepRunner& runner) {
+  if (runner.fusion_verdicts().empty()) return nullptr;
+  int n = 0;
+  for (const FusionVerdict& v : runner.fusion_verdicts()) n += v.fused;
+  return n;
+}
+
 double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   double pos = q * double(v.size() - 1);
@@ -300,7 +308,8 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
 }
 
 nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summary& s, Session& session,
-                          bool loader, bool captured, double end_to_end) {
+                          bool loader, const StepRunner& runner, double end_to_end) {
+  const bool captured = runner.captured();
   nlohmann::json j{{"model", o.run.model},
                    {"batch_size", o.run.batch_size},
                    {"image_size", o.run.image_size},
@@ -311,6 +320,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                    {"input_bound", s.input_bound},
                    {"grad_checkpoint", o.run.grad_checkpoint},
                    {"fusion", o.run.fusion},
+                   {"fusion_chains_fused", fused_chains(runner)},
                    {"ranks", session.world()},
                    {"steps", o.steps},
                    {"images_per_sec", s.median},
@@ -341,6 +351,9 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
       j["profile"]["shapes"].push_back({{"op", r.name}, {"ms_per_step", r.ms_per_step},
                                         {"calls_per_step", r.calls_per_step}});
     j["profile"]["choices"] = session.backend().kernel_choices();
+    for (const FusionVerdict& v : runner.fusion_verdicts())
+      j["profile"]["fusion"].push_back({{"chain", v.chain}, {"fused", v.fused},
+                                        {"fused_ms", v.fused_ms}, {"apart_ms", v.apart_ms}});
   }
   if (o.price_per_hour > 0)
     j["imagenet_90_epochs"] = {{"seconds", s.imagenet_seconds},
@@ -396,15 +409,19 @@ static int run_bench(BenchOptions o) {
   const Timings tm = time_steps(o, in, session, *tr.runner, telemetry);
   const Summary s = summarize(o, tm, session, telemetry);
   log_summary(o, tm, s, session.profiler(), *tr.runner);
-  if (session.profiler())  // which kernels the backend settled on, per shape
+  if (session.profiler()) {  // which kernels the backend settled on, per shape, and --fusion auto's verdicts
     for (const std::string& line : be.kernel_choices()) log_info("  chosen: " + line);
+    for (const FusionVerdict& v : tr.runner->fusion_verdicts())
+      log_info(str("  fusion: ", v.chain, v.fused ? " fused" : " apart", " (fused ",
+                   fmt_fixed(v.fused_ms, 3), " ms, apart ", fmt_fixed(v.apart_ms, 3), " ms)"));
+  }
   const double end_to_end = o.end_to_end ? time_end_to_end(o, in, session, *tr.runner) : 0.0;
   if (o.end_to_end)
     log_info(str("images/s end to end (", o.steps, " steps queued back to back, no wait between "
                  "phases): ", fmt_fixed(end_to_end, 2), " (", fmt_fixed(end_to_end / s.median, 3),
                  "x the median of the timed steps)"));
   if (!o.json.empty() && session.rank() == 0)
-    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, tr.runner->captured(), end_to_end).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+    write_file_atomic(o.json, bench_json(o, tm, s, session, in.loader != nullptr, *tr.runner, end_to_end).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                       "the --json file");
   return 0;
 }
