@@ -34,13 +34,14 @@ double time_ms(Backend& be, const std::function<void()>& run) {
 // Both ways, each once to warm up (the first run of a shape chooses its kernels), then three
 // times alternating; the best run of each.
 FusionVerdict time_chain(Backend& be, const FusionChain& chain, const Tensor& x) {
-  chain.run(be, x, false);
-  chain.run(be, x, true);
+  FusionChain::Scratch s = chain.make_scratch(be);
+  chain.run(be, x, false, s);
+  chain.run(be, x, true, s);
   FusionVerdict v;
   v.apart_ms = v.fused_ms = std::numeric_limits<double>::infinity();
   for (int round = 0; round < 3; ++round) {
-    v.apart_ms = std::min(v.apart_ms, time_ms(be, [&] { chain.run(be, x, false); }));
-    v.fused_ms = std::min(v.fused_ms, time_ms(be, [&] { chain.run(be, x, true); }));
+    v.apart_ms = std::min(v.apart_ms, time_ms(be, [&] { chain.run(be, x, false, s); }));
+    v.fused_ms = std::min(v.fused_ms, time_ms(be, [&] { chain.run(be, x, true, s); }));
   }
   v.fused = v.fused_ms <= kFusionWinsBelow * v.apart_ms;
   return v;
@@ -55,11 +56,11 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x) {
   if (chains.empty()) return out;
   std::map<const Layer*, size_t> head;  // a chain's first convolution -> the chain
   for (size_t i = 0; i < chains.size(); ++i) head[&chains[i].head()] = i;
-  // The device clock's marks are the op profiler's too: its pending ones are dropped (this is
-  // the first step, never counted) and it is detached while the chains are timed.
+  // The device clock's marks are the op profiler's too: its pending ones are read into
+  // durations first, and it is detached while the chains are timed.
   OpProfiler* prof = be.profiler();
   if (prof) {
-    prof->collect(false);
+    prof->resolve_pending();
     be.set_profiler(nullptr);
   }
   std::map<std::string, FusionVerdict> by_shape;  // chains of one shape are timed once
@@ -76,9 +77,13 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x) {
       out.push_back(v);
       chains[it->second].set_fused(v.fused);
     });
-  } catch (...) {
+  } catch (const Error& e) {
+    // Training does not depend on the choice: it goes on with every chain apart.
     be.set_profiler(prof);
-    throw;
+    set_fusion(model, false);
+    log_info(str("warning: --fusion auto: timing the chains failed (", e.what(),
+                 "); every chain runs apart"));
+    return {};
   }
   be.set_profiler(prof);
   return out;

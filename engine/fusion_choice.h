@@ -21,6 +21,8 @@ constexpr double kFusionWinsBelow = 0.98;
 
 // Times every chain of `model` both ways on `x` (a batch in the compute dtype, as a training
 // step gets it) and switches each on where it wins. Changes no weight, statistic or gradient.
+// Where the timing fails (say, out of memory) every chain is switched off, a warning logged,
+// and nothing returned.
 std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x);
 // Switches every chain of `model` on or off.
 void set_fusion(Model& model, bool on);

@@ -97,12 +97,13 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
   if (spec.net.fusion == "auto") {
-    // Timed where there is something to win: a device running cuDNN's fused graphs. The CPU's
-    // fused ops are composed of its separate ones, and --deterministic runs must not depend
-    // on a timing.
-    if (backend_->device() == Device::cpu || deterministic_) {
+    // Timed where there is something to win: a device running cuDNN's fused graphs, which are
+    // 16-bit (fp32 and tf32 run the fused ops composed of the separate ones, as the CPU does
+    // always), and where a run may depend on a timing (not --deterministic).
+    const bool sixteen_bit = compute_dtype(spec.precision) != DType::f32;
+    if (backend_->device() == Device::cpu || !sixteen_bit || deterministic_) {
       set_fusion(*t.model, false);
-      if (backend_->device() != Device::cpu)
+      if (backend_->device() != Device::cpu && sixteen_bit)
         log_info("--fusion auto with --deterministic: the layers run apart (no timing)");
     } else {
       t.runner->choose_fusion_at_first_step();

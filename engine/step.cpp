@@ -21,10 +21,13 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
       defer_(model.backend().queues_ops()) {}
 
 void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
-                       float label_smoothing, StepTimes* times, const LabelMix* mix) {
+                       float label_smoothing, StepTimes* times, const LabelMix* mix,
+                       const PixelNorm* norm) {
   Backend& be = model_.backend();
   double t0 = now_seconds();
-  Tensor x = be.upload_images(images, dtype_);
+  const bool pixels = images.dtype() == DType::u8;
+  SPOTRAIN_CHECK(!pixels || norm, "internal: 8-bit images without their normalization");
+  Tensor x = pixels ? be.upload_pixels(images, *norm, dtype_) : be.upload_images(images, dtype_);
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
   double upload = now_seconds() - t0;
   queue_uploaded(x, labels, lr, label_smoothing, times, mix);
@@ -36,7 +39,7 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
   if (choose_fusion_) {  // before the first forward: the chains' links decide what it runs
     choose_fusion_ = false;
     fusion_verdicts_ = choose_fusion(model_, x);
-    log_info(fusion_summary(fusion_verdicts_));
+    if (!fusion_verdicts_.empty()) log_info(fusion_summary(fusion_verdicts_));
   }
   const double t0 = now_seconds();
   Route route = route_for(x, mix);
@@ -203,8 +206,9 @@ std::vector<StepResult> StepRunner::take_results() {
 }
 
 StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr,
-                           float label_smoothing, StepTimes* times, const LabelMix* mix) {
-  queue(images, labels, lr, label_smoothing, times, mix);
+                           float label_smoothing, StepTimes* times, const LabelMix* mix,
+                           const PixelNorm* norm) {
+  queue(images, labels, lr, label_smoothing, times, mix, norm);
   settle();
   return take_results().back();
 }

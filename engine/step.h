@@ -43,12 +43,14 @@ class StepRunner {
   StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision precision,
              GradSync* sync = nullptr, int world = 1);
 
-  // Queues one step. images: host fp32 NHWC (N, C, H, W); labels: N on the host; mix:
+  // Queues one step. images: host fp32 NHWC (N, C, H, W), or 8-bit pixels that `norm`
+  // normalizes on the device (Backend::upload_pixels); labels: N on the host; mix:
   // mixup/cutmix targets for the loss (null: plain labels). The step before's loss and
   // overflow verdict are read back once this step's forward is queued (the loss scale of
   // this step depends on that verdict); this step's wait for the next queue() or settle().
   void queue(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
-             StepTimes* times = nullptr, const LabelMix* mix = nullptr);
+             StepTimes* times = nullptr, const LabelMix* mix = nullptr,
+             const PixelNorm* norm = nullptr);
   // The same on a batch already uploaded (Backend::upload_images in compute_dtype()), e.g.
   // synthetic data generated once on the device; times->data is 0.
   void queue_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
@@ -63,7 +65,8 @@ class StepRunner {
   // One step, waited for: queue + settle, returning its figures (tests, bench, the
   // consumer example).
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
-                 StepTimes* times = nullptr, const LabelMix* mix = nullptr);
+                 StepTimes* times = nullptr, const LabelMix* mix = nullptr,
+                 const PixelNorm* norm = nullptr);
   StepResult run_uploaded(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
                           StepTimes* times = nullptr, const LabelMix* mix = nullptr);
   DType compute_dtype() const { return dtype_; }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/philox.h"
@@ -142,9 +143,10 @@ inline v4f load_pixel(const uint8_t* p) {
 }
 
 // Built twice: for AVX2/FMA machines (x86-64-v3, picked at load time) and plain x86-64.
-template <int C>
+// Out float: normalized; Out uint8_t: the resampled pixel rounded (half up, as PIL) and clamped.
+template <int C, typename Out>
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void resample_impl(const uint8_t* px, int width, const AxisCoeffs& cx, const AxisCoeffs& cy, bool flip,
-                   const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch) {
+                   const ImageTransformOptions& opt, Out* dst, std::vector<float>* scratch) {
   const int out = opt.out_size;
   const int row0 = cy.start.front();
   const int row1 = cy.start.back() + cy.count.back();  // source rows [row0, row1) are read
@@ -168,8 +170,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void resample_impl(c
     }
   }
   // Vertical pass, then mirror and normalize into the output row.
-  const v4f mul = {1.0f / (255.0f * opt.std[0]), 1.0f / (255.0f * opt.std[1]), 1.0f / (255.0f * opt.std[2]), 0};
-  const v4f add = {-opt.mean[0] / opt.std[0], -opt.mean[1] / opt.std[1], -opt.mean[2] / opt.std[2], 0};
+  [[maybe_unused]] const v4f mul = {1.0f / (255.0f * opt.std[0]), 1.0f / (255.0f * opt.std[1]), 1.0f / (255.0f * opt.std[2]), 0};
+  [[maybe_unused]] const v4f add = {-opt.mean[0] / opt.std[0], -opt.mean[1] / opt.std[1], -opt.mean[2] / opt.std[2], 0};
   for (int y = 0; y < out; ++y) {
     const float* w = cy.w.data() + size_t(y) * size_t(cy.ksize);
     const int n = cy.count[size_t(y)];
@@ -180,22 +182,26 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void resample_impl(c
       for (int k = 0; k < n; ++k, t += out) a += w[k] * *t;
       acc[x] = a;
     }
-    float* d = dst + size_t(y) * size_t(out) * 3;
+    Out* d = dst + size_t(y) * size_t(out) * 3;
     for (int x = 0; x < out; ++x) {
-      const v4f v = acc[flip ? out - 1 - x : x] * mul + add;
-      d[3 * x] = v[0];
-      d[3 * x + 1] = v[1];
-      d[3 * x + 2] = v[2];
+      if constexpr (std::is_same_v<Out, float>) {
+        const v4f v = acc[flip ? out - 1 - x : x] * mul + add;
+        d[3 * x] = v[0];
+        d[3 * x + 1] = v[1];
+        d[3 * x + 2] = v[2];
+      } else {
+        const v4f v = acc[flip ? out - 1 - x : x];
+        for (int k = 0; k < 3; ++k) d[3 * x + k] = uint8_t(std::min(255.f, std::max(0.f, v[k])) + 0.5f);
+      }
     }
   }
 }
 
-}  // namespace
-
-void resample_normalize(const uint8_t* px, int width, int height, const CropBox& box,
-                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
-                        int channels) {
-  SPOTRAIN_CHECK(channels == 3 || channels == 4, "resample_normalize: 3 or 4 channels, got ", channels);
+template <typename Out>
+void resample_to(const uint8_t* px, int width, int height, const CropBox& box,
+                 const ImageTransformOptions& opt, Out* dst, std::vector<float>* scratch,
+                 int channels) {
+  SPOTRAIN_CHECK(channels == 3 || channels == 4, "resample: 3 or 4 channels, got ", channels);
   const int out = opt.out_size;
   // Taps stay inside the image; a training crop is cut out first, as torchvision's
   // crop-then-resize does, so its taps stay inside the box.
@@ -213,6 +219,20 @@ void resample_normalize(const uint8_t* px, int width, int height, const CropBox&
     resample_impl<4>(px, width, cx, cy, box.flip, opt, dst, scratch);
   else
     resample_impl<3>(px, width, cx, cy, box.flip, opt, dst, scratch);
+}
+
+}  // namespace
+
+void resample_normalize(const uint8_t* px, int width, int height, const CropBox& box,
+                        const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
+                        int channels) {
+  resample_to(px, width, height, box, opt, dst, scratch, channels);
+}
+
+void resample_pixels(const uint8_t* px, int width, int height, const CropBox& box,
+                     const ImageTransformOptions& opt, uint8_t* dst, std::vector<float>* scratch,
+                     int channels) {
+  resample_to(px, width, height, box, opt, dst, scratch, channels);
 }
 
 }  // namespace io

@@ -1,6 +1,7 @@
 // ImageNet-style transforms for decoded images of any size: RandomResizedCrop + flip for
 // training, resize-shorter-side + center crop for evaluation, both ending in one antialiased
-// bilinear resample (as PIL's) straight into a normalized fp32 HWC batch row.
+// bilinear resample (as PIL's) straight into a normalized fp32 HWC batch row, or into 8-bit
+// pixels for the device to normalize.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -50,6 +51,12 @@ int pick_jpeg_denom(const CropBox& box, int out_size);
 void resample_normalize(const uint8_t* pixels, int width, int height, const CropBox& box,
                         const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
                         int channels = 3);
+// The same resample without the normalization: (out_size, out_size, 3) bytes, each rounded
+// half up and clamped as PIL stores its resized images (the GPU normalizes them:
+// Backend::upload_pixels).
+void resample_pixels(const uint8_t* pixels, int width, int height, const CropBox& box,
+                     const ImageTransformOptions& opt, uint8_t* dst, std::vector<float>* scratch,
+                     int channels = 3);
 
 }  // namespace io
 }  // namespace spotrain

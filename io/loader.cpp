@@ -42,6 +42,7 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt)
     SPOTRAIN_CHECK(shape_.c == 3 && shape_.h == opt_.image.out_size && shape_.w == opt_.image.out_size,
                    "loader: ", data_->name(), " makes ", shape_.h, "x", shape_.w, "x", shape_.c,
                    " images but the transforms crop ", opt_.image.out_size);
+  u8_ = opt_.pixels_u8 && data_->encoded() && !(opt_.train && (opt_.erasing.p > 0 || opt_.mix.enabled()));
   SPOTRAIN_CHECK(opt_.max_bad_fraction >= 0 && opt_.max_bad_fraction <= 1,
                  "--max-bad-fraction must be in [0, 1], got ", opt_.max_bad_fraction);
   if (opt_.train) {
@@ -167,15 +168,23 @@ void Loader::note_bad(int64_t id, const std::string& why) {
                  opt_.max_bad_fraction, " allows; the first: ", bad_.front().what);
 }
 
-void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const {
+void Loader::decode_sample(int64_t id, int64_t epoch, Batch& out, int64_t i, int32_t* label,
+                           Scratch& s) const {
   data_->read_encoded(id, &s.bytes, label);
   const ImageTransformOptions& t = opt_.image;
+  const int64_t at = i * shape_.numel();
+  auto resample = [&](const uint8_t* px, int w, int h, const CropBox& box) {
+    if (u8_)
+      resample_pixels(px, w, h, box, t, static_cast<uint8_t*>(out.images.write_raw()) + at, &s.f, 4);
+    else
+      resample_normalize(px, w, h, box, t, out.images.data<float>() + at, &s.f, 4);
+  };
   if (is_png(s.bytes.data(), s.bytes.size())) {  // PNG: whole-image decode, same transforms
     int w = 0, h = 0;
     decode_png_rgbx(s.bytes.data(), s.bytes.size(), &s.u8, &w, &h);
     CropBox box = opt_.train && opt_.augment ? random_resized_crop(w, h, t, true, opt_.seed, epoch, id)
                                              : center_crop_box(w, h, t);
-    resample_normalize(s.u8.data(), w, h, box, t, dst, &s.f, 4);
+    resample(s.u8.data(), w, h, box);
     return;
   }
   JpegInfo info;
@@ -205,7 +214,7 @@ void Loader::decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label
   decode_jpeg_region(s.bytes.data(), s.bytes.size(), denom, t.fast_decode, want, &s.u8, &got, 4);
   box.x -= got.x;
   box.y -= got.y;
-  resample_normalize(s.u8.data(), got.w, got.h, box, t, dst, &s.f, 4);
+  resample(s.u8.data(), got.w, got.h, box);
 }
 
 void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s) {
@@ -215,12 +224,15 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
   const int64_t per_image = shape_.numel();
   out.epoch = plan.epoch;
   out.batch_index = b;
-  out.images = Tensor({n, shape_.c, shape_.h, shape_.w}, DType::f32,
+  out.images = Tensor({n, shape_.c, shape_.h, shape_.w}, u8_ ? DType::u8 : DType::f32,
                       opt_.image_allocator ? *opt_.image_allocator : Allocator::host(),
                       Layout::nhwc);
+  for (int k = 0; k < 3; ++k) {
+    out.norm.mean[k] = opt_.image.mean[k];
+    out.norm.std[k] = opt_.image.std[k];
+  }
   out.labels.assign(size_t(n), 0);
   out.sample_ids.assign(plan.order.begin() + begin, plan.order.begin() + begin + n);
-  float* dst = out.images.data<float>();  // (n, H, W, C) fp32
   for (int64_t i = 0; i < n; ++i) {
     if (stop_.load(std::memory_order_relaxed) || gen_.load(std::memory_order_relaxed) != gen)
       return;  // cancelled; the caller drops this batch
@@ -234,7 +246,7 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
       for (int64_t k = 0; k < size && !ok; ++k) {
         const int64_t cand = (id + k) % size;
         try {
-          decode_sample(cand, plan.epoch, dst + i * per_image, &label, s);
+          decode_sample(cand, plan.epoch, out, i, &label, s);
           ok = true;
         } catch (const Error& e) {
           note_bad(cand, str(data_->sample_name(cand), ": ", e.what()));
@@ -251,9 +263,9 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
                    " has label ", label, ", outside [0, ", data_->num_classes(), ")");
     out.labels[size_t(i)] = label;
     transform_image(s.u8.data(), shape_, opt_.transforms, opt_.train, opt_.seed, plan.epoch, id,
-                    dst + i * per_image);
+                    out.images.data<float>() + i * per_image);
   }
-  if (opt_.train) augment_batch(out, plan.epoch);
+  if (opt_.train && (opt_.erasing.p > 0 || opt_.mix.enabled())) augment_batch(out, plan.epoch);
 }
 
 void Loader::augment_batch(Batch& out, int64_t epoch) const {

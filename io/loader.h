@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/pixel_norm.h"
 #include "core/tensor.h"
 #include "io/augment.h"
 #include "io/dataset.h"
@@ -25,7 +26,10 @@ namespace spotrain {
 namespace io {
 
 struct Batch {
-  Tensor images;                     // (N, C, H, W) logical, Layout::nhwc, fp32, host
+  // (N, C, H, W) logical, Layout::nhwc, host: fp32 normalized, or with Loader::pixels_u8() the
+  // 8-bit pixels that `norm` normalizes (Backend::upload_pixels).
+  Tensor images;
+  PixelNorm norm;
   std::vector<int32_t> labels;       // N
   std::vector<int64_t> sample_ids;   // N dataset indices
   // Mixup / cutmix (LoaderOptions::mix): each sample's partner label and its own label's
@@ -54,6 +58,10 @@ struct LoaderOptions {
   // Unreadable or corrupt images are skipped (the next readable sample takes their place),
   // counted and reported; more than this fraction of the dataset stops the loader with an error.
   double max_bad_fraction = 0.001;
+  // Encoded datasets without random erasing or mixup/cutmix (which work on normalized
+  // pixels): hand out 8-bit pixels for the device to normalize (a quarter of the bytes to
+  // upload and to write); see Loader::pixels_u8().
+  bool pixels_u8 = false;
   // Where batch images are allocated (nullptr: Allocator::host()); the trainer passes the
   // backend's host_staging_allocator() (pinned on CUDA, so the upload is one async DMA).
   // Must outlive the Loader and every Batch it hands out.
@@ -82,6 +90,9 @@ class Loader {
   int64_t batches_per_epoch() const { return batches_; }
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }
+  // Whether batches hold 8-bit pixels (LoaderOptions::pixels_u8 where the data and the
+  // augmentations allow it) rather than normalized fp32.
+  bool pixels_u8() const { return u8_; }
   // The unreadable samples met so far (each once), in the order they were found.
   std::vector<BadSample> bad_samples() const;
 
@@ -102,13 +113,16 @@ class Loader {
   void produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s);
   // Random erasing, then mixup/cutmix, over a finished training batch.
   void augment_batch(Batch& out, int64_t epoch) const;
-  // Reads, decodes and transforms encoded sample `id` into dst; throws Error on a bad image.
-  void decode_sample(int64_t id, int64_t epoch, float* dst, int32_t* label, Scratch& s) const;
+  // Reads, decodes and transforms encoded sample `id` into image i of `out` (normalized fp32
+  // or 8-bit pixels); throws Error on a bad image.
+  void decode_sample(int64_t id, int64_t epoch, Batch& out, int64_t i, int32_t* label,
+                     Scratch& s) const;
   void note_bad(int64_t id, const std::string& why);
 
   std::shared_ptr<const Dataset> data_;
   LoaderOptions opt_;
   ImageShape shape_;
+  bool u8_ = false;  // pixels_u8()
   Sampler sampler_;
   int64_t batches_ = 0;
   int64_t samples_ = 0;               // this rank's per epoch

@@ -41,12 +41,23 @@ void OpProfiler::end(const Open& o, const char* op, std::string shape) {
   pending_.push_back(std::move(p));
 }
 
+void OpProfiler::resolve_pending() {
+  if (!clock_) return;
+  const std::vector<double> ms = clock_->read_marks_ms();
+  for (Pending& p : pending_)
+    if (p.end_mark >= 0) {
+      p.host_ms = ms.at(size_t(p.end_mark)) - ms.at(size_t(p.begin_mark));
+      p.begin_mark = p.end_mark = -1;
+    }
+}
+
 void OpProfiler::collect(bool count) {
   std::vector<double> ms;
   if (clock_) ms = clock_->read_marks_ms();
   if (count) {
     for (const Pending& p : pending_) {
-      double t = clock_ ? ms.at(size_t(p.end_mark)) - ms.at(size_t(p.begin_mark)) : p.host_ms;
+      double t = clock_ && p.end_mark >= 0 ? ms.at(size_t(p.end_mark)) - ms.at(size_t(p.begin_mark))
+                                          : p.host_ms;
       Total& a = ops_[p.op];
       a.ms += t;
       ++a.calls;

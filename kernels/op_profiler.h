@@ -40,6 +40,10 @@ class OpProfiler {
   // Collects the times of the ops run since the last collect() into the totals; call at step
   // boundaries (it waits for the device). `count` says whether this step is counted.
   void collect(bool count);
+  // Reads the device clock's marks of the ops run since the last collect() into their
+  // durations, kept for the next collect(): the clock is then free for someone else's marks
+  // (engine/fusion_choice.cpp times with it mid-step). Waits for the device.
+  void resolve_pending();
   // Totals per op and per op+shape (heaviest first), averaged over the counted steps.
   std::vector<Row> by_op() const;
   std::vector<Row> by_shape(size_t top) const;
@@ -59,8 +63,8 @@ class OpProfiler {
   Backend& be_;
   DeviceClock* clock_;  // null: the host clock
   struct Pending {
-    int begin_mark, end_mark;
-    double host_ms;  // host clock: measured directly
+    int begin_mark, end_mark;  // -1: resolved into host_ms
+    double host_ms;  // host clock, or resolve_pending(): the duration
     std::string op, shape;
   };
   std::vector<Pending> pending_;

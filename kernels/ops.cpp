@@ -3,6 +3,7 @@
 // ops, or computing at once where a GPU queues).
 #include "kernels/ops.h"
 
+#include <cmath>
 #include <string>
 #include <type_traits>
 
@@ -51,6 +52,10 @@ auto Backend::timed(const char* op, Shape&& shape, Run&& run) -> decltype(run())
 
 Tensor Backend::upload_images(const Tensor& x, DType compute) {
   return timed("upload_images", [&] { return desc(x); }, [&] { return upload_images_impl(x, compute); });
+}
+Tensor Backend::upload_pixels(const Tensor& x, const PixelNorm& norm, DType compute) {
+  return timed("upload_pixels", [&] { return desc(x); },
+               [&] { return upload_pixels_impl(x, norm, compute); });
 }
 Tensor Backend::cast(const Tensor& t, DType to) {
   return timed("cast", [&] { return desc(t) + "->" + dtype_name(to); }, [&] { return cast_impl(t, to); });
@@ -207,6 +212,31 @@ void Backend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, c
                                             const ConvParams& p, Tensor& acc) {
   composed_conv2d_backward_data_add(dy, w, x, p, acc);
 }
+void Backend::check_pixel_batch(const Tensor& x) {
+  SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && x.dtype() == DType::u8 &&
+                     x.device() == Device::cpu && x.dim(1) >= 1 && x.dim(1) <= 3,
+                 "upload_pixels expects a host 8-bit NHWC batch of 1 to 3 channels, got ",
+                 x.describe());
+}
+
+Tensor Backend::upload_pixels_impl(const Tensor& x, const PixelNorm& norm, DType compute) {
+  check_pixel_batch(x);
+  const int64_t c = x.dim(1), n = x.numel();
+  Tensor f = Tensor::host(x.shape(), DType::f32, Layout::nhwc);
+  const uint8_t* src = static_cast<const uint8_t*>(x.raw());
+  float* dst = f.data<float>();
+  float scale[3], shift[3];
+  for (int k = 0; k < 3; ++k) {
+    scale[k] = norm.scale(k);
+    shift[k] = norm.shift(k);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = i % c;
+    dst[i] = std::fma(float(src[i]), scale[k], shift[k]);
+  }
+  return upload_images_impl(f, compute);
+}
+
 Tensor Backend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
                                              const BnApply* pro, float eps, BnSaved* stats) {
   return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);

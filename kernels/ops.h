@@ -19,6 +19,7 @@
 
 #include "core/device_handles.h"
 #include "core/error.h"
+#include "core/pixel_norm.h"
 #include "core/tensor.h"
 
 namespace spotrain {
@@ -112,6 +113,9 @@ class Backend {
   // --- data movement (to_host, from_host and the host copies are not timed) -----------------
   // Host NHWC fp32 batch -> the tensor the first layer takes, in the compute dtype.
   Tensor upload_images(const Tensor& host_nhwc, DType compute = DType::f32);
+  // Host NHWC 8-bit batch (at most 3 channels) -> the same, normalized on the way (`norm`):
+  // a quarter of the fp32 batch's bytes go up, and a GPU normalizes them in one kernel.
+  Tensor upload_pixels(const Tensor& host_nhwc_u8, const PixelNorm& norm, DType compute = DType::f32);
   // Host NHWC fp32 tensor -> an activation as this backend passes them between layers (its
   // layout, in `compute`): what an op in the middle of a network receives, where
   // upload_images gives what the first layer takes (on the CPU not the same layout). The op
@@ -285,6 +289,10 @@ class Backend {
  protected:
   // The ops, as each backend implements them (see the public functions above).
   virtual Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) = 0;
+  // Default: normalizes on the host, then upload_images_impl.
+  virtual Tensor upload_pixels_impl(const Tensor& host_nhwc_u8, const PixelNorm& norm, DType compute);
+  // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels (throws Error).
+  static void check_pixel_batch(const Tensor& host_nhwc_u8);
   virtual Tensor cast_impl(const Tensor& t, DType to) = 0;
   virtual Tensor zeros_impl(const Shape& shape) = 0;
   virtual void fill_impl(Tensor& t, float value) = 0;

@@ -238,7 +238,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
   s.timed = loop.progress.due_for_phases(at.step + 1);
   const LabelMix mix{b.labels_b.data(), b.lam.data()};
   t_.runner->queue(b.images, b.labels.data(), lr, cfg_.label_smoothing, s.timed ? &s.phases : nullptr,
-                   b.lam.empty() ? nullptr : &mix);
+                   b.lam.empty() ? nullptr : &mix, &b.norm);
   if (ema_) ema_->update();
   session_->backend().save_kernel_choices();  // the first steps' timed choices, for a restart
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};

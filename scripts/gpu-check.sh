@@ -666,12 +666,15 @@ if want more && [[ -n "$bin" && -n "$gpu" ]]; then
 fi
 
 # Through the real loader: JPEG decode, RandomResizedCrop and flip on the CPU cores, pinned
-# batches, at fp16; data wait says whether the loader keeps up with the GPU.
+# 8-bit batches normalized on the GPU, at fp16, eager and in the default configuration (against
+# fp16-default's synthetic rate: the goal is 95%); data wait says whether the loader keeps up.
 if want loader && [[ -n "$bin" && -n "$gpu" && -n "${jpeg_pid:-}" ]]; then
   wait "$jpeg_pid"
   n=$(find "$jpegs/train" -name '*.JPEG' 2>/dev/null | wc -l)
   note "loader: $n JPEG files in $jpegs"
   bench loader-fp16 fp16 none --data "imagefolder:$jpegs" --workers "$(( $(nproc) - 1 ))"
+  bench loader-fp16-default fp16 none --data "imagefolder:$jpegs" --workers "$(( $(nproc) - 1 ))" \
+    --cuda-graph --fusion auto --end-to-end
 fi
 
 # Fashion-MNIST on the GPU: the demo recipe (accuracy against the CPU's), then two short
@@ -720,8 +723,8 @@ compiled = []
 tc = os.path.join(out, "torch-compile.json")
 if os.path.exists(tc):
     compiled = json.load(open(tc))
-names = ["fp16", "fp16-graph", "fp16-fusion", "fp16-fusion-graph", "bf16", "tf32", "fp16-ckpt",
-         "loader-fp16"]
+names = ["fp16-default", "fp16", "fp16-graph", "fp16-fusion", "fp16-fusion-graph", "bf16-default",
+         "bf16", "tf32", "fp16-ckpt", "loader-fp16", "loader-fp16-default"]
 names += sorted(f[6:-5] for f in os.listdir(out)
                 if f.startswith("bench-") and f.endswith(".json") and f[6:-5] not in names)
 for name in names:

@@ -777,6 +777,24 @@ TEST_P(BackendOps, UploadsCopiesAndFillsKeepEveryValue) {
   const std::vector<float> want = values(*ref, act_ref(h));
   EXPECT_EQ(nerr(values(*be, be->upload_images(h, dt)), want), 0.0);
   EXPECT_EQ(nerr(values(*be, be->upload_activation(h, dt)), want), 0.0);
+  // 8-bit pixels, normalized on the way: each value as fma(pixel, scale, shift) of its channel
+  // gives it on the host, rounded to the compute dtype; every byte value, in every channel.
+  for (int64_t c : {3, 1}) {
+    const Shape ps{2, c, 16, 9};
+    Tensor hu = Tensor::host(ps, DType::u8, Layout::nhwc), hf = Tensor::host(ps, DType::f32, Layout::nhwc);
+    PixelNorm norm;
+    for (int k = 0; k < 3; ++k) {
+      norm.mean[k] = 0.4f + 0.03f * float(k);
+      norm.std[k] = 0.22f + 0.01f * float(k);
+    }
+    uint8_t* pu = static_cast<uint8_t*>(hu.write_raw());
+    for (int64_t i = 0; i < hu.numel(); ++i) {
+      pu[i] = uint8_t((i * 7 + i / 5) % 256);
+      hf.data<float>()[i] = std::fma(float(pu[i]), norm.scale(int(i % c)), norm.shift(int(i % c)));
+    }
+    EXPECT_EQ(nerr(values(*be, be->upload_pixels(hu, norm, dt)), values(*ref, act_ref(hf))), 0.0) << c;
+  }
+  EXPECT_THROW(be->upload_pixels(h, PixelNorm{}, dt), Error);  // fp32 is not 8-bit pixels
   const int64_t n = 1 << 18;
   Tensor hp = host_plain({n}, 911);
   Tensor src = be->from_host(hp);

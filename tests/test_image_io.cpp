@@ -427,6 +427,53 @@ TEST_F(ImageFolderTest, LoaderPixelsMatchWholeImageReference) {
   }
 }
 
+// pixels_u8: the same crops resampled into 8-bit pixels (for the GPU to normalize) instead of
+// normalized floats: normalized as upload_pixels does, each within half a pixel step (plus
+// float error) of the fp32 batch; erasing and mixup, which work on normalized pixels, keep
+// the fp32 batches.
+TEST_F(ImageFolderTest, EightBitBatchesAreTheNormalizedPixelsRounded) {
+  auto d = std::shared_ptr<const Dataset>(open_image_folder(fx_.root + "/train", {}, 24));
+  for (bool train : {true, false}) {
+    LoaderOptions lo = options(2, 10, train), lu = lo;
+    lu.pixels_u8 = true;
+    EXPECT_TRUE(Loader(d, lu).pixels_u8());
+    auto f = all_batches(d, lo, 1), u = all_batches(d, lu, 1);
+    ASSERT_EQ(f.size(), u.size());
+    double worst = 0, norm_std = 0;
+    int64_t differ = 0;
+    for (size_t b = 0; b < f.size(); ++b) {
+      ASSERT_EQ(u[b].images.dtype(), DType::u8);
+      ASSERT_EQ(u[b].images.shape(), f[b].images.shape());
+      EXPECT_EQ(u[b].labels, f[b].labels);
+      const PixelNorm& nm = u[b].norm;
+      const uint8_t* pu = static_cast<const uint8_t*>(u[b].images.raw());
+      const float* pf = f[b].images.data<float>();
+      for (int64_t k = 0; k < f[b].images.numel(); ++k) {
+        const int c = int(k % 3);
+        const double v = std::fma(float(pu[k]), nm.scale(c), nm.shift(c));
+        worst = std::max(worst, std::fabs(v - pf[k]) / (0.5 * nm.scale(c)));
+        differ += v != pf[k];
+      }
+      norm_std = std::max(norm_std, double(nm.std[0]));
+    }
+    EXPECT_LE(worst, 1.001) << (train ? "train" : "eval") << ": in half pixel steps";
+    EXPECT_GT(differ, 0);
+    EXPECT_EQ(norm_std, double(lo.image.std[0]));  // the batch carries the loader's normalization
+  }
+  LoaderOptions erase = options(1, 10), mix = options(1, 10);
+  erase.pixels_u8 = mix.pixels_u8 = true;
+  erase.erasing.p = 0.5f;
+  mix.mix.mixup_alpha = 0.2f;
+  for (const LoaderOptions& lo : {erase, mix}) {
+    Loader l(d, lo);
+    EXPECT_FALSE(l.pixels_u8());
+    l.start_epoch(0);
+    Batch b;
+    ASSERT_TRUE(l.next(b));
+    EXPECT_EQ(b.images.dtype(), DType::f32);
+  }
+}
+
 TEST_F(ImageFolderTest, BadImagesSkippedCountedAndReported) {
   auto d = std::shared_ptr<const Dataset>(open_image_folder(fx_.root + "/train", {}, 24));
   LoaderOptions lo = options(2, 10);

@@ -501,6 +501,41 @@ TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
       << fusion_summary(v);
 }
 
+// A bottleneck's two links share conv2 and make one chain, decided together: switched on,
+// conv2 both applies bn1 and makes bn2's statistics. ResNet-50's 16 blocks give 16 chains,
+// each timed (once per shape) with a verdict.
+TEST(FusionAuto, ABottlenecksTwoLinksAreOneChain) {
+  auto be = cpu_backend(2);
+  ResNetOptions o;
+  o.arch = "resnet50";
+  o.fusion = "auto";
+  o.in_channels = 3;
+  Model m(build_resnet(o), *be);
+  m.initialize(3);
+  std::vector<FusionChain> chains = fusion_chains(m.net());
+  ASSERT_EQ(chains.size(), 16u);
+  EXPECT_EQ(chains[0].name(), "layer1.0.conv1+bn1+conv2+bn2+conv3");
+  Conv2d* conv2 = nullptr;
+  m.net().visit([&](Layer& l) {
+    if (l.name() == "layer1.0.conv2") conv2 = dynamic_cast<Conv2d*>(&l);
+  });
+  ASSERT_NE(conv2, nullptr);
+  chains[0].set_fused(false);
+  EXPECT_FALSE(conv2->makes_bn_statistics());
+  chains[0].set_fused(true);
+  EXPECT_TRUE(conv2->makes_bn_statistics());
+  EXPECT_TRUE(chains[0].fused());
+
+  Tensor x = be->upload_images(make_tensor(normals(2 * 3 * 32 * 32, 91), {2, 3, 32, 32}, Layout::nhwc));
+  const std::vector<FusionVerdict> v = choose_fusion(m, x);
+  ASSERT_EQ(v.size(), 16u);
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(v[i].chain, chains[i].name());
+    EXPECT_EQ(chains[i].fused(), v[i].fused) << v[i].chain;
+    EXPECT_GT(v[i].apart_ms, 0.0) << v[i].chain;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, Checkpointing, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "_threads";

@@ -454,3 +454,33 @@ TEST(FusionAutoStep, TheCpuRunsTheLayersApartAndAFirstStepCanChoose) {
     EXPECT_EQ(chains[i].fused(), it->fused) << chains[i].name();
   }
 }
+
+// A batch of 8-bit pixels with its normalization trains exactly as the same batch normalized
+// on the host (the CPU's upload_pixels normalizes as fma(pixel, scale, shift) per channel).
+TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer a(cfg), u(cfg);
+  LossScaler sa{LossScalerOptions{}}, su{LossScalerOptions{}};
+  StepRunner ra(a.model(), a.optimizer(), sa, Precision::fp32), ru(u.model(), u.optimizer(), su, Precision::fp32);
+  PixelNorm norm;
+  norm.mean[0] = 0.2860f;
+  norm.std[0] = 0.3530f;
+  for (int step = 0; step < 2; ++step) {
+    Batch b = random_batch(8, 70 + uint64_t(step));
+    Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
+    uint8_t* p = static_cast<uint8_t*>(px.write_raw());
+    float* f = b.images.data<float>();
+    for (int64_t i = 0; i < px.numel(); ++i) {
+      p[i] = uint8_t((i * 13 + step * 29) % 256);
+      f[i] = std::fma(float(p[i]), norm.scale(0), norm.shift(0));
+    }
+    StepResult want = ra.run(b.images, b.labels.data(), 0.05f, 0.f);
+    StepResult got = ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
+    EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
+  }
+  EXPECT_EQ(host_copy(u.backend(), u.model().flat_params()), host_copy(a.backend(), a.model().flat_params()));
+  Batch b = random_batch(8, 80);
+  Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
+  EXPECT_THROW(ru.run(px, b.labels.data(), 0.05f, 0.f), Error);  // pixels without their normalization
+}

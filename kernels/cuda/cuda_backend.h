@@ -77,6 +77,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   // The ops (kernels/ops.h): cuda_core.cpp (data movement, elementwise, linear, loss,
   // optimizer), cuda_conv.cpp (convolution), cuda_norm_pool.cpp (batch norm, pooling).
   Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) override;
+  Tensor upload_pixels_impl(const Tensor& host_nhwc_u8, const PixelNorm& norm, DType compute) override;
   Tensor cast_impl(const Tensor& t, DType to) override;
   Tensor zeros_impl(const Shape& shape) override;
   void fill_impl(Tensor& t, float value) override;
@@ -170,6 +171,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   // stream, chunk by chunk (several host threads on a large batch), so the DMA of one chunk
   // overlaps the host copy of the next.
   void stage_and_copy(const void* src, void* staging, void* dst, size_t bytes);
+  // A host NHWC batch (fp32 or 8-bit) copied as it is into device memory on the copy stream,
+  // which the compute stream then waits for (upload_images, upload_pixels).
+  Tensor copy_batch_up(const Tensor& host);
   cudnnMathType_t conv_math(DType dt) const;
   // Backward-data into `dx` with cuDNN's beta (0: overwrite, 1: add); the algorithm is chosen
   // at a shape's first use. False when this shape runs in fp32 instead (bd_f32).

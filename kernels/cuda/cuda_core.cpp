@@ -224,7 +224,27 @@ Tensor CudaBackend::upload_images_impl(const Tensor& host, DType compute) {
   SPOTRAIN_CHECK(host.ndim() == 4 && host.layout() == Layout::nhwc && host.dtype() == DType::f32 &&
                      host.device() == Device::cpu,
                  "upload_images expects a host fp32 NHWC batch, got ", host.describe());
-  Tensor dev(host.shape(), DType::f32, allocator(), Layout::nhwc);
+  Tensor dev = copy_batch_up(host);
+  return compute == DType::f32 ? dev : cast(dev, compute);
+}
+
+Tensor CudaBackend::upload_pixels_impl(const Tensor& host, const PixelNorm& norm, DType compute) {
+  check_pixel_batch(host);
+  Tensor dev = copy_batch_up(host);
+  Tensor out(host.shape(), compute, allocator(), Layout::nhwc);
+  PixelAffine a;
+  a.channels = int(host.dim(1));
+  for (int k = 0; k < 3; ++k) {
+    a.scale[k] = norm.scale(k);
+    a.shift[k] = norm.shift(k);
+  }
+  launch_normalize_pixels(static_cast<const uint8_t*>(dev.raw()), out.write_raw(), compute,
+                          host.numel(), a, compute_);
+  return out;
+}
+
+Tensor CudaBackend::copy_batch_up(const Tensor& host) {
+  Tensor dev(host.shape(), host.dtype(), allocator(), Layout::nhwc);
   size_t bytes = host.nbytes();
   reap_pinned_uploads();
   if (bytes > 0 && host.storage()->alloc == &pinned_host_allocator()) {
@@ -271,7 +291,7 @@ Tensor CudaBackend::upload_images_impl(const Tensor& host, DType compute) {
     CUDA_CHECK(cudaEventRecord(st.copied, copy_));
     CUDA_CHECK(cudaStreamWaitEvent(compute_, st.copied, 0));
   }
-  return compute == DType::f32 ? dev : cast(dev, compute);
+  return dev;
 }
 
 void CudaBackend::stage_and_copy(const void* src, void* staging, void* dst, size_t bytes) {

@@ -253,6 +253,15 @@ __global__ void cast_kernel(const typename In::T* a, typename Out::T* b, int64_t
 
 __global__ void fill_kernel(float* p, float v, int64_t n) { GRID_STRIDE(i, n) p[i] = v; }
 
+template <typename D>
+__global__ void normalize_pixels_kernel(const uint8_t* src, typename D::T* dst, int64_t n,
+                                        PixelAffine a) {
+  GRID_STRIDE(i, n) {
+    const int c = int(i % a.channels);
+    D::st(dst, i, __fmaf_rn(float(src[i]), a.scale[c], a.shift[c]));
+  }
+}
+
 // out[o][r][s][c] = w[o][c][r][s]
 template <typename D>
 __global__ void oihw_to_ohwi_kernel(const float* w, typename D::T* out, int o, int ci, int h,
@@ -449,6 +458,17 @@ void launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cu
       cast_kernel<In, Out><<<blocks_for(n), kThreads, 0, s>>>(
           static_cast<const typename In::T*>(src), static_cast<typename Out::T*>(dst), n);
     });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_normalize_pixels(const uint8_t* src, void* dst, DType dt, int64_t n,
+                             const PixelAffine& a, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    normalize_pixels_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
+        src, static_cast<typename D::T*>(dst), n, a);
   });
   CUDA_CHECK_LAUNCH();
 }

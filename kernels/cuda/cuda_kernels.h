@@ -20,6 +20,14 @@ struct SgdChunk {
 constexpr int kSgdChunk = 8192;
 
 void launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s);
+// upload_pixels: dst[i] = fma(src[i], scale[c], shift[c]) in dt, c = i % channels (NHWC).
+struct PixelAffine {
+  float scale[3] = {1.f, 1.f, 1.f};
+  float shift[3] = {0.f, 0.f, 0.f};
+  int channels = 3;
+};
+void launch_normalize_pixels(const uint8_t* src, void* dst, DType dt, int64_t n,
+                             const PixelAffine& a, cudaStream_t s);
 void launch_fill_f32(float* p, float v, int64_t n, cudaStream_t s);
 void launch_relu_fwd(const void* x, void* y, DType dt, int64_t n, cudaStream_t s);
 void launch_relu_bwd(const void* dy, const void* y, void* dx, DType dt, int64_t n, cudaStream_t s);

@@ -162,7 +162,7 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
       }
       wait = now_seconds() - t0;
     }
-    StepResult r = in.loader ? runner.run(batch.images, batch.labels.data(), 0.01f, 0.f, &t)
+    StepResult r = in.loader ? runner.run(batch.images, batch.labels.data(), 0.01f, 0.f, &t, nullptr, &batch.norm)
                              : runner.run_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f, &t);
     t.data += wait;
     const auto after = be.allocator().stats();
@@ -205,7 +205,7 @@ double time_end_to_end(const BenchOptions& o, BenchInput& in, Session& session, 
         in.loader->start_epoch(++epoch);
         SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
       }
-      runner.queue(batch.images, batch.labels.data(), 0.01f, 0.f);
+      runner.queue(batch.images, batch.labels.data(), 0.01f, 0.f, nullptr, nullptr, &batch.norm);
     } else {
       runner.queue_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f);
     }
