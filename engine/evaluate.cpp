@@ -39,7 +39,9 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
   int64_t top1 = 0, top5 = 0;
   Backend& be = model.backend();
   while (loader.next(b)) {
-    Tensor logits = model.forward(be.upload_images(b.images, compute), /*training=*/false);
+    const Tensor x = b.images.dtype() == DType::u8 ? be.upload_pixels(b.images, b.norm, compute)
+                                                   : be.upload_images(b.images, compute);
+    Tensor logits = model.forward(x, /*training=*/false);
     LossResult l = be.softmax_xent(logits, b.labels.data(), 0.f, 1.f, nullptr);
     if (on_batch) on_batch(b, logits);
     int64_t n = int64_t(b.labels.size());

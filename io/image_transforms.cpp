@@ -191,7 +191,8 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void resample_impl(c
         d[3 * x + 2] = v[2];
       } else {
         const v4f v = acc[flip ? out - 1 - x : x];
-        for (int k = 0; k < 3; ++k) d[3 * x + k] = uint8_t(std::min(255.f, std::max(0.f, v[k])) + 0.5f);
+        for (int k = 0; k < 3; ++k)
+          d[3 * x + k] = uint8_t(std::floor(double(std::min(255.f, std::max(0.f, v[k]))) + 0.5));
       }
     }
   }

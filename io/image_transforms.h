@@ -52,8 +52,7 @@ void resample_normalize(const uint8_t* pixels, int width, int height, const Crop
                         const ImageTransformOptions& opt, float* dst, std::vector<float>* scratch,
                         int channels = 3);
 // The same resample without the normalization: (out_size, out_size, 3) bytes, each rounded
-// half up and clamped as PIL stores its resized images (the GPU normalizes them:
-// Backend::upload_pixels).
+// half up and clamped to [0, 255] (the GPU normalizes them: Backend::upload_pixels).
 void resample_pixels(const uint8_t* pixels, int width, int height, const CropBox& box,
                      const ImageTransformOptions& opt, uint8_t* dst, std::vector<float>* scratch,
                      int channels = 3);

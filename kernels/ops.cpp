@@ -212,15 +212,18 @@ void Backend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, c
                                             const ConvParams& p, Tensor& acc) {
   composed_conv2d_backward_data_add(dy, w, x, p, acc);
 }
-void Backend::check_pixel_batch(const Tensor& x) {
+void Backend::check_pixel_batch(const Tensor& x, DType compute) {
   SPOTRAIN_CHECK(x.ndim() == 4 && x.layout() == Layout::nhwc && x.dtype() == DType::u8 &&
                      x.device() == Device::cpu && x.dim(1) >= 1 && x.dim(1) <= 3,
                  "upload_pixels expects a host 8-bit NHWC batch of 1 to 3 channels, got ",
                  x.describe());
+  SPOTRAIN_CHECK(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
+                 "upload_pixels: the compute dtype must be fp32, bf16 or fp16, not ",
+                 dtype_name(compute));
 }
 
 Tensor Backend::upload_pixels_impl(const Tensor& x, const PixelNorm& norm, DType compute) {
-  check_pixel_batch(x);
+  check_pixel_batch(x, compute);
   const int64_t c = x.dim(1), n = x.numel();
   Tensor f = Tensor::host(x.shape(), DType::f32, Layout::nhwc);
   const uint8_t* src = static_cast<const uint8_t*>(x.raw());

@@ -291,8 +291,9 @@ class Backend {
   virtual Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) = 0;
   // Default: normalizes on the host, then upload_images_impl.
   virtual Tensor upload_pixels_impl(const Tensor& host_nhwc_u8, const PixelNorm& norm, DType compute);
-  // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels (throws Error).
-  static void check_pixel_batch(const Tensor& host_nhwc_u8);
+  // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels, made into fp32,
+  // bf16 or fp16 (throws Error).
+  static void check_pixel_batch(const Tensor& host_nhwc_u8, DType compute);
   virtual Tensor cast_impl(const Tensor& t, DType to) = 0;
   virtual Tensor zeros_impl(const Shape& shape) = 0;
   virtual void fill_impl(Tensor& t, float value) = 0;

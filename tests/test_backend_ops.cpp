@@ -780,7 +780,7 @@ TEST_P(BackendOps, UploadsCopiesAndFillsKeepEveryValue) {
   // 8-bit pixels, normalized on the way: each value as fma(pixel, scale, shift) of its channel
   // gives it on the host, rounded to the compute dtype; every byte value, in every channel.
   for (int64_t c : {3, 1}) {
-    const Shape ps{2, c, 16, 9};
+    const Shape ps{2, c, 16, 8};  // 256 pixels
     Tensor hu = Tensor::host(ps, DType::u8, Layout::nhwc), hf = Tensor::host(ps, DType::f32, Layout::nhwc);
     PixelNorm norm;
     for (int k = 0; k < 3; ++k) {
@@ -789,7 +789,7 @@ TEST_P(BackendOps, UploadsCopiesAndFillsKeepEveryValue) {
     }
     uint8_t* pu = static_cast<uint8_t*>(hu.write_raw());
     for (int64_t i = 0; i < hu.numel(); ++i) {
-      pu[i] = uint8_t((i * 7 + i / 5) % 256);
+      pu[i] = uint8_t((i / c * 7) % 256);  // pixel p: 7p mod 256, every value once
       hf.data<float>()[i] = std::fma(float(pu[i]), norm.scale(int(i % c)), norm.shift(int(i % c)));
     }
     EXPECT_EQ(nerr(values(*be, be->upload_pixels(hu, norm, dt)), values(*ref, act_ref(hf))), 0.0) << c;

@@ -229,7 +229,7 @@ Tensor CudaBackend::upload_images_impl(const Tensor& host, DType compute) {
 }
 
 Tensor CudaBackend::upload_pixels_impl(const Tensor& host, const PixelNorm& norm, DType compute) {
-  check_pixel_batch(host);
+  check_pixel_batch(host, compute);
   Tensor dev = copy_batch_up(host);
   Tensor out(host.shape(), compute, allocator(), Layout::nhwc);
   PixelAffine a;

@@ -113,7 +113,7 @@ int run_eval(const EvalOptions& o) {
       const auto& s = b.images.shape();  // logical (N, C, H, W), stored NHWC
       int64_t N = s[0], C = s[1], H = s[2], W = s[3];
       std::vector<float> nchw(size_t(N * C * H * W));
-      const float* src = b.images.data<float>();
+      const float* src = b.images.data<float>();  // evaluation batches are fp32 (no pixels_u8)
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < C; ++c)
           for (int64_t i = 0; i < H * W; ++i)
