@@ -17,7 +17,6 @@ Session::Session(const SessionOptions& opt) {
   backend_ = make_backend(opt.device, opt.backend);
   if (comm_->size() > 1 && backend_->stream()) start_device_comm(opt);
   if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
-  deterministic_ = opt.backend.deterministic;
 }
 
 // GPU ranks all-reduce device buffers with NCCL, or, where ranks share a GPU (which NCCL
@@ -97,17 +96,12 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
   if (spec.net.fusion == "auto") {
-    // Timed where there is something to win: a device running cuDNN's fused graphs, which are
-    // 16-bit (fp32 and tf32 run the fused ops composed of the separate ones, as the CPU does
-    // always), and where a run may depend on a timing (not --deterministic).
-    const bool sixteen_bit = compute_dtype(spec.precision) != DType::f32;
-    if (backend_->device() == Device::cpu || !sixteen_bit || deterministic_) {
-      set_fusion(*t.model, false);
-      if (backend_->device() != Device::cpu && sixteen_bit)
-        log_info("--fusion auto with --deterministic: the layers run apart (no timing)");
-    } else {
+    // Timed only where the fused ops are fused kernels: composed of the separate ones, they
+    // cannot win.
+    if (backend_->fuses_conv_bn(compute_dtype(spec.precision)))
       t.runner->choose_fusion_at_first_step();
-    }
+    else
+      set_fusion(*t.model, false);
   }
   if (spec.cuda_graph) {
     // Where the backend could capture but this run cannot, one line says why (the CPU never

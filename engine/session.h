@@ -92,7 +92,6 @@ class Session {
   std::unique_ptr<CommWorker> worker_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<OpProfiler> profiler_;  // times backend_'s ops (before it in destruction)
-  bool deterministic_ = false;            // SessionOptions::backend.deterministic
 };
 
 }  // namespace spotrain

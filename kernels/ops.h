@@ -278,6 +278,14 @@ class Backend {
   // --- capabilities a backend may have (nullptr: it has not) ---------------------------------
   // Recording a step once and replaying it (CUDA Graphs, --cuda-graph).
   virtual StepCapture* capture() { return nullptr; }
+  // Whether upload_pixels normalizes on the device, so that 8-bit batches save the loader's
+  // writes and the upload three quarters of their bytes (a GPU); else (the default) the host
+  // would normalize them on the training thread, and the loader's threads had better.
+  virtual bool normalizes_pixels() const { return false; }
+  // Whether conv2d_forward_bn_stats and conv2d_backward_bn_relu run as fused kernels at this
+  // compute dtype, rather than composed of the separate ops (the default): where timing the
+  // fusion can find a win (--fusion auto).
+  virtual bool fuses_conv_bn(DType compute) const { return false; }
   // A clock on the device that marks points in its queue, for OpProfiler (the CPU runs its ops
   // as they are called: the host clock serves).
   virtual DeviceClock* device_clock() { return nullptr; }

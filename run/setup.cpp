@@ -57,9 +57,7 @@ io::LoaderOptions loader_options(const RunConfig& cfg, const DataPair& data, Ses
   lo.workers = cfg.workers;
   lo.prefetch = cfg.prefetch;
   lo.image_allocator = &session.backend().host_staging_allocator();  // pinned on CUDA
-  // A GPU normalizes 8-bit pixels as it takes them (a quarter of the bytes to upload); the
-  // CPU takes normalized fp32, which its first layer reads directly.
-  lo.pixels_u8 = session.backend().device() != Device::cpu;
+  lo.pixels_u8 = session.backend().normalizes_pixels();
   lo.augment = cfg.augment;
   lo.erasing.p = cfg.random_erasing;
   lo.mix.mixup_alpha = cfg.mixup;

@@ -16,7 +16,8 @@ file(READ ${ROOT}/tests/test_backend_ops.cpp suite)
 # What a backend answers about itself rather than computes, or keeps for a later run (its
 # kernel cache): nothing to compare.
 set(not_computed device name allocator threads precision_note gpu_pci_bus_id device_line
-    host_staging_allocator synchronize queues_ops stream capture device_clock save_kernel_choices)
+    host_staging_allocator synchronize queues_ops stream capture device_clock save_kernel_choices
+    fuses_conv_bn normalizes_pixels)
 
 string(REGEX MATCHALL "virtual[^;{]*[ *&>]([a-z0-9_]+)\\(" decls "${ops_h}")
 set(ops "")

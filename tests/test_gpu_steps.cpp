@@ -331,6 +331,17 @@ std::vector<StepResult> queued_steps(StepRunner& runner, int steps, uint64_t see
   return out;
 }
 
+// Bitwise the same weights and momentum, update count and loss scale in runs e and c.
+void expect_same_training_state(const TrainRun& e, const TrainRun& c, const LossScaler& se,
+                                const LossScaler& sc) {
+  auto pe = values(*e.be, e.model->flat_params()), pc = values(*c.be, c.model->flat_params());
+  EXPECT_EQ(std::memcmp(pe.data(), pc.data(), pe.size() * 4), 0) << "weights differ";
+  auto me = values(*e.be, e.sgd->momentum()), mc = values(*c.be, c.sgd->momentum());
+  EXPECT_EQ(std::memcmp(me.data(), mc.data(), me.size() * 4), 0) << "momentum differs";
+  EXPECT_EQ(c.sgd->steps(), e.sgd->steps());
+  EXPECT_EQ(sc.scale(), se.scale());
+}
+
 // Two deterministic GPU runs of the same steps, one eager and one replaying a captured step:
 // the same losses, verdicts and scales, bitwise the same weights and momentum, and an eager
 // evaluation forward afterwards sees the replayed weights (their compute copies refreshed).
@@ -355,12 +366,7 @@ void expect_captured_equals_eager(const Prec& pr, bool mixed) {
     EXPECT_GT(overflows, 1);
     EXPECT_LT(overflows, kSteps - 4);
   }
-  auto pe = values(*e.be, e.model->flat_params()), pc = values(*c.be, c.model->flat_params());
-  EXPECT_EQ(std::memcmp(pe.data(), pc.data(), pe.size() * 4), 0) << "weights differ";
-  auto me = values(*e.be, e.sgd->momentum()), mc = values(*c.be, c.sgd->momentum());
-  EXPECT_EQ(std::memcmp(me.data(), mc.data(), me.size() * 4), 0) << "momentum differs";
-  EXPECT_EQ(c.sgd->steps(), e.sgd->steps());
-  EXPECT_EQ(sc.scale(), se.scale());
+  expect_same_training_state(e, c, se, sc);
   Batch t = batch(16, 99);
   auto le = values(*e.be, e.model->forward(e.be->upload_images(t.images, pr.dt), false));
   auto lc = values(*c.be, c.model->forward(c.be->upload_images(t.images, pr.dt), false));
@@ -416,12 +422,7 @@ void expect_another_size_runs_as_it_comes(const Prec& pr) {
   EXPECT_TRUE(rc.captured());
   EXPECT_EQ(rc.capture_failure(), "");
   expect_same_results(gc, ge);
-  auto pe = values(*e.be, e.model->flat_params()), pc = values(*c.be, c.model->flat_params());
-  EXPECT_EQ(std::memcmp(pe.data(), pc.data(), pe.size() * 4), 0) << "weights differ";
-  auto me = values(*e.be, e.sgd->momentum()), mc = values(*c.be, c.sgd->momentum());
-  EXPECT_EQ(std::memcmp(me.data(), mc.data(), me.size() * 4), 0) << "momentum differs";
-  EXPECT_EQ(c.sgd->steps(), e.sgd->steps());
-  EXPECT_EQ(sc.scale(), se.scale());
+  expect_same_training_state(e, c, se, sc);
 }
 
 TEST(GpuCaptureMixed, ABatchOfAnotherSizeRunsAsItComesBf16) {

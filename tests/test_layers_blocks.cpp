@@ -459,17 +459,32 @@ TEST(FusionAuto, ChainsSwitchedOffAreThePlainModelAndAnyMixTrainsAlike) {
   }
 }
 
+// A ResNet built with --fusion auto (its chains linked, each still to be switched).
+std::unique_ptr<Model> auto_fused_resnet(Backend& be, const std::string& arch, int in_channels,
+                                         uint64_t seed) {
+  ResNetOptions o;
+  o.arch = arch;
+  o.fusion = "auto";
+  o.in_channels = in_channels;
+  auto m = std::make_unique<Model>(build_resnet(o), be);
+  m->initialize(seed);
+  return m;
+}
+
+// The verdict for the chain named `chain` (the test fails where there is none).
+FusionVerdict verdict_of(const std::vector<FusionVerdict>& v, const std::string& chain) {
+  auto it = std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == chain; });
+  EXPECT_NE(it, v.end()) << chain;
+  return it == v.end() ? FusionVerdict{} : *it;
+}
+
 // choose_fusion times every chain both ways on the inputs an evaluation forward meets (on the
 // CPU here, which the engine itself never times), once per shape, switches each as its verdict
 // says, and changes no weight or running statistic.
 TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
   auto be = cpu_backend(1);
-  ResNetOptions o;
-  o.arch = "resnet20";
-  o.fusion = "auto";
-  o.in_channels = 1;
-  Model m(build_resnet(o), *be);
-  m.initialize(7);
+  const auto model = auto_fused_resnet(*be, "resnet20", 1, 7);
+  Model& m = *model;
   const Floats p0 = host_floats(*be, m.flat_params()), b0 = host_floats(*be, m.flat_buffers());
   Tensor x = be->upload_images(make_tensor(normals(8 * 12 * 12, 90), {8, 1, 12, 12}, Layout::nhwc));
   const std::vector<FusionVerdict> v = choose_fusion(m, x);
@@ -484,17 +499,12 @@ TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
   }
   EXPECT_EQ(names.size(), 9u);
   EXPECT_TRUE(names.count("layer1.0.conv1+bn1+conv2")) << *names.begin();
-  for (const FusionChain& c : chains) {
-    auto it = std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == c.name(); });
-    ASSERT_NE(it, v.end()) << c.name();
-    EXPECT_EQ(c.fused(), it->fused) << c.name();
-  }
+  for (const FusionChain& c : chains) EXPECT_EQ(c.fused(), verdict_of(v, c.name()).fused) << c.name();
   // layer1's three blocks share a shape: timed once, the same figures for all three.
-  auto of = [&](const std::string& n) {
-    return *std::find_if(v.begin(), v.end(), [&](const FusionVerdict& f) { return f.chain == n; });
-  };
-  EXPECT_EQ(of("layer1.0.conv1+bn1+conv2").fused_ms, of("layer1.2.conv1+bn1+conv2").fused_ms);
-  EXPECT_EQ(of("layer1.0.conv1+bn1+conv2").apart_ms, of("layer1.2.conv1+bn1+conv2").apart_ms);
+  const FusionVerdict first = verdict_of(v, "layer1.0.conv1+bn1+conv2"),
+                      third = verdict_of(v, "layer1.2.conv1+bn1+conv2");
+  EXPECT_EQ(first.fused_ms, third.fused_ms);
+  EXPECT_EQ(first.apart_ms, third.apart_ms);
   EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_params()), p0)) << "weights changed";
   EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_buffers()), b0)) << "running statistics changed";
   EXPECT_NE(fusion_summary(v).find("of 9 conv + BN+ReLU + conv chains fused"), std::string::npos)
@@ -506,12 +516,8 @@ TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
 // each timed (once per shape) with a verdict.
 TEST(FusionAuto, ABottlenecksTwoLinksAreOneChain) {
   auto be = cpu_backend(2);
-  ResNetOptions o;
-  o.arch = "resnet50";
-  o.fusion = "auto";
-  o.in_channels = 3;
-  Model m(build_resnet(o), *be);
-  m.initialize(3);
+  const auto model = auto_fused_resnet(*be, "resnet50", 3, 3);
+  Model& m = *model;
   std::vector<FusionChain> chains = fusion_chains(m.net());
   ASSERT_EQ(chains.size(), 16u);
   EXPECT_EQ(chains[0].name(), "layer1.0.conv1+bn1+conv2+bn2+conv3");

@@ -42,6 +42,11 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::string device_line() const override;
   std::vector<std::string> kernel_choices() override;
   void save_kernel_choices() override;
+  bool normalizes_pixels() const override { return true; }  // one kernel (upload_pixels_impl)
+  // cuDNN's fusion graphs: 16-bit, and not under --deterministic (cuda_fusion.cpp).
+  bool fuses_conv_bn(DType compute) const override {
+    return compute != DType::f32 && !opt_.deterministic;
+  }
   Allocator& allocator() override { return capturing_ ? *graph_pool_ : *pool_; }
 
   Allocator& host_staging_allocator() override { return pinned_host_allocator(); }
