@@ -51,6 +51,13 @@ inline std::string fmt_fixed(double v, int digits) {
   return buf;
 }
 
+// Scientific notation with two decimals: "3.10e-06".
+inline std::string fmt_sci(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
+}
+
 inline std::string fmt_duration(double s) {
   char buf[64];
   if (!(s >= 0)) s = 0;

@@ -38,14 +38,29 @@ TestHooks read_hooks() {
   }
   if (const char* v = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD"))
     h.no_fused_bn_add = *v && std::string(v) != "0";
+  if (const char* v = std::getenv("SPOTRAIN_WRONG_OP")) {
+    std::stringstream list(v);
+    for (std::string one; std::getline(list, one, ',');)
+      if (!one.empty()) h.wrong_ops.push_back(one);
+  }
   return h;
 }
 
 }  // namespace
 
-const TestHooks& test_hooks() {
-  static const TestHooks hooks = read_hooks();
+TestHooks& test_hooks_for_test() {
+  static TestHooks hooks = read_hooks();
   return hooks;
+}
+
+const TestHooks& test_hooks() { return test_hooks_for_test(); }
+
+bool wrong_op_planted(const char* op) {
+  const std::vector<std::string>& w = test_hooks().wrong_ops;
+  if (w.empty()) return false;
+  for (const std::string& o : w)
+    if (o == op) return true;
+  return false;
 }
 
 void inject_fault(int rank, int64_t step) {

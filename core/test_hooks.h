@@ -11,6 +11,11 @@
 //                                      way, the .tmp file written, so a test can kill the run
 //   SPOTRAIN_NO_FUSED_BN_ADD=1         GPU diagnostic: a residual block's last BN, Add and ReLU
 //                                      as separate ops (to measure or rule out the fusion)
+//   SPOTRAIN_WRONG_OP=OP[,OP...]       plant a wrong op: the backend doubles the output of each
+//                                      op named (as the op profiler names it: conv2d_forward,
+//                                      upload_pixels, bn_relu+conv2d_forward+stats, ...), so a
+//                                      test sees `doctor` and the fast paths' first-use checks
+//                                      catch a kernel that computes something else
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,10 +35,16 @@ struct TestHooks {
   double ckpt_write_delay = 0;   // seconds (0 = none)
   int64_t ckpt_write_delay_from_step = 0;
   bool no_fused_bn_add = false;
+  std::vector<std::string> wrong_ops;  // SPOTRAIN_WRONG_OP
 };
 
 // The hooks set in this process's environment (read once).
 const TestHooks& test_hooks();
+
+// The same, to change in a test of this process (the environment is read before the first use).
+TestHooks& test_hooks_for_test();
+// Whether SPOTRAIN_WRONG_OP names `op`.
+bool wrong_op_planted(const char* op);
 
 // SPOTRAIN_FAULT: does what it says when `rank` reaches `step` (1-based); else nothing.
 void inject_fault(int rank, int64_t step);

@@ -17,6 +17,7 @@ std::vector<GradRange> ranges_of(const Model& m) {
 
 GradSync::GradSync(Model& model, CommWorker& worker, const ReducerOptions& opt)
     : model_(model),
+      worker_(worker),
       reducer_(std::make_unique<Reducer>(model.grads_and_tail(), Model::kGradTail,
                                          ranges_of(model), worker, opt)) {}
 

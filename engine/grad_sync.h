@@ -25,10 +25,14 @@ class GradSync final : public GradListener {
   void set_control(int i, float value);
   float control(int i) const;
   size_t num_buckets() const { return reducer_->num_buckets(); }
+  // The ranks' collective worker, for the few agreements made outside the gradient buckets
+  // (--fusion auto's verdicts: choose_fusion).
+  CommWorker& worker() { return worker_; }
 
  private:
   void write_tail();
   Model& model_;
+  CommWorker& worker_;
   std::unique_ptr<Reducer> reducer_;
   bool tail_written_ = false;  // this step's control values are in the buffer
   float control_[Model::kGradTail] = {0, 0, 0, 0};  // this rank's values for the next step

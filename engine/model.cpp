@@ -120,9 +120,17 @@ Tensor Model::forward(const Tensor& x, bool training) {
 
 Tensor Model::forward_probed(const Tensor& x,
                              const std::function<void(Layer&, const Tensor&)>& probe) {
-  Context ctx{be_, false, false};
+  Context ctx{be_, /*training=*/true, /*replay=*/false};
+  ctx.scratch = true;
   ctx.probe = probe;
-  return net_->forward(x, ctx);
+  try {
+    Tensor y = net_->forward(x, ctx);
+    net_->clear_stash();
+    return y;
+  } catch (...) {
+    net_->clear_stash();
+    throw;
+  }
 }
 
 void Model::backward(const Tensor& dlogits, GradListener* listener) {

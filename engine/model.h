@@ -25,7 +25,10 @@ class Model {
   void initialize(uint64_t seed);
 
   Tensor forward(const Tensor& x, bool training);
-  // An evaluation forward that tells `probe` each layer and its input before the layer runs.
+  // A training forward whose results are thrown away (Context::scratch: the running
+  // statistics stay as they were, and the stash is dropped at its end, a throw included) that
+  // tells `probe` each layer and its input before the layer runs: the activations a training
+  // step meets (--fusion auto times its chains on them).
   Tensor forward_probed(const Tensor& x, const std::function<void(Layer&, const Tensor&)>& probe);
   // Fills every parameter's gradient (overwriting), telling `listener` as each completes.
   void backward(const Tensor& dlogits, GradListener* listener = nullptr);

@@ -73,7 +73,6 @@ void Session::broadcast_buffers(Model& model) {
 
 std::unique_ptr<Model> Session::make_model(const ResNetOptions& net, uint64_t seed) {
   auto model = std::make_unique<Model>(build_resnet(net), *backend_);
-  if (net.fusion == "auto") set_fusion(*model, false);  // nothing times it here
   initialize_model(*model, seed);
   return model;
 }
@@ -86,7 +85,11 @@ void Session::initialize_model(Model& model, uint64_t seed) {
 
 Training Session::make_training(const TrainingSpec& spec) {
   Training t;
-  t.model = std::make_unique<Model>(build_resnet(spec.net), *backend_);
+  const FusionPlan fusion = plan_fusion(spec.fusion, *backend_, compute_dtype(spec.precision));
+  ResNetOptions net = spec.net;
+  net.fusion_links = fusion.links;
+  net.fusion_on = fusion.on;
+  t.model = std::make_unique<Model>(build_resnet(net), *backend_);
   if (spec.initialize) initialize_model(*t.model, spec.seed);
   if (world() > 1) t.sync = std::make_unique<GradSync>(*t.model, *worker_, spec.reducer);
   t.sgd = std::make_unique<Sgd>(*t.model, spec.sgd);
@@ -95,14 +98,11 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.scaler = std::make_unique<LossScaler>(lso);
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
-  if (spec.net.fusion == "auto") {
-    // Timed only where the fused ops are fused kernels: composed of the separate ones, they
-    // cannot win.
-    if (backend_->fuses_conv_bn(compute_dtype(spec.precision)))
-      t.runner->choose_fusion_at_first_step();
-    else
-      set_fusion(*t.model, false);
-  }
+  t.checks = std::make_unique<FastPathChecks>(
+      spec.fast_path_file,
+      backend_->device() == Device::cuda ? gpu_info_line(gpu_info()) : backend_->name());
+  t.runner->set_fast_path_checks(t.checks.get());
+  if (fusion.choose) t.runner->choose_fusion_at_first_step();
   if (spec.cuda_graph) {
     // Where the backend could capture but this run cannot, one line says why (the CPU never
     // captures: nothing to say).

@@ -36,7 +36,10 @@ struct SessionOptions {
 
 // What a training step needs; made by Session::make_training.
 struct TrainingSpec {
-  ResNetOptions net;
+  ResNetOptions net;  // its fusion_links and fusion_on are made of `fusion`
+  // --fusion auto|bn|none, which make_training turns into the model's links, their initial
+  // on/off and whether the first step chooses (plan_fusion, engine/fusion_choice.h).
+  std::string fusion = "none";
   uint64_t seed = 0;  // weight initialization
   Precision precision = Precision::fp32;
   SgdOptions sgd;
@@ -47,12 +50,16 @@ struct TrainingSpec {
   // calls Session::initialize_model (a resumed ResNet-50 skips drawing 23.5 M weights it would
   // overwrite).
   bool initialize = true;
+  // The run folder's fast-paths.json (engine/fast_paths.h): the fast paths' first-use
+  // verdicts, kept across restarts ("" keeps them in memory).
+  std::string fast_path_file;
 };
 struct Training {
   std::unique_ptr<Model> model;
   std::unique_ptr<Sgd> sgd;
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<GradSync> sync;  // null on one rank
+  std::unique_ptr<FastPathChecks> checks;  // the runner's first-use verdicts
   std::unique_ptr<StepRunner> runner;
 };
 

@@ -1,6 +1,7 @@
 // StepRunner (see step.h).
 #include "engine/step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/clock.h"
@@ -25,20 +26,43 @@ void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
                        const PixelNorm* norm) {
   Backend& be = model_.backend();
   double t0 = now_seconds();
-  const bool pixels = images.dtype() == DType::u8;
-  SPOTRAIN_CHECK(!pixels || norm, "internal: 8-bit images without their normalization");
-  Tensor x = pixels ? be.upload_pixels(images, *norm, dtype_) : be.upload_images(images, dtype_);
+  Tensor x = upload(images, norm);
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
   double upload = now_seconds() - t0;
   queue_uploaded(x, labels, lr, label_smoothing, times, mix);
   if (times) times->data = upload;
 }
 
+Tensor StepRunner::upload(const Tensor& images, const PixelNorm* norm) {
+  Backend& be = model_.backend();
+  if (images.dtype() != DType::u8) return be.upload_images(images, dtype_);
+  SPOTRAIN_CHECK(norm, "internal: 8-bit images without their normalization");
+  FastPathChecks& checks = fast_path_checks();
+  if (checks.off(kFastPathPixels)) return be.upload_images(normalize_pixels_on_host(images, *norm), dtype_);
+  Tensor x = be.upload_pixels(images, *norm, dtype_);
+  if (checks.checked(kFastPathPixels)) return x;
+  // The first 8-bit batch: its upload against the same images normalized on the host in fp32
+  // and uploaded as such (both rounded to the compute dtype once).
+  Tensor want = be.upload_images(normalize_pixels_on_host(images, *norm), dtype_);
+  const double tol = fast_path_tolerance(dtype_ != DType::f32);
+  const double e = normalized_difference(be.to_host(be.cast(x, DType::f32)),
+                                         be.to_host(be.cast(want, DType::f32)));
+  if (e <= tol) {
+    checks.passed(kFastPathPixels, str("normalized difference ", fmt_sci(e), " within ", fmt_sci(tol)));
+    return x;
+  }
+  checks.failed(kFastPathPixels,
+                str("the 8-bit upload of ", images.describe(), " differs from its fp32 normalization "
+                    "by ", fmt_sci(e), " (normalized, allowed ", fmt_sci(tol),
+                    "); batches are normalized on the host"));
+  return want;
+}
+
 void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr,
                                 float label_smoothing, StepTimes* times, const LabelMix* mix) {
   if (choose_fusion_) {  // before the first forward: the chains' links decide what it runs
     choose_fusion_ = false;
-    fusion_verdicts_ = choose_fusion(model_, x);
+    fusion_verdicts_ = choose_fusion(model_, x, &fast_path_checks(), sync_ ? &sync_->worker() : nullptr);
     if (!fusion_verdicts_.empty()) log_info(fusion_summary(fusion_verdicts_));
   }
   const double t0 = now_seconds();
@@ -50,6 +74,15 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
   if (route == Route::eager) logits = model_.forward(x, /*training=*/true);
   read_back();
   const double scale = scaler_.scale();
+  if (route == Route::record && !fast_path_checks().checked(kFastPathCapture)) {
+    record_checked(x, labels, lr, label_smoothing, scale, mix);
+    if (times) {
+      model_.backend().synchronize();
+      *times = StepTimes{};
+      times->captured = now_seconds() - t0;
+    }
+    return;  // read back: its figures are taken
+  }
   if (route == Route::record && !record(x, labels, lr, label_smoothing, scale, mix))
     route = Route::eager;  // logged; this step and the rest run as they come
   if (route == Route::eager) {
@@ -97,6 +130,9 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
 std::string StepRunner::use_captured_steps() {
   Backend& be = model_.backend();
   if (be.capture() == nullptr) return str("the ", be.name(), " backend runs steps as they come");
+  if (fast_path_checks().off(kFastPathCapture))
+    return str("a first-use check found captured steps wrong on this device (",
+               fast_path_checks().why_off(kFastPathCapture), ")");
   if (sync_ != nullptr || world_ != 1)
     return str(world_, " ranks train: the gradient all-reduce of several ranks is not captured");
   capture_ = true;
@@ -154,18 +190,136 @@ bool StepRunner::record(const Tensor& x, const int32_t* labels, float lr, float 
     // among it) lives in the recording's pool: let it go before the pool.
     cap.abort_recording();
     model_.clear_stash();
-    cap.drop();
-    graph_x_ = Tensor();
     sgd_.set_steps(sgd_steps);
-    capture_ = false;
-    capture_failure_ = e.what();
-    // The recorded conversions of the weights to their compute copies ran nothing, but marked
-    // the copies fresh: marked stale again, the eager step converts them.
-    model_.flat_params().mark_written();
+    stop_capturing(e.what());
     log_info(str("warning: captured steps: the step could not be recorded (", e.what(),
                  "); steps run as they come"));
     return false;
   }
+}
+
+void StepRunner::stop_capturing(const std::string& why) {
+  model_.backend().capture()->drop();
+  graph_x_ = Tensor();
+  capture_ = false;
+  capture_failure_ = why;
+  // The recorded conversions of the weights to their compute copies ran nothing, but marked
+  // the copies fresh: marked stale again, the eager step converts them.
+  model_.flat_params().mark_written();
+}
+
+StepRunner::StepState StepRunner::save_state() {
+  Backend& be = model_.backend();
+  StepState s;
+  s.params = be.cast(model_.flat_params(), DType::f32);
+  s.momentum = be.cast(sgd_.momentum(), DType::f32);
+  if (model_.flat_buffers().defined()) s.buffers = be.cast(model_.flat_buffers(), DType::f32);
+  Tensor h = be.to_host(model_.flat_params());
+  s.host_params.assign(h.data<float>(), h.data<float>() + h.numel());
+  s.sgd_steps = sgd_.steps();
+  s.scaler = scaler_.state();
+  s.results = results_.size();
+  return s;
+}
+
+void StepRunner::restore_state(const StepState& s) {
+  Backend& be = model_.backend();
+  be.copy(s.params, model_.flat_params());
+  be.copy(s.momentum, sgd_.momentum());
+  if (s.buffers.defined()) be.copy(s.buffers, model_.flat_buffers());
+  model_.flat_params().mark_written();
+  sgd_.set_steps(s.sgd_steps);
+  scaler_.set_state(s.scaler);
+  results_.resize(s.results);
+}
+
+StepRunner::StepFigures StepRunner::read_figures(double scale) {
+  queued_ = true;
+  queued_scale_ = scale;
+  read_back();
+  Backend& be = model_.backend();
+  StepFigures f;
+  f.loss = results_.back().loss.loss;
+  f.overflow = results_.back().overflow;
+  Tensor g = be.to_host(model_.flat_grads());
+  double sq = 0;
+  for (int64_t i = 0; i < g.numel(); ++i) sq += double(g.data<float>()[i]) * g.data<float>()[i];
+  f.grad_norm = std::sqrt(sq);
+  Tensor p = be.to_host(model_.flat_params());
+  f.params.assign(p.data<float>(), p.data<float>() + p.numel());
+  return f;
+}
+
+namespace {
+
+double relative(double got, double want) {
+  if (got == want) return 0;
+  return std::fabs(got - want) / std::max(std::fabs(want), 1e-30);
+}
+
+// "" when the captured step's figures match the eager one's within tol, else what differs.
+std::string step_difference(const std::vector<float>& before, const std::vector<float>& eager_p,
+                            double eager_loss, double eager_norm, bool eager_overflow,
+                            const std::vector<float>& cap_p, double cap_loss, double cap_norm,
+                            bool cap_overflow, double tol) {
+  if (eager_overflow != cap_overflow)
+    return str("the overflow verdict (eager ", eager_overflow, ", captured ", cap_overflow, ")");
+  if (!(relative(cap_loss, eager_loss) <= tol))
+    return str("the loss (eager ", eager_loss, ", captured ", cap_loss, ": relative difference ",
+               fmt_sci(relative(cap_loss, eager_loss)), ", allowed ", fmt_sci(tol), ")");
+  if (eager_overflow) return "";  // skipped both ways: no gradient or update to compare
+  if (!(relative(cap_norm, eager_norm) <= tol))
+    return str("the gradient norm (eager ", eager_norm, ", captured ", cap_norm,
+               ": relative difference ", fmt_sci(relative(cap_norm, eager_norm)), ", allowed ",
+               fmt_sci(tol), ")");
+  // The updates, not the weights: an update is a small part of a weight.
+  std::vector<float> du_e(before.size()), du_c(before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    du_e[i] = eager_p[i] - before[i];
+    du_c[i] = cap_p[i] - before[i];
+  }
+  const double e = normalized_difference(du_c, du_e);
+  if (!(e <= tol))
+    return str("the weights' update (normalized difference ", fmt_sci(e), ", allowed ",
+               fmt_sci(tol), ")");
+  return "";
+}
+
+}  // namespace
+
+void StepRunner::record_checked(const Tensor& x, const int32_t* labels, float lr,
+                                float label_smoothing, double scale, const LabelMix* mix) {
+  const StepState before = save_state();
+  // The reference: this very step, eager.
+  queue_after_forward(model_.forward(x, /*training=*/true), labels, lr, label_smoothing, scale, mix,
+                      nullptr, 0.0);
+  const StepFigures eager = read_figures(scale);
+  restore_state(before);
+  if (record(x, labels, lr, label_smoothing, scale, mix)) {
+    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * world_))};
+    replay(x, in, /*recorded_now=*/true);
+    const StepFigures cap = read_figures(scale);
+    const double tol = fast_path_tolerance(dtype_ != DType::f32);
+    const std::string diff =
+        step_difference(before.host_params, eager.params, eager.loss, eager.grad_norm,
+                        eager.overflow, cap.params, cap.loss, cap.grad_norm, cap.overflow, tol);
+    if (diff.empty()) {
+      fast_path_checks().passed(kFastPathCapture, str("loss ", cap.loss, ", gradient norm ",
+                                                      cap.grad_norm, " as the eager step's"));
+      return;
+    }
+    fast_path_checks().failed(kFastPathCapture,
+                              str("a captured step differs from the eager step it was recorded "
+                                  "from in ", diff, "; steps run as they come"));
+    stop_capturing("its first-use check failed: " + diff);
+  }
+  restore_state(before);
+  // Eager, from the state before: recording failed (logged) or the check did.
+  queue_after_forward(model_.forward(x, /*training=*/true), labels, lr, label_smoothing, scale, mix,
+                      nullptr, 0.0);
+  queued_ = true;
+  queued_scale_ = scale;
+  read_back();
 }
 
 void StepRunner::replay(const Tensor& x, const StepInputs& in, bool recorded_now) {

@@ -7,9 +7,11 @@
 // it. The Trainer and `spotrain bench` both run steps through here.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/fast_paths.h"
 #include "engine/fusion_choice.h"
 #include "engine/grad_sync.h"
 #include "engine/loss_scaler.h"
@@ -92,6 +94,14 @@ class StepRunner {
   const std::string& capture_failure() const { return capture_failure_; }
   static constexpr int kEagerBeforeCapture = 2;
 
+  // The first-use checks of the fast paths and their verdicts (engine/fast_paths.h): the
+  // first recorded step is checked against an eager step of the same batch from the same
+  // state (the loss, the gradient norm and the update), the first 8-bit batch's upload
+  // against its fp32 normalization, --fusion auto's chains as they are timed. Without a
+  // call, the runner keeps its verdicts in memory only. `c` outlives the runner.
+  void set_fast_path_checks(FastPathChecks* c) { checks_ = c; }
+  FastPathChecks& fast_path_checks() { return checks_ ? *checks_ : own_checks_; }
+
   // --fusion auto: the first step's batch first times the model's fused chains both ways and
   // keeps each fused only where it wins (engine/fusion_choice.h), logged in one line.
   void choose_fusion_at_first_step() { choose_fusion_ = true; }
@@ -114,6 +124,34 @@ class StepRunner {
               double scale, const LabelMix* mix);
   // Queues the recorded step on x's values; `recorded_now`: the recording counted the update.
   void replay(const Tensor& x, const StepInputs& in, bool recorded_now);
+  // Turns captured steps off for the run: what was recorded goes, `why` is kept.
+  void stop_capturing(const std::string& why);
+
+  // The first recording, checked: an eager step of x from the state before, then the state
+  // restored, the step recorded and replayed, and the two compared; where they differ the
+  // captured steps go off and the step is run eagerly again from the state before.
+  void record_checked(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                      double scale, const LabelMix* mix);
+  // What the step's check compares and restores.
+  struct StepState {
+    Tensor params, momentum, buffers;  // device copies
+    std::vector<float> host_params;    // the weights before, to compare the updates
+    int64_t sgd_steps = 0;
+    LossScalerState scaler;
+    size_t results = 0;
+  };
+  struct StepFigures {
+    double loss = 0, grad_norm = 0;
+    bool overflow = false;
+    std::vector<float> params;
+  };
+  StepState save_state();
+  void restore_state(const StepState& s);
+  // Reads the queued step back (as read_back) and takes its figures.
+  StepFigures read_figures(double scale);
+  // Eager steps: the 8-bit upload, checked on its first batch against the host's
+  // normalization and turned off where they differ.
+  Tensor upload(const Tensor& images, const PixelNorm* norm);
 
   Model& model_;
   Sgd& sgd_;
@@ -133,6 +171,8 @@ class StepRunner {
   bool graph_mixed_ = false;      // whether it was recorded with mixed targets
   bool told_other_batch_ = false; // a batch unlike graph_x_ was logged
   std::string capture_failure_;
+  FastPathChecks* checks_ = nullptr;              // set_fast_path_checks()
+  FastPathChecks own_checks_{"", ""};             // used without one
   bool choose_fusion_ = false;  // choose_fusion_at_first_step(), not done yet
   std::vector<FusionVerdict> fusion_verdicts_;
 };

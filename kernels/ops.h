@@ -26,6 +26,7 @@ namespace spotrain {
 
 class OpProfiler;   // kernels/op_profiler.h
 class DeviceClock;  // kernels/op_profiler.h
+class TuningCache;  // kernels/tuning_cache.h
 class StepCapture;  // kernels/step_capture.h
 
 struct ConvParams {
@@ -289,19 +290,27 @@ class Backend {
   // A clock on the device that marks points in its queue, for OpProfiler (the CPU runs its ops
   // as they are called: the host clock serves).
   virtual DeviceClock* device_clock() { return nullptr; }
+  // The kernel cache the backend keeps its timed choices in (kernels/tuning_cache.h), where
+  // the engine keeps the verdicts of its own timing too (--fusion auto's); nullptr where
+  // nothing is timed (the CPU).
+  virtual TuningCache* tuning_cache() { return nullptr; }
 
   // Times every op from now on (nullptr: stop); the profiler must outlive its attachment.
   void set_profiler(OpProfiler* p) { profiler_ = p; }
   OpProfiler* profiler() const { return profiler_; }
+  // Whether SPOTRAIN_WRONG_OP's planted faults reach this backend (core/test_hooks.h): on by
+  // default; off for a reference the faulty backend is compared against.
+  void take_planted_faults(bool on) { planted_faults_ = on; }
+
+  // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels, made into fp32,
+  // bf16 or fp16 (throws Error).
+  static void check_pixel_batch(const Tensor& host_nhwc_u8, DType compute);
 
  protected:
   // The ops, as each backend implements them (see the public functions above).
   virtual Tensor upload_images_impl(const Tensor& host_nhwc, DType compute) = 0;
   // Default: normalizes on the host, then upload_images_impl.
   virtual Tensor upload_pixels_impl(const Tensor& host_nhwc_u8, const PixelNorm& norm, DType compute);
-  // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels, made into fp32,
-  // bf16 or fp16 (throws Error).
-  static void check_pixel_batch(const Tensor& host_nhwc_u8, DType compute);
   virtual Tensor cast_impl(const Tensor& t, DType to) = 0;
   virtual Tensor zeros_impl(const Shape& shape) = 0;
   virtual void fill_impl(Tensor& t, float value) = 0;
@@ -382,6 +391,7 @@ class Backend {
                                               Tensor& dbeta, Tensor& dz);
   static constexpr int kMaxOpDepth = 32;
 
+  bool planted_faults_ = true;  // take_planted_faults()
   LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
   bool queued_overflow_ = false;  // unscale_check_queue's verdict where it decides at once
 
@@ -418,6 +428,10 @@ struct BackendOptions {
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is
 // present, else cpu). Throws Error for "cuda" when unavailable.
 std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& opt);
+
+// An 8-bit NHWC host batch normalized on the host into fp32 (what upload_pixels computes on a
+// device): fma(pixel, norm.scale(c), norm.shift(c)) per channel.
+Tensor normalize_pixels_on_host(const Tensor& host_nhwc_u8, const PixelNorm& norm);
 // Whether this build has the CUDA backend and a CUDA device is present (what "auto" picks).
 bool cuda_backend_ready();
 

@@ -49,8 +49,12 @@ struct Context {
   bool training = true;
   bool replay = false;  // re-running forward for gradient checkpointing: no side effects
   GradListener* listener = nullptr;
+  // A training pass whose results are thrown away (--fusion auto's probe and its timing runs):
+  // it computes as training does, but leaves the model as it was: batch norm does not update
+  // its running statistics, and no convolution keeps its output for a replay.
+  bool scratch = false;
   // Told each layer and its input before the layer's forward (engine/fusion_choice.cpp times
-  // the fused chains on the inputs an evaluation forward meets).
+  // the fused chains on the inputs a scratch training forward meets).
   std::function<void(Layer&, const Tensor&)> probe = nullptr;
   void grad_ready(const Param& p) {
     if (listener) listener->grad_ready(p);

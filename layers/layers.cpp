@@ -58,9 +58,11 @@ void Conv2d::validate(const Tensor& x) const {
 Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
   if (!ctx.training) return ctx.be.conv2d_forward(x, weight_.value, p_);
   x_ = x;
-  // Fused: x is the un-normalized input of applies_, whose statistics its forward took.
-  if (applies_) {
-    const BatchNorm2d& bn = *applies_;
+  BatchNorm2d* const stats_for = this->stats_for();
+  const BatchNorm2d* const applies = this->applies();
+  // Fused: x is the un-normalized input of `applies`, whose statistics its forward took.
+  if (applies) {
+    const BatchNorm2d& bn = *applies;
     SPOTRAIN_CHECK(bn.saved_.mean.defined(), "internal: ", name_, " runs before ", bn.name());
     pro_ = BnApply{bn.gamma_.value, bn.beta_.value, bn.saved_.mean, bn.saved_.var, bn.eps_};
   }
@@ -69,23 +71,23 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
   if (ctx.replay && kept_y_.defined()) {
     SPOTRAIN_CHECK(kept_y_.dim(0) == x.dim(0), "internal: ", name_, " replays a batch of ",
                    x.dim(0), " for a kept output of ", kept_y_.dim(0));
-    if (stats_for_) stats_for_->given_ = kept_stats_;
+    if (stats_for) stats_for->given_ = kept_stats_;
     return kept_y_;
   }
   Tensor y;
   BnSaved stats;
-  if (!stats_for_ && !applies_) {
+  if (!stats_for && !applies) {
     y = ctx.be.conv2d_forward(x, weight_.value, p_);
   } else {
-    y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies_ ? &pro_ : nullptr,
-                                       stats_for_ ? stats_for_->eps_ : 0.f,
-                                       stats_for_ ? &stats : nullptr);
+    y = ctx.be.conv2d_forward_bn_stats(x, weight_.value, p_, applies ? &pro_ : nullptr,
+                                       stats_for ? stats_for->eps_ : 0.f,
+                                       stats_for ? &stats : nullptr);
   }
-  if ((keep_output_ || (keep_if_stats_ && stats_for_)) && !ctx.replay) {
+  if ((keep_output_ || (keep_if_stats_ && stats_for)) && !ctx.replay && !ctx.scratch) {
     kept_y_ = y;
     kept_stats_ = stats;
   }
-  if (stats_for_) stats_for_->given_ = std::move(stats);
+  if (stats_for) stats_for->given_ = std::move(stats);
   return y;
 }
 
@@ -94,7 +96,8 @@ Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   if (pro_.mean.defined()) {
     // Fused: backward through this convolution and the batch norm + ReLU it applied at once;
     // that batch norm's own backward then passes the gradient of its input through.
-    BatchNorm2d& bn = *applies_;
+    SPOTRAIN_CHECK(takes_, "internal: ", name_, " applied a batch norm it is not linked to");
+    BatchNorm2d& bn = takes_->bn();
     SPOTRAIN_CHECK(needs_input_grad_ && !acc_.defined(), "internal: ", name_,
                    " cannot apply a batch norm as the first layer of a block");
     Tensor dx = ctx.be.conv2d_backward_bn_relu(dy, weight_.value, x_, p_, pro_, bn.saved_,
@@ -119,14 +122,19 @@ Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
   return dx;
 }
 
-void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b) {
-  SPOTRAIN_CHECK(bn.relu_ && a.out_ == bn.c_ && b.in_ == bn.c_,
+void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b, bool fused) {
+  SPOTRAIN_CHECK(bn.relu_ && a.out_ == bn.c_ && b.in_ == bn.c_ && !bn.link_ && !a.makes_ &&
+                     !b.takes_,
                  "internal: cannot fuse ", a.name(), ", ", bn.name(), " and ", b.name());
-  a.stats_for_ = &bn;
-  bn.deferred_ = true;
-  b.applies_ = &bn;
-  bn.chain_a_ = &a;
-  bn.chain_b_ = &b;
+  bn.link_ = std::make_unique<FusionLink>(a, bn, b, fused);
+  a.makes_ = bn.link_.get();
+  b.takes_ = bn.link_.get();
+}
+
+void FusionLink::set_fused(bool on) {
+  SPOTRAIN_CHECK(!a_->busy() && !bn_->busy() && !b_->busy(), "internal: ", a_->name(), "+",
+                 bn_->name(), "+", b_->name(), " switched while a forward waits for its backward");
+  fused_ = on;
 }
 
 // ---- BatchNorm2d ----
@@ -170,11 +178,11 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
     return ctx.be.batchnorm_forward_infer(x, gamma_.value, beta_.value, mean_.value, var_.value,
                                           eps_, relu_);
   x_ = x;
-  if (deferred_) {  // fused: the statistics came with x, the next convolution normalizes
+  if (deferred()) {  // fused: the statistics came with x, the next convolution normalizes
     SPOTRAIN_CHECK(given_.mean.defined() && !z_.defined(), "internal: ", name_,
                    " runs fused without its convolution's statistics");
     saved_ = std::exchange(given_, BnSaved());
-    if (!ctx.replay)
+    if (!ctx.replay && !ctx.scratch)
       ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                       x.dim(0) * x.dim(2) * x.dim(3));
     return x;
@@ -187,8 +195,9 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
                     : ctx.be.batchnorm_forward_train(x, gamma_.value, beta_.value, eps_, relu_,
                                                      saved_);
   z_ = Tensor();
-  // A checkpoint replay recomputes the same batch statistics; it must not count them twice.
-  if (!ctx.replay)
+  // A checkpoint replay recomputes the same batch statistics; it must not count them twice
+  // (and a scratch pass changes nothing of the model).
+  if (!ctx.replay && !ctx.scratch)
     ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                     x.dim(0) * x.dim(2) * x.dim(3));
   return y;
@@ -196,7 +205,7 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor BatchNorm2d::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
-  if (deferred_) {  // the next convolution's backward went through this layer too: dy is x's
+  if (deferred()) {  // the next convolution's backward went through this layer too: dy is x's
     SPOTRAIN_CHECK(input_grad_done_, "internal: ", name_, " backward before its convolution's");
     clear_stash();
     return dy;

@@ -7,6 +7,33 @@
 namespace spotrain {
 
 class BatchNorm2d;
+class Conv2d;
+
+// Conv + batch-norm fusion of one Conv2d, BatchNorm2d+ReLU, Conv2d run (fuse_conv_bn_conv): the
+// one place its state lives. The batch norm owns it; the two convolutions point at it, and all
+// three ask fused(). Fused, in training: `a` makes bn's batch statistics as it writes its
+// output, bn passes that output through, and `b` applies bn and its ReLU as it reads it (its
+// backward goes through them). Apart: the three layers run as they are. Evaluation always
+// runs them apart.
+class FusionLink {
+ public:
+  FusionLink(Conv2d& a, BatchNorm2d& bn, Conv2d& b, bool fused)
+      : a_(&a), bn_(&bn), b_(&b), fused_(fused) {}
+  FusionLink(const FusionLink&) = delete;
+  FusionLink& operator=(const FusionLink&) = delete;
+  bool fused() const { return fused_; }
+  // Only between steps: throws Error while a forward of a, bn or b waits for its backward.
+  void set_fused(bool on);
+  Conv2d& a() const { return *a_; }
+  BatchNorm2d& bn() const { return *bn_; }
+  Conv2d& b() const { return *b_; }
+
+ private:
+  Conv2d* a_;
+  BatchNorm2d* bn_;
+  Conv2d* b_;
+  bool fused_;
+};
 
 class Conv2d final : public Layer {
  public:
@@ -33,7 +60,7 @@ class Conv2d final : public Layer {
   // Multiply-adds per output element: kernel area x input channels.
   int64_t macs_per_output() const { return int64_t(p_.kh) * p_.kw * in_; }
   // Under conv + batch-norm fusion: this convolution makes the next batch norm's statistics.
-  bool makes_bn_statistics() const { return stats_for_ != nullptr; }
+  bool makes_bn_statistics() const { return stats_for() != nullptr; }
   // --grad-checkpoint selective: keep the output too whenever this convolution makes a batch
   // norm's statistics (a fused chain may be switched on or off after the model is built).
   void keep_output_when_making_statistics(bool v) { keep_if_stats_ = v; }
@@ -47,23 +74,30 @@ class Conv2d final : public Layer {
   Tensor backward_impl(const Tensor& dy, Context& ctx) override;
 
  private:
-  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
+  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&, bool);
+  friend class FusionLink;
   friend class FusionChain;
+  // Under a fused link: the batch norm after this convolution, whose statistics it computes,
+  // and the one before it, which it applies (with its ReLU) to its input as it reads it.
+  BatchNorm2d* stats_for() const { return makes_ && makes_->fused() ? &makes_->bn() : nullptr; }
+  BatchNorm2d* applies() const { return takes_ && takes_->fused() ? &takes_->bn() : nullptr; }
+  // Whether a forward's stash waits for its backward.
+  bool busy() const { return x_.defined() || pro_.mean.defined() || kept_y_.defined(); }
   int in_, out_;
   ConvParams p_;
   Param weight_;  // (out, in, k, k)
   Tensor x_;      // stash: the input
   Tensor acc_;    // gradient the next backward adds its input gradient to
-  // Conv + batch-norm fusion (fuse_conv_bn_conv), in training: the batch norm after this
-  // convolution, whose statistics it computes, and the one before it, which it applies (with
-  // its ReLU) to its input as it reads it; pro_ stashes what it applied.
-  BatchNorm2d* stats_for_ = nullptr;
-  BatchNorm2d* applies_ = nullptr;
+  // Conv + batch-norm fusion (fuse_conv_bn_conv): the link in which this convolution is `a`
+  // (it makes the statistics) and the one in which it is `b` (it applies); each owned by its
+  // batch norm. pro_ stashes what a fused forward applied.
+  FusionLink* makes_ = nullptr;
+  FusionLink* takes_ = nullptr;
   BnApply pro_;
   bool keep_output_ = false;
   bool keep_if_stats_ = false;
   Tensor kept_y_;        // the output the replay hands back (keep_output_for_replay)
-  BnSaved kept_stats_;   // with stats_for_: the statistics computed with it
+  BnSaved kept_stats_;   // made with statistics: those statistics
 };
 
 class BatchNorm2d final : public Layer {
@@ -92,8 +126,11 @@ class BatchNorm2d final : public Layer {
 
  private:
   friend class Conv2d;
+  friend class FusionLink;
   friend class FusionChain;
-  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&);
+  friend void fuse_conv_bn_conv(Conv2d&, BatchNorm2d&, Conv2d&, bool);
+  bool deferred() const { return link_ && link_->fused(); }
+  bool busy() const { return x_.defined() || given_.mean.defined(); }
   int c_;
   bool relu_;
   float eps_, momentum_;
@@ -104,25 +141,23 @@ class BatchNorm2d final : public Layer {
   Tensor z_;              // residual input of the next forward (set_residual)
   bool added_ = false;    // the stashed forward was relu(bn(x) + z)
   Tensor dz_;             // gradient of that z, after backward
-  // Fused (fuse_conv_bn_conv), in training: the convolution before computes the batch
-  // statistics (given_), this layer passes its input through, and the convolution after
+  // Linked (fuse_conv_bn_conv) and fused, in training: the convolution before computes the
+  // batch statistics (given_), this layer passes its input through, and the convolution after
   // applies the normalization and ReLU as it reads; that convolution's backward computes this
   // layer's gradients too (input_grad_done_), and this backward passes its gradient through.
-  bool deferred_ = false;
-  Conv2d* chain_a_ = nullptr;  // the convolutions fuse_conv_bn_conv linked it with (kept when
-  Conv2d* chain_b_ = nullptr;  // the chain is switched off: FusionChain)
+  std::unique_ptr<FusionLink> link_;
   BnSaved given_;  // empty until the convolution before hands its statistics over
   bool input_grad_done_ = false;
 };
 
-// Conv + batch-norm fusion (--fusion bn) of `a`, `bn` and `b`, consecutive in one branch with
-// bn a BatchNorm2d+ReLU: in training, a's forward also computes bn's batch statistics, bn
-// passes its input through, and b applies bn and its ReLU to what it reads
-// (Backend::conv2d_forward_bn_stats, fused where the backend can). bn's output is never
-// written; b's backward goes through bn as well (Backend::conv2d_backward_bn_relu).
-// Evaluation runs the layers as they are. The chain can be switched off and on again
-// (FusionChain, layers/fusion_chain.h).
-void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b);
+// Links `a`, `bn` and `b` (consecutive in one branch, bn a BatchNorm2d+ReLU) for conv +
+// batch-norm fusion, switched on (`fused`) or not yet: fused, in training, a's forward also
+// computes bn's batch statistics, bn passes its input through, and b applies bn and its ReLU
+// to what it reads (Backend::conv2d_forward_bn_stats, fused where the backend can). bn's output
+// is never written; b's backward goes through bn as well (Backend::conv2d_backward_bn_relu).
+// Evaluation runs the layers as they are. The link (bn's FusionLink) is switched on and off
+// by its chain (FusionChain, layers/fusion_chain.h).
+void fuse_conv_bn_conv(Conv2d& a, BatchNorm2d& bn, Conv2d& b, bool fused = true);
 
 class ReLU final : public Layer {
  public:

@@ -48,19 +48,25 @@ void conv_bn(Sequential& seq, const std::string& prefix, const char* conv,
 
 }
 
-// --fusion bn: every Conv2d, BatchNorm2d+ReLU, Conv2d run of a block's main branch.
-void fuse_chains(Sequential& seq) {
+// ResNetOptions::fusion_links: every Conv2d, BatchNorm2d+ReLU, Conv2d run of a block's main
+// branch, switched on or not (`on`).
+void link_chains(Sequential& seq, bool on) {
   for (size_t i = 0; i + 2 < seq.size(); ++i) {
     auto* a = dynamic_cast<Conv2d*>(&seq.at(i));
     auto* bn = dynamic_cast<BatchNorm2d*>(&seq.at(i + 1));
     auto* b = dynamic_cast<Conv2d*>(&seq.at(i + 2));
-    if (a && bn && b && bn->fused_relu()) fuse_conv_bn_conv(*a, *bn, *b);
+    if (a && bn && b && bn->fused_relu()) fuse_conv_bn_conv(*a, *bn, *b, on);
   }
 }
 
+// How a block's main branch is linked for conv + batch-norm fusion.
+struct Links {
+  bool make = false, on = false;
+};
+
 // One residual block named `prefix` (e.g. "layer2.0").
 std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, int in, int planes,
-                                  int stride, bool zero_init, bool fusion) {
+                                  int stride, bool zero_init, Links links) {
   auto main = std::make_unique<Sequential>(prefix);
   int out;
   if (bottleneck) {
@@ -73,7 +79,7 @@ std::unique_ptr<Layer> make_block(const std::string& prefix, bool bottleneck, in
     conv_bn(*main, prefix, "conv1", "bn1", in, planes, 3, stride, true);
     conv_bn(*main, prefix, "conv2", "bn2", planes, planes, 3, 1, false, zero_init);
   }
-  if (fusion) fuse_chains(*main);
+  if (links.make) link_chains(*main, links.on);
   std::unique_ptr<Sequential> shortcut;
   if (stride != 1 || in != out) {
     std::string d = join_name(prefix, "downsample");
@@ -195,11 +201,7 @@ std::unique_ptr<Sequential> build_resnet(const ResNetOptions& opt) {
   check_resnet_options(opt.arch, opt.grad_checkpoint);
   SPOTRAIN_CHECK(opt.num_classes > 0, "number of classes must be positive");
   SPOTRAIN_CHECK(opt.in_channels > 0, "number of input channels must be positive");
-  SPOTRAIN_CHECK(opt.fusion == "none" || opt.fusion == "bn" || opt.fusion == "auto",
-                 "unknown --fusion '", opt.fusion, "'; use auto, bn or none");
-  // auto links the chains as bn does; the engine then switches each on or off
-  // (engine/fusion_choice.h).
-  const bool fusion = opt.fusion != "none";
+  const Links fusion{opt.fusion_links, opt.fusion_links && opt.fusion_on};
   auto net = std::make_unique<Sequential>("");
   std::vector<std::unique_ptr<Sequential>> stages;
   int n_small = 0;

@@ -20,11 +20,13 @@ struct ResNetOptions {
   // consecutive blocks of a stage per segment). The stem is always a segment of its own;
   // the last segment is never checkpointed (its replay would follow forward at once).
   std::string grad_checkpoint = "none";
-  // Conv + batch-norm fusion in training: "none", "bn" (in each block, a convolution
-  // computes the batch statistics of the BN+ReLU after it and the next convolution applies
-  // that BN as it reads: fuse_conv_bn_conv in layers.h) or "auto" (linked as bn, each chain
-  // switched on or off by the engine: engine/fusion_choice.h; left on if nothing decides).
-  std::string fusion = "none";
+  // Conv + batch-norm fusion in training (fuse_conv_bn_conv in layers.h): link every Conv2d,
+  // BatchNorm2d+ReLU, Conv2d run of a block's main branch, so that a convolution can compute
+  // the batch statistics of the BN+ReLU after it and the next convolution apply that BN as it
+  // reads; and whether the links start switched on (each chain can be switched later:
+  // FusionChain). The engine makes these of --fusion (engine/fusion_choice.h, plan_fusion).
+  bool fusion_links = false;
+  bool fusion_on = false;
 };
 
 // Throws Error naming the valid choices for an unknown arch or checkpoint mode.

@@ -34,7 +34,7 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
   s.net.in_channels = in_channels;
   s.net.zero_init_residual = cfg.zero_init_residual;
   s.net.grad_checkpoint = cfg.grad_checkpoint;
-  s.net.fusion = cfg.fusion;
+  s.fusion = cfg.fusion;
   s.seed = cfg.seed;
   s.precision = parse_precision(cfg.precision);
   s.sgd.momentum = cfg.momentum;
@@ -46,6 +46,7 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
   s.reducer.bucket_mb = cfg.bucket_mb;
   s.reducer.compression = cfg.grad_compression;
   s.cuda_graph = cfg.cuda_graph;
+  if (!cfg.ckpt_dir.empty()) s.fast_path_file = cfg.ckpt_dir + "/fast-paths.json";
   return s;
 }
 

@@ -22,9 +22,9 @@
 # GPU_BUILD (build-gpu), GPU_PREBUILT (.gpu-bin: spotrain and test_gpu* built beforehand by a
 # dry run with GPU_PACK_PREBUILT=1; used when present and they start), GPU_BUDGET_S (470),
 # GPU_JOBS (all cores), GPU_PYTHON (the python3 with PyTorch), GPU_BENCH_STEPS (20),
-# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "tests bench torch graph compile profile
+# GPU_BENCH_WARMUP (5), GPU_STEPS (which steps, default "doctor tests bench torch graph compile profile
 # fusion tuning resume ranks2 more", run in that order of importance so that a short budget cuts only
-# the last: the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 in the default
+# the last: `spotrain doctor --device cuda` (the node check); the gpu tests; fp16 ours (also end to end) and PyTorch's; fp16 in the default
 # configuration (captured steps, --fusion auto) and fp16 --cuda-graph (captured or not; every
 # other bench row runs eager and unfused, --no-cuda-graph --fusion none, unless it names them); "compile": PyTorch's best, torch.compile mode="reduce-overhead" at fp16 and
 # bf16; fp16 --profile with the kernels chosen per shape; "fusion": fp16 with
@@ -338,7 +338,7 @@ prebuilt=${GPU_PREBUILT:-$repo/.gpu-bin}
 # other sources are not used.
 sources_hash() {
   (cd "$repo" && find CMakeLists.txt cmake core kernels layers io comm checkpoints spot engine \
-     observe run tools tests -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
+     observe run health tools tests -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
      -o -name '*.cmake' -o -name CMakeLists.txt -o -name '*.html' \) 2>/dev/null | LC_ALL=C sort |
    xargs sha256sum | sha256sum | cut -c1-16)
 }
@@ -450,7 +450,7 @@ export bin logs ours_ld python repo
 export -f gpu_tests
 
 # ---- steps -------------------------------------------------------------------------------------
-steps_wanted=" ${GPU_STEPS:-tests bench torch graph compile profile fusion tuning resume ranks2 more} "
+steps_wanted=" ${GPU_STEPS:-doctor tests bench torch graph compile profile fusion tuning resume ranks2 more} "
 want() { [[ "$steps_wanted" == *" $1 "* ]]; }
 # The loader step's JPEG folder is made in the background while the GPU steps run.
 jpegs=/tmp/spotrain-gpu-jpegs
@@ -475,6 +475,14 @@ if [[ -n "$bin" ]]; then
     note "libs: $(tail -n 1 "$logs/libs.log")"
   fi
   run_step version 30 "${ours[@]}" "$bin/spotrain" --version
+  # The node check first: every op against the CPU reference at each precision, a few
+  # ResNet-50 steps against the measured rate, NVML's health (spotrain doctor, health/).
+  if want doctor; then
+    run_step doctor 90 "${ours[@]}" "$bin/spotrain" doctor --device cuda --json "$logs/doctor.json" \
+      --ckpt-dir "$out/doctor-ckpt"
+    [[ -s "$logs/doctor.log" ]] && restatus "$(laststatus): $(tail -n 1 "$logs/doctor.log")"
+    grep -E '^(fail|warn) ' "$logs/doctor.log" | head -n 12 | sed 's/^/    /' || true
+  fi
   if want tests; then
     if compgen -G "$bin/test_gpu*" >/dev/null || compgen -G "$bin/tests/test_gpu*" >/dev/null; then
       run_step gpu-tests 150 bash -c gpu_tests

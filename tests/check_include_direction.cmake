@@ -1,7 +1,8 @@
 # The include-direction test: reads the #include "..." lines of every source under the
 # library folders and fails when a folder includes one it must not (docs/ARCHITECTURE.md):
-#   core <- kernels <- layers <- engine <- observe <- run <- tools
+#   core <- kernels <- layers <- engine <- observe <- run <- health <- tools
 #   core <- io, comm, checkpoints   (used by engine and run); core <- spot (used by run)
+# (health: the checks `spotrain doctor` and the tests share, such as the op suite's cases)
 # Each folder below is one node of that picture; kernels/cpu and kernels/cuda are nodes of
 # their own, so the table says that they never include each other. Run: cmake -DROOT=<src> -P this.
 if(NOT ROOT)
@@ -21,9 +22,10 @@ set(allowed_spot "core")
 set(allowed_engine "core;kernels;layers;io;comm;checkpoints")
 set(allowed_observe "core;kernels;layers;io;comm;checkpoints;engine")
 set(allowed_run "core;kernels;layers;io;comm;checkpoints;spot;engine;observe")
-set(allowed_tools "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run")
+set(allowed_health "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run")
+set(allowed_tools "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run;health")
 set(folders core kernels kernels/cpu kernels/cuda layers io comm checkpoints spot engine observe
-    run tools)
+    run health tools)
 
 # The folder (node) a path belongs to: its longest prefix among `folders`.
 function(folder_of path out)

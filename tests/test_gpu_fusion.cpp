@@ -177,13 +177,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvStats, ::testing::ValuesIn(cases()),
 
 // Two layers fused the way the training path runs them (--fusion bn): conv1 with the
 // statistics of its output, the batch-norm finalize (launch_bn_stats_from_sums,
-// launch_bn_scale_bias), then conv2 reading relu(bn1(y1)) through its prologue, against the
-// backend's own ops (conv2d_forward, batchnorm_forward_train with ReLU, conv2d_forward) on the
-// same rounded inputs.
-TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
-  if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
-  const ConvShape s1{DType::f16, 4, 64, 28, 28, 64, 3, 3, 1, 1};
-  const ConvShape s2{DType::f16, 4, 64, 28, 28, 256, 1, 1, 1, 0};
+// launch_bn_scale_bias, the scale and bias in the type the prologue graph took: fp32 for
+// bf16), then conv2 reading relu(bn1(y1)) through its prologue, against the backend's own ops
+// (conv2d_forward, batchnorm_forward_train with ReLU, conv2d_forward) on the same rounded
+// inputs, in fp16 and in bf16.
+void conv_bn_relu_conv_matches_the_backend_ops(DType dt) {
+  const ConvShape s1{dt, 4, 64, 28, 28, 64, 3, 3, 1, 1};
+  const ConvShape s2{dt, 4, 64, 28, 28, 256, 1, 1, 1, 0};
   Handle handle;
   ConvStatsGraph g1(handle.h, s1), g2(handle.h, s2, /*bn_relu_prologue=*/true);
   if (!g1.accepted()) GTEST_SKIP() << "cuDNN refused conv + statistics: " << g1.refusal();
@@ -192,7 +192,7 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   // Inputs rounded to fp16 on the host, so both paths start from the same values: x in NHWC,
   // the weights as fp32 OIHW for the backend and fp16 KRSC for the graphs.
   Philox rng(23, 5);
-  auto rounded = [&](float v, uint16_t* bits) { return round_into(DType::f16, v, bits); };
+  auto rounded = [&](float v, uint16_t* bits) { return round_into(dt, v, bits); };
   Tensor hx = Tensor::host({s1.n, s1.c, s1.h, s1.w}, DType::f32, Layout::nhwc);
   std::vector<uint16_t> xb(size_t(hx.numel()));
   for (size_t i = 0; i < xb.size(); ++i) hx.data<float>()[i] = rounded(rng.normal(), &xb[i]);
@@ -222,7 +222,7 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
       dy1(size_t(m1 * s1.k) * 2), dy2(size_t(s2.n * s2.p() * s2.q() * s2.k) * 2),
       dsum1(size_t(s1.k) * 4), dsq1(size_t(s1.k) * 4), dsum2(size_t(s2.k) * 4), dsq2(size_t(s2.k) * 4),
       dgamma(gamma.size() * 4), dbeta(beta.size() * 4), dmean(size_t(s1.k) * 4),
-      dinvstd(size_t(s1.k) * 4), dvar(size_t(s1.k) * 4), dscale(size_t(s1.k) * 2), dbias(size_t(s1.k) * 2),
+      dinvstd(size_t(s1.k) * 4), dvar(size_t(s1.k) * 4), dscale(size_t(s1.k) * 4), dbias(size_t(s1.k) * 4),
       ws(std::max(g1.workspace_bytes(), g2.workspace_bytes()));
   CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dw1.p, w1b.data(), w1b.size() * 2, cudaMemcpyHostToDevice));
@@ -235,7 +235,7 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
                             static_cast<float*>(dinvstd.p), nullptr);
   launch_bn_scale_bias(static_cast<float*>(dmean.p), static_cast<float*>(dvar.p),
                        static_cast<float*>(dgamma.p), static_cast<float*>(dbeta.p), int(s1.k), eps,
-                       dscale.p, dbias.p, DType::f16, nullptr);
+                       dscale.p, dbias.p, g2.scale_bias_dtype(), nullptr);
   g2.run(dy1.p, dw2.p, dy2.p, static_cast<float*>(dsum2.p), static_cast<float*>(dsq2.p), ws.p,
          dscale.p, dbias.p);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -254,7 +254,7 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   be->copy(be->from_host(hg), g);
   be->copy(be->from_host(hb), b);
   Tensor w1 = be->from_host(hw1), w2 = be->from_host(hw2);
-  Tensor y1 = be->conv2d_forward(be->upload_images(hx, DType::f16), w1, ConvParams{3, 3, 1, 1});
+  Tensor y1 = be->conv2d_forward(be->upload_images(hx, dt), w1, ConvParams{3, 3, 1, 1});
   BnSaved saved;
   Tensor a1 = be->batchnorm_forward_train(y1, g, b, eps, /*relu=*/true, saved);
   Tensor y2 = be->conv2d_forward(a1, w2, ConvParams{1, 1, 1, 0});
@@ -264,21 +264,36 @@ TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
   // conversion: compared element by element as it lay, it was compared against the wrong
   // elements (on an H200: 794,177 of 802,816 "off by up to 5.75").
   Tensor fused_nhwc = Tensor::host(y2.shape(), DType::f32, Layout::nhwc);
-  for (size_t i = 0; i < y2b.size(); ++i) fused_nhwc.data<float>()[i] = half_to_float(y2b[i]);
+  for (size_t i = 0; i < y2b.size(); ++i)
+    fused_nhwc.data<float>()[i] = dt == DType::f16 ? half_to_float(y2b[i]) : bf16_to_float(y2b[i]);
   Tensor fused = make_backend("cpu", BackendOptions{})->to_host(fused_nhwc);
   ASSERT_EQ(fused.numel(), ref.numel());
 
+  // bf16 keeps 8 significant bits to fp16's 11: its tolerances are eight times fp16's, as in
+  // ConvStats above.
+  const double tol = dt == DType::f16 ? 1e-2 : 8e-2, mean_tol = dt == DType::f16 ? 2e-3 : 1.6e-2;
   for (int64_t c = 0; c < s1.k; ++c)
-    EXPECT_NEAR(mean[size_t(c)], ref_mean.data<float>()[c], 2e-3 * (std::fabs(ref_mean.data<float>()[c]) + 1))
+    EXPECT_NEAR(mean[size_t(c)], ref_mean.data<float>()[c], mean_tol * (std::fabs(ref_mean.data<float>()[c]) + 1))
         << "batch-norm mean of channel " << c;
   int64_t bad = 0;
   double worst = 0;
   for (int64_t i = 0; i < ref.numel(); ++i) {
     const double want = ref.data<float>()[i], got = fused.data<float>()[i];
     worst = std::max(worst, std::fabs(got - want));
-    bad += std::fabs(got - want) > 1e-2 * (std::fabs(want) + 1.0);
+    bad += std::fabs(got - want) > tol * (std::fabs(want) + 1.0);
   }
   EXPECT_EQ(bad, 0) << "fused conv2 outputs away from the backend's; largest difference " << worst;
+}
+
+TEST(FusedForward, ConvBnReluConvMatchesTheBackendOps) {
+  if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
+  conv_bn_relu_conv_matches_the_backend_ops(DType::f16);
+}
+
+// cuDNN documents the statistics node for fp16 only: a refusal skips with its reason.
+TEST(FusedForward, ConvBnReluConvMatchesTheBackendOpsBf16) {
+  if (!cuda_backend_ready()) GTEST_SKIP() << "no CUDA device";
+  conv_bn_relu_conv_matches_the_backend_ops(DType::bf16);
 }
 
 }  // namespace

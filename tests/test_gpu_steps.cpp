@@ -26,6 +26,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "core/philox.h"
+#include "engine/fast_paths.h"
 #include "engine/step.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
@@ -112,14 +113,7 @@ std::vector<float> values(Backend& be, const Tensor& t) {
 // ||got - want|| / ||want||; infinite when got has a NaN or inf where want has none (an
 // unwritten, poisoned element) or the sizes differ.
 double nerr(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return kInf;
-  double d = 0, w = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isfinite(want[i]) && !std::isfinite(got[i])) return kInf;
-    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    w += double(want[i]) * want[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(w), 1e-30);
+  return normalized_difference(got, want);
 }
 
 // ---- whole steps -----------------------------------------------------------------------------
@@ -135,7 +129,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const char* fusion = "none") {
   r.be = std::move(be);
   ResNetOptions o;
   o.arch = "resnet20";
-  o.fusion = fusion;
+  o.fusion_links = o.fusion_on = std::string(fusion) == "bn";
   o.in_channels = 1;
   o.num_classes = 10;
   r.model = std::make_unique<Model>(build_resnet(o), *r.be);

@@ -3,10 +3,16 @@
 // the shortcut's gradient (seen through an OpProfiler), and gradient checkpointing: every mode
 // gives bitwise the same gradients and running statistics as the plain graph.
 // Inputs are fresh Philox draws (never zeros); outputs and gradients are NaN-poisoned first.
+#include <cstdio>
 #include <functional>
 #include <set>
 
+#include "comm/communicator.h"
+#include "core/test_hooks.h"
+#include "engine/fast_paths.h"
 #include "engine/fusion_choice.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/tuning_cache.h"
 #include "layer_test_util.h"
 #include "layers/fusion_chain.h"
 
@@ -43,11 +49,21 @@ void randomize_params(Layer& l, uint32_t stream) {
   }
 }
 
+// --fusion as the engine builds the model with it (plan_fusion, on the CPU at fp32): none, bn
+// (linked and fused) or auto (linked and apart, each chain to be switched).
+void set_fusion_option(ResNetOptions& o, const std::string& fusion) {
+  static const std::unique_ptr<Backend> be = cpu_backend(1);
+  const FusionPlan p = plan_fusion(fusion, *be, DType::f32);
+  EXPECT_FALSE(p.choose) << "the CPU composes the fused ops: nothing to time";
+  o.fusion_links = p.links;
+  o.fusion_on = p.on;
+}
+
 // A block of resnet20 as build_resnet makes it: stage 0..2, block index.
 std::unique_ptr<Layer> resnet20_block(int stage, int index, const char* fusion = "none") {
   ResNetOptions o;
   o.arch = "resnet20";
-  o.fusion = fusion;
+  set_fusion_option(o, fusion);
   auto net = build_resnet(o);
   auto layers = net->release();  // conv1, bn1, layer1, layer2, layer3, avgpool, fc
   auto* st = dynamic_cast<Sequential*>(layers.at(size_t(2 + stage)).get());
@@ -283,7 +299,7 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
                            const std::function<void(Model&)>& prepare = nullptr) {
   ResNetOptions o;
   o.arch = "resnet20";
-  o.fusion = fusion;
+  set_fusion_option(o, fusion);
   o.in_channels = 1;
   o.num_classes = 10;
   o.grad_checkpoint = mode;
@@ -464,7 +480,7 @@ std::unique_ptr<Model> auto_fused_resnet(Backend& be, const std::string& arch, i
                                          uint64_t seed) {
   ResNetOptions o;
   o.arch = arch;
-  o.fusion = "auto";
+  set_fusion_option(o, "auto");
   o.in_channels = in_channels;
   auto m = std::make_unique<Model>(build_resnet(o), be);
   m->initialize(seed);
@@ -478,16 +494,22 @@ FusionVerdict verdict_of(const std::vector<FusionVerdict>& v, const std::string&
   return it == v.end() ? FusionVerdict{} : *it;
 }
 
-// choose_fusion times every chain both ways on the inputs an evaluation forward meets (on the
-// CPU here, which the engine itself never times), once per shape, switches each as its verdict
-// says, and changes no weight or running statistic.
-TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
+// choose_fusion times every chain both ways on the inputs a scratch training forward meets (on
+// the CPU here, which the engine itself never times), once per shape, checks in the same runs
+// that the fused chain computes what its layers apart do (on the CPU both compose the same
+// ops: the check passes and is recorded so), switches each as its verdict says, and changes
+// no weight, running statistic or gradient.
+TEST(FusionAuto, TimingGivesEachChainAVerdictChecksItAndTouchesNoState) {
   auto be = cpu_backend(1);
   const auto model = auto_fused_resnet(*be, "resnet20", 1, 7);
   Model& m = *model;
   const Floats p0 = host_floats(*be, m.flat_params()), b0 = host_floats(*be, m.flat_buffers());
+  be->fill(m.flat_grads(), 0.25f);
   Tensor x = be->upload_images(make_tensor(normals(8 * 12 * 12, 90), {8, 1, 12, 12}, Layout::nhwc));
-  const std::vector<FusionVerdict> v = choose_fusion(m, x);
+  FastPathChecks checks("", "cpu test");
+  const std::vector<FusionVerdict> v = choose_fusion(m, x, &checks);
+  EXPECT_TRUE(checks.checked(kFastPathFusion));
+  EXPECT_FALSE(checks.off(kFastPathFusion)) << checks.why_off(kFastPathFusion);
   ASSERT_EQ(v.size(), 9u);
   std::vector<FusionChain> chains = fusion_chains(m.net());
   std::set<std::string> names;
@@ -507,8 +529,212 @@ TEST(FusionAuto, TimingGivesEachChainAVerdictAndTouchesNoState) {
   EXPECT_EQ(first.apart_ms, third.apart_ms);
   EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_params()), p0)) << "weights changed";
   EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_buffers()), b0)) << "running statistics changed";
+  const Floats g = host_floats(*be, m.flat_grads());
+  EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float f) { return f == 0.25f; })) << "gradients written";
   EXPECT_NE(fusion_summary(v).find("of 9 conv + BN+ReLU + conv chains fused"), std::string::npos)
       << fusion_summary(v);
+}
+
+// ---- --fusion auto's first-use check, kernel cache and ranks --------------------------------
+
+// SPOTRAIN_WRONG_OP for the test's length: the backend doubles the named op's output.
+class PlantWrongOp {
+ public:
+  explicit PlantWrongOp(const std::string& op) { test_hooks_for_test().wrong_ops = {op}; }
+  ~PlantWrongOp() { test_hooks_for_test().wrong_ops.clear(); }
+};
+
+// The CPU backend with a kernel cache (a GPU's has one; the CPU's has none) and a count of the
+// fused forward ops it ran.
+class CachingCpu final : public cpu::CpuBackend {
+ public:
+  CachingCpu() : cpu::CpuBackend(BackendOptions{1, false}) {}
+  TuningCache* tuning_cache() override { return &cache; }
+  TuningCache cache{"", "cpu test"};
+  int fused_forwards = 0;
+
+ protected:
+  Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
+                                      const BnApply* pro, float eps, BnSaved* stats) override {
+    ++fused_forwards;
+    return cpu::CpuBackend::conv2d_forward_bn_stats_impl(x, w, p, pro, eps, stats);
+  }
+};
+
+Tensor resnet20_batch(Backend& be) {
+  return be.upload_images(make_tensor(normals(8 * 12 * 12, 90), {8, 1, 12, 12}, Layout::nhwc));
+}
+
+std::string temp_file(const std::string& name) {
+  const std::string f = ::testing::TempDir() + name;
+  std::remove(f.c_str());
+  return f;
+}
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+struct WrongOp {
+  const char* op;      // the op planted wrong
+  const char* tensor;  // what the warning names as differing
+};
+class FusionAutoWrongOp : public ::testing::TestWithParam<WrongOp> {};
+
+// A planted wrong fused kernel (forward, or backward): the check of the first chain's timing
+// runs finds it, and every chain runs apart for the whole run, with one warning naming the
+// chain, the tensor and the difference, recorded in the fast paths' verdicts (their file too,
+// so a restart on this device does not try again). The model is left as it was.
+TEST_P(FusionAutoWrongOp, TurnsEveryChainOffWithOneWarningAndIsRecorded) {
+  auto be = cpu_backend(1);
+  const auto model = auto_fused_resnet(*be, "resnet20", 1, 7);
+  Model& m = *model;
+  const Floats p0 = host_floats(*be, m.flat_params()), b0 = host_floats(*be, m.flat_buffers());
+  const std::string file = temp_file("fusion-wrong-op-fast-paths.json");
+  FastPathChecks checks(file, "cpu test");
+  Tensor x = resnet20_batch(*be);
+  std::vector<FusionVerdict> v;
+  testing::internal::CaptureStdout();
+  {
+    PlantWrongOp plant(GetParam().op);
+    v = choose_fusion(m, x, &checks);
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(v.empty());
+  for (const FusionChain& c : fusion_chains(m.net())) EXPECT_FALSE(c.fused()) << c.name();
+  ASSERT_TRUE(checks.off(kFastPathFusion));
+  const std::string why = checks.why_off(kFastPathFusion);
+  EXPECT_NE(why.find("layer1.0.conv1+bn1+conv2"), std::string::npos) << why;
+  EXPECT_NE(why.find(GetParam().tensor), std::string::npos) << why;
+  EXPECT_NE(why.find("normalized difference of 1.00e+00"), std::string::npos) << why;
+  EXPECT_EQ(count_of(out, "warning:"), 1) << out;
+  EXPECT_NE(out.find(why), std::string::npos) << out;
+  EXPECT_EQ(out.find("--fusion auto: 0 of"), std::string::npos) << "no summary: " << out;
+  EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_params()), p0)) << "weights changed";
+  EXPECT_TRUE(bitwise_equal(host_floats(*be, m.flat_buffers()), b0)) << "running statistics changed";
+  FastPathChecks restarted(file, "cpu test");
+  EXPECT_TRUE(restarted.off(kFastPathFusion));
+  std::remove(file.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, FusionAutoWrongOp,
+    ::testing::Values(WrongOp{"bn_relu+conv2d_forward+stats", "the output of layer1.0.conv2"},
+                      WrongOp{"conv2d_backward+bn_relu", "the input gradient of layer1.0.bn1"}),
+    [](const ::testing::TestParamInfo<WrongOp>& i) {
+      return std::string(i.index == 0 ? "forward" : "backward");
+    });
+
+// Where the fast paths' verdicts say fusion is off on this device (a check failed in a run
+// before), nothing is run fused, timed or checked: every chain runs apart, and one line says why.
+TEST(FusionAuto, AFailedCheckKeptFromBeforeSkipsTheTiming) {
+  const std::string file = temp_file("fusion-off-fast-paths.json");
+  testing::internal::CaptureStdout();
+  FastPathChecks(file, "cpu test").failed(kFastPathFusion, "an earlier difference");
+  testing::internal::GetCapturedStdout();
+  FastPathChecks checks(file, "cpu test");
+  ASSERT_TRUE(checks.off(kFastPathFusion));
+  CachingCpu be;
+  const auto model = auto_fused_resnet(be, "resnet20", 1, 7);
+  testing::internal::CaptureStdout();
+  const std::vector<FusionVerdict> v = choose_fusion(*model, resnet20_batch(be), &checks);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(v.empty());
+  EXPECT_EQ(be.fused_forwards, 0) << "a chain ran fused";
+  EXPECT_FALSE(checks.checked(kFastPathFusion)) << "checked again";
+  EXPECT_EQ(be.cache.unsaved(), 0u);
+  for (const FusionChain& c : fusion_chains(model->net())) EXPECT_FALSE(c.fused()) << c.name();
+  EXPECT_EQ(count_of(out, "\n"), 1) << "one line: " << out;
+  EXPECT_NE(out.find("--fusion auto: every chain runs apart, untimed"), std::string::npos) << out;
+  EXPECT_NE(out.find("an earlier difference"), std::string::npos) << out;
+  std::remove(file.c_str());
+}
+
+// The verdicts go to the backend's kernel cache, one per chain shape; a model meeting the same
+// shapes (a restart) takes them from there untimed, and still checks each shape's fused run
+// against its run apart, once.
+TEST(FusionAuto, VerdictsAreKeptInTheKernelCacheAndTakenFromItUntimed) {
+  CachingCpu be;
+  const auto first = auto_fused_resnet(be, "resnet20", 1, 7);
+  const std::vector<FusionVerdict> timed = choose_fusion(*first, resnet20_batch(be));
+  ASSERT_EQ(timed.size(), 9u);
+  // resnet20's chain shapes: layer1's blocks, layer2.0, layer2's other two, layer3.0, the rest.
+  EXPECT_EQ(be.cache.unsaved(), 5u);
+  // Timed: once to warm up and three times per shape; a basic chain runs two fused forward ops.
+  EXPECT_EQ(be.fused_forwards, 5 * 4 * 2);
+  for (const FusionVerdict& f : timed) EXPECT_FALSE(f.cached) << f.chain;
+
+  be.fused_forwards = 0;
+  const auto again = auto_fused_resnet(be, "resnet20", 1, 8);
+  FastPathChecks checks("", "cpu test");
+  const std::vector<FusionVerdict> cached = choose_fusion(*again, resnet20_batch(be), &checks);
+  ASSERT_EQ(cached.size(), timed.size());
+  EXPECT_EQ(be.fused_forwards, 5 * 1 * 2) << "timed again";
+  EXPECT_TRUE(checks.checked(kFastPathFusion));
+  EXPECT_FALSE(checks.off(kFastPathFusion));
+  std::vector<FusionChain> chains = fusion_chains(again->net());
+  for (size_t i = 0; i < cached.size(); ++i) {
+    EXPECT_TRUE(cached[i].cached) << cached[i].chain;
+    EXPECT_EQ(cached[i].chain, timed[i].chain);
+    EXPECT_EQ(cached[i].fused, timed[i].fused) << cached[i].chain;
+    EXPECT_EQ(cached[i].fused_ms, timed[i].fused_ms) << cached[i].chain;
+    EXPECT_EQ(cached[i].apart_ms, timed[i].apart_ms) << cached[i].chain;
+    EXPECT_EQ(chains[i].fused(), cached[i].fused) << chains[i].name();
+  }
+  EXPECT_NE(fusion_summary(cached).find("9 as the kernel cache had them, untimed"), std::string::npos)
+      << fusion_summary(cached);
+}
+
+// Rank 1 of two, as its collectives see it: rank 0's on/off list arrives by broadcast, and the
+// all-gather says whether rank 0 can fuse.
+class SecondOfTwoRanks final : public Communicator {
+ public:
+  std::vector<uint8_t> rank0_on;  // what rank 0 broadcasts
+  bool rank0_cannot = false;
+  int rank() const override { return 1; }
+  int size() const override { return 2; }
+  int local_rank() const override { return 1; }
+  std::string name() const override { return "two ranks (test)"; }
+  void allreduce_sum(void*, int64_t, DType) override { ADD_FAILURE() << "no all-reduce expected"; }
+  void broadcast(void* data, size_t bytes, int root) override {
+    EXPECT_EQ(root, 0);
+    ASSERT_EQ(bytes, rank0_on.size());
+    std::memcpy(data, rank0_on.data(), bytes);
+  }
+  void barrier() override {}
+  std::vector<uint64_t> allgather(uint64_t value) override { return {rank0_cannot ? 1u : 0u, value}; }
+  [[noreturn]] void abort(int) override { std::abort(); }
+};
+
+// Several ranks: every rank runs rank 0's verdicts, whatever its own timing said (the same
+// computation and memory on every rank), and where any rank cannot fuse (its check failed or
+// was off), every rank runs every chain apart.
+TEST(FusionAuto, EveryRankRunsRankZerosVerdicts) {
+  auto be = cpu_backend(1);
+  SecondOfTwoRanks comm;
+  CommWorker worker(comm, 60);
+  comm.rank0_on.assign(9, 0);
+  for (size_t i = 0; i < 9; i += 3) comm.rank0_on[i] = 1;
+  const auto model = auto_fused_resnet(*be, "resnet20", 1, 7);
+  const std::vector<FusionVerdict> v = choose_fusion(*model, resnet20_batch(*be), nullptr, &worker);
+  ASSERT_EQ(v.size(), 9u);
+  std::vector<FusionChain> chains = fusion_chains(model->net());
+  for (size_t i = 0; i < 9; ++i) {
+    EXPECT_EQ(v[i].fused, comm.rank0_on[i] != 0) << v[i].chain;
+    EXPECT_EQ(chains[i].fused(), comm.rank0_on[i] != 0) << chains[i].name();
+  }
+
+  comm.rank0_cannot = true;
+  comm.rank0_on.assign(9, 1);
+  const auto other = auto_fused_resnet(*be, "resnet20", 1, 7);
+  testing::internal::CaptureStdout();
+  const std::vector<FusionVerdict> none = choose_fusion(*other, resnet20_batch(*be), nullptr, &worker);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(none.empty());
+  for (const FusionChain& c : fusion_chains(other->net())) EXPECT_FALSE(c.fused()) << c.name();
+  EXPECT_NE(out.find("every chain runs apart: rank 0 cannot run them fused"), std::string::npos) << out;
 }
 
 // A bottleneck's two links share conv2 and make one chain, decided together: switched on,

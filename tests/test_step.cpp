@@ -9,12 +9,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/test_hooks.h"
+#include "engine/fast_paths.h"
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -455,6 +459,23 @@ TEST(FusionAutoStep, TheCpuRunsTheLayersApartAndAFirstStepCanChoose) {
   }
 }
 
+namespace {
+
+// 8-bit pixels (i * mult + add) % 256 for b's images, whose fp32 values become those pixels
+// normalized as fma(pixel, scale, shift) (one channel).
+Tensor pixels_of(Batch& b, const PixelNorm& norm, int64_t mult, int64_t add) {
+  Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
+  uint8_t* p = static_cast<uint8_t*>(px.write_raw());
+  float* f = b.images.data<float>();
+  for (int64_t i = 0; i < px.numel(); ++i) {
+    p[i] = uint8_t((i * mult + add) % 256);
+    f[i] = std::fma(float(p[i]), norm.scale(0), norm.shift(0));
+  }
+  return px;
+}
+
+}  // namespace
+
 // A batch of 8-bit pixels with its normalization trains exactly as the same batch normalized
 // on the host (the CPU's upload_pixels normalizes as fma(pixel, scale, shift) per channel).
 TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
@@ -468,13 +489,7 @@ TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
   norm.std[0] = 0.3530f;
   for (int step = 0; step < 2; ++step) {
     Batch b = random_batch(8, 70 + uint64_t(step));
-    Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
-    uint8_t* p = static_cast<uint8_t*>(px.write_raw());
-    float* f = b.images.data<float>();
-    for (int64_t i = 0; i < px.numel(); ++i) {
-      p[i] = uint8_t((i * 13 + step * 29) % 256);
-      f[i] = std::fma(float(p[i]), norm.scale(0), norm.shift(0));
-    }
+    Tensor px = pixels_of(b, norm, 13, step * 29);
     StepResult want = ra.run(b.images, b.labels.data(), 0.05f, 0.f);
     StepResult got = ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
     EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
@@ -483,4 +498,158 @@ TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
   Batch b = random_batch(8, 80);
   Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
   EXPECT_THROW(ru.run(px, b.labels.data(), 0.05f, 0.f), Error);  // pixels without their normalization
+}
+
+// ---- first-use checks of the fast paths (engine/fast_paths.h) ----------------------------------
+
+namespace {
+
+// Plants a wrong op (its output doubled: core/test_hooks.h) for as long as it lives.
+struct PlantedWrongOp {
+  explicit PlantedWrongOp(const char* op) { test_hooks_for_test().wrong_ops = {op}; }
+  ~PlantedWrongOp() { test_hooks_for_test().wrong_ops.clear(); }
+};
+
+// A stand-in recorder whose recorded step computes with a wrong convolution: the captured step
+// then differs from the eager step it was recorded from.
+class WrongRecorder : public NotingRecorder {
+ public:
+  using NotingRecorder::NotingRecorder;
+  void begin_recording(int64_t batch, bool mixed) override {
+    NotingRecorder::begin_recording(batch, mixed);
+    test_hooks_for_test().wrong_ops = {"conv2d_forward"};
+  }
+  void end_recording() override {
+    test_hooks_for_test().wrong_ops.clear();
+    NotingRecorder::end_recording();
+  }
+};
+
+}  // namespace
+
+// The first recording is checked against an eager step of the same batch from the same state:
+// alike, the captured steps go on, and the run trains as one whose steps all ran as they come.
+TEST(FastPathChecks, ACapturedStepLikeItsEagerStepStaysOn) {
+  RecorderRun r, eager;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  for (int i = 0; i < 3; ++i) {
+    r.step(8, 60 + uint64_t(i));
+    eager.step(8, 60 + uint64_t(i));
+  }
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8"}));
+  EXPECT_TRUE(r.runner.fast_path_checks().checked(kFastPathCapture));
+  EXPECT_FALSE(r.runner.fast_path_checks().off(kFastPathCapture));
+  EXPECT_TRUE(r.runner.captured());
+  EXPECT_EQ(r.sgd.steps(), 3);
+  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+  EXPECT_EQ(host_copy(r.be, r.sgd.momentum()), host_copy(eager.be, eager.sgd.momentum()));
+}
+
+// A captured step that computes something else is caught on its first use: captured steps go
+// off for the run with one warning naming the difference, the step is run again eagerly from
+// the state before, and the run trains exactly as one that never captured.
+TEST(FastPathChecks, ACapturedStepThatDiffersIsTurnedOffAndTheStepRunsEagerly) {
+  WrongRecorder be{BackendOptions{}};
+  Model model{build_resnet(ResNetOptions{}), be};
+  model.initialize(5);
+  Sgd sgd{model, SgdOptions{}};
+  LossScaler scaler{LossScalerOptions{}};
+  StepRunner runner{model, sgd, scaler, Precision::fp32};
+  RecorderRun eager;
+  EXPECT_EQ(runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < 4; ++i) {
+    Batch b = random_batch(8, 90 + uint64_t(i));
+    runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+    eager.step(8, 90 + uint64_t(i));
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("warning: captured-steps turned off"), std::string::npos) << out;
+  EXPECT_NE(out.find("differs from the eager step"), std::string::npos) << out;
+  EXPECT_EQ(out.find("turned off"), out.rfind("turned off")) << "one warning: " << out;
+  EXPECT_EQ(be.calls, (Calls{"begin 8", "end", "replay 8", "drop"}));
+  EXPECT_FALSE(runner.capturing());
+  EXPECT_TRUE(runner.fast_path_checks().off(kFastPathCapture));
+  EXPECT_NE(runner.capture_failure().find("first-use check"), std::string::npos);
+  EXPECT_EQ(sgd.steps(), 4);
+  EXPECT_EQ(host_copy(be, model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+  EXPECT_EQ(host_copy(be, model.flat_buffers()), host_copy(eager.be, eager.model.flat_buffers()));
+}
+
+// A verdict kept in the run folder holds for a restart on the same device (the path is not
+// tried again) and not on another device; a broken file is a warning and is rewritten.
+TEST(FastPathChecks, AFailedVerdictIsKeptForARestartOnTheSameDevice) {
+  const std::string dir = ::testing::TempDir() + "/spotrain_fast_paths";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/fast-paths.json";
+  {
+    FastPathChecks c(file, "GPU A");
+    testing::internal::CaptureStdout();
+    c.failed(kFastPathCapture, "the loss (eager 2.3, captured 4.6)");
+    testing::internal::GetCapturedStdout();
+    EXPECT_TRUE(c.off(kFastPathCapture));
+    EXPECT_FALSE(c.off(kFastPathFusion));
+  }
+  FastPathChecks again(file, "GPU A"), other(file, "GPU B");
+  EXPECT_TRUE(again.off(kFastPathCapture));
+  EXPECT_NE(again.why_off(kFastPathCapture).find("captured 4.6"), std::string::npos);
+  EXPECT_FALSE(other.off(kFastPathCapture));
+  // The runner of a restart does not record at all, and says why.
+  RecorderRun r;
+  r.runner.set_fast_path_checks(&again);
+  EXPECT_NE(r.runner.use_captured_steps().find("first-use check"), std::string::npos);
+  EXPECT_FALSE(r.runner.capturing());
+  {
+    std::ofstream(file) << "{ not json";
+  }
+  testing::internal::CaptureStdout();
+  FastPathChecks broken(file, "GPU A");
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("cannot be read"), std::string::npos) << out;
+  EXPECT_FALSE(broken.off(kFastPathCapture));
+}
+
+// The 8-bit upload is checked on its first batch against the same images normalized on the
+// host: a wrong upload goes off with one warning, and the batches are then normalized on the
+// host, so the run trains as on the normalized floats.
+TEST(FastPathChecks, AnEightBitUploadThatDiffersIsTurnedOff) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer a(cfg), u(cfg);
+  LossScaler sa{LossScalerOptions{}}, su{LossScalerOptions{}};
+  StepRunner ra(a.model(), a.optimizer(), sa, Precision::fp32), ru(u.model(), u.optimizer(), su, Precision::fp32);
+  PixelNorm norm;
+  norm.mean[0] = 0.2860f;
+  norm.std[0] = 0.3530f;
+  PlantedWrongOp wrong("upload_pixels");
+  testing::internal::CaptureStdout();
+  for (int step = 0; step < 2; ++step) {
+    Batch b = random_batch(8, 170 + uint64_t(step));
+    Tensor px = pixels_of(b, norm, 17, step * 31);
+    StepResult want = ra.run(b.images, b.labels.data(), 0.05f, 0.f);
+    StepResult got = ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
+    EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("warning: 8-bit-upload turned off"), std::string::npos) << out;
+  EXPECT_TRUE(ru.fast_path_checks().off(kFastPathPixels));
+  EXPECT_EQ(host_copy(u.backend(), u.model().flat_params()), host_copy(a.backend(), a.model().flat_params()));
+}
+
+// Without a planted fault the 8-bit upload passes its check and stays on.
+TEST(FastPathChecks, AnEightBitUploadThatMatchesStaysOn) {
+  RunConfig cfg = small_fp16_config();
+  cfg.precision = "fp32";
+  Trainer u(cfg);
+  LossScaler su{LossScalerOptions{}};
+  StepRunner ru(u.model(), u.optimizer(), su, Precision::fp32);
+  PixelNorm norm;
+  Batch b = random_batch(8, 180);
+  Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
+  uint8_t* p = static_cast<uint8_t*>(px.write_raw());
+  for (int64_t i = 0; i < px.numel(); ++i) p[i] = uint8_t((i * 7) % 256);
+  ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
+  EXPECT_TRUE(ru.fast_path_checks().checked(kFastPathPixels));
+  EXPECT_FALSE(ru.fast_path_checks().off(kFastPathPixels));
 }

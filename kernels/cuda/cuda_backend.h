@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cudnn_graph.h"
 #include "kernels/op_profiler.h"
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
@@ -21,12 +22,16 @@
 
 namespace spotrain::cuda {
 
-class FusedGraph;  // cudnn_graph.h
-
 // A caching device allocator (cudaMalloc/cudaFree as its raw source). Each backend has its
 // own, and a captured step another: a block a tensor frees goes back to the pool of the
 // stream that may still be using it, never to another backend's stream.
 Allocator* new_device_allocator();
+// While a step is recorded on this thread, frees of the device pools (a trim: out of memory,
+// a cache limit) are held in `held` (every other thread's too, until the next free after the
+// recording): a wait for the device would invalidate the recording, and its nodes may still
+// use a block its pool gave back. nullptr ends the holding; free_held_blocks frees them.
+void hold_device_frees(std::vector<void*>* held);
+void free_held_blocks(std::vector<void*>& held);
 // The process-wide caching pinned host allocator (cudaHostAlloc/cudaFreeHost): Device::cpu
 // memory the DMA engine reads directly.
 Allocator& pinned_host_allocator();
@@ -62,6 +67,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   DeviceStream* stream() override { return reinterpret_cast<DeviceStream*>(compute_); }
   StepCapture* capture() override { return this; }
   DeviceClock* device_clock() override { return this; }
+  TuningCache* tuning_cache() override { return tuning_.get(); }
   cudaStream_t compute_stream() const { return compute_; }
 
   // StepCapture (cuda_graph.cpp)
@@ -235,6 +241,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   int64_t graph_batch_ = 0, graph_classes_ = 0, graph_rows_ = -1;
   bool graph_mixed_ = false;
   std::vector<Tensor> graph_refs_;
+  // Device blocks a pool gave back while the step was recorded (hold_device_frees): the graph
+  // may use them, so they are freed when it is dropped (or the recording aborted).
+  std::vector<void*> held_frees_;
   // Every tensor made while a step is recorded comes from this backend's own pool, so no
   // tensor outside the graph is ever handed memory the replays write. Made at the first
   // capture; at the backend's end its cache is released and the (empty) allocator left for
@@ -260,6 +269,10 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   void* blas_workspace_ = nullptr;  // cuBLAS's, set once (see the constructor)
   size_t blas_workspace_bytes_ = 0;
   bool fuse_bn_add_ = true;  // batchnorm_add_relu_* through cuDNN's BN_ADD_ACTIVATION
+  // The fused graphs' planning time and its bound (cudnn_graph.h); how many graphs the last
+  // line about it (save_kernel_choices) counted.
+  PlanBudget plan_budget_;
+  int plan_graphs_said_ = 0;
   Tensor workspace_;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;

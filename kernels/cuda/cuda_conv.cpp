@@ -69,14 +69,22 @@ Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) 
   int got = 0;
   size_t limit = workspace_limit();
   CUDNN_CHECK(get_v7(kRoom, &got, perf));
-  // Remembered: the same algorithm and math, if the heuristics still list it as runnable here.
+  // Remembered: the same algorithm, if the heuristics still list it as runnable here, run
+  // with the math it was timed in. Matched on the algorithm alone: FindEx reports the math an
+  // algorithm ran in, which the heuristics may list under another type (an entry matched on
+  // both never matched, and the shape was timed again at every start).
   if (!deterministic && s.autotune && s.cache) {
     if (const TuneVerdict* v = s.cache->find(key)) {
-      for (int i = 0; i < got; ++i) {
-        const Perf* r = pick(perf + i, 1, limit, false, strict);
-        if (r && algo_text(*r) == v->choice) {
-          s.how = "kernel cache: timed " + v->times();
-          return *r;
+      int algo = -1, math = -1;
+      if (std::sscanf(v->choice.c_str(), "algo %d math %d", &algo, &math) == 2 && algo >= 0 && math >= 0) {
+        for (int i = 0; i < got; ++i) {
+          const Perf* r = pick(perf + i, 1, limit, false, strict);
+          if (r && int(r->algo) == algo) {
+            Perf chosen = *r;
+            chosen.mathType = cudnnMathType_t(math);
+            s.how = "kernel cache: timed " + v->times();
+            return chosen;
+          }
         }
       }
     }
@@ -87,11 +95,15 @@ Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) 
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit)
         want = std::max(want, perf[i].memory);
     void* ws = nullptr;
-    // A transient buffer outside the caching allocator: measured once per shape.
+    // A transient buffer outside the caching allocator: measured once per shape. Where it
+    // cannot be had, only the algorithms needing no workspace are timed: a choice for this run
+    // alone, not remembered (the kernel cache would keep it for good).
+    bool partial = false;
     if (want > 0 && cudaMalloc(&ws, want) != cudaSuccess) {
       (void)cudaGetLastError();
       ws = nullptr;
       want = 0;
+      partial = true;
     }
     Perf found[kRoom];
     int nfound = 0;
@@ -106,7 +118,10 @@ Perf choose_algo(AlgoSearch& s, const char* what, GetV7 get_v7, FindEx find_ex) 
         v.runner_up_ms = double(q->time);
       }
       s.how = "timed " + v.times();
-      if (s.cache) s.cache->put(key, std::move(v));
+      if (partial)
+        s.how += " (without a workspace, which could not be allocated: not remembered)";
+      else if (s.cache)
+        s.cache->put(key, std::move(v));
       return *r;
     }
   }
@@ -177,6 +192,9 @@ std::vector<std::string> CudaBackend::conv_choices() const {
                               g.lowered_precision() ? " of lowered precision" : "", ", ", g.how(), ", ",
                               (g.workspace_bytes() + (1 << 20) - 1) >> 20, " MiB",
                               which != kStatsGraph ? str(", ", g.intermediates(), " intermediates") : std::string(),
+                              which != kStatsGraph && which != kDgradGraph
+                                  ? str(", ", dtype_name(g.scale_bias_dtype()), " scale and bias")
+                                  : std::string(),
                               planned, e.fused_ran[which] ? ", ran" : "", ")")
                         : str(", ", name, " graph: refused (", g.refusal(), planned, ")");
   };

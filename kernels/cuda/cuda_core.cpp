@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -30,13 +32,50 @@ void* dev_alloc(size_t bytes) {
   }
   return p;
 }
-// The allocator frees only cached blocks, but a kernel queued before the block was released
-// may still be using it: wait for the device first (cudaFree alone is synchronous only "for
-// most use cases"). Reached when the cache is trimmed (out of memory, cache limit), never in
-// a steady-state step.
+// Frees `p` once the device is idle: the allocator frees only cached blocks, but a kernel
+// queued before the block was released may still be using it (cudaFree alone is synchronous
+// only "for most use cases"). Called from a tensor's release, so it never throws: a failure
+// is reported and cleared, so that it does not surface at an unrelated kernel's check; a
+// block the wait failed for is left allocated rather than freed under work still using it.
+void free_block(void* p) {
+  const cudaError_t waited = cudaDeviceSynchronize();
+  if (waited == cudaSuccess)
+    CUDA_WARN(cudaFree(p));
+  else
+    std::fprintf(stderr, "warning: CUDA call failed: cudaDeviceSynchronize() before freeing a cached "
+                 "device block: %s (the block is kept)\n", cudaGetErrorString(waited));
+  (void)cudaGetLastError();
+}
+
+// Steps being recorded in this process (begin_recording to end/abort_recording), and the
+// blocks of the recording thread's backend held back meanwhile (hold_device_frees).
+std::atomic<int> g_recordings{0};
+thread_local std::vector<void*>* t_held = nullptr;
+// Blocks another thread released while a step was recorded: freed at the next free outside
+// a recording.
+std::mutex g_others_mu;
+std::vector<void*> g_others_held;
+
+// Reached when a cache is trimmed (out of memory, a cache limit), never in a steady-state
+// step. While a step is being recorded nothing is freed: cudaDeviceSynchronize during a stream
+// capture fails and invalidates the recording (its error then surfaces at some later kernel),
+// and the recorded nodes may still use a block the recording's pool gave back.
 void dev_free(void* p, size_t) {
-  (void)cudaDeviceSynchronize();
-  (void)cudaFree(p);
+  if (t_held) {
+    t_held->push_back(p);
+    return;
+  }
+  std::vector<void*> now;
+  {
+    std::lock_guard<std::mutex> lock(g_others_mu);
+    if (g_recordings.load() > 0) {
+      g_others_held.push_back(p);
+      return;
+    }
+    now.swap(g_others_held);
+  }
+  now.push_back(p);
+  for (void* q : now) free_block(q);
 }
 
 // Pinned host memory for loader batches. Loader worker threads allocate it: make the device
@@ -65,6 +104,17 @@ void check_same(const Tensor& a, const Tensor& b, const char* op) {
                  op, ": operands differ: ", a.describe(), " vs ", b.describe());
 }
 }  // namespace
+
+void hold_device_frees(std::vector<void*>* held) {
+  if (held && !t_held) ++g_recordings;
+  if (!held && t_held) --g_recordings;
+  t_held = held;
+}
+
+void free_held_blocks(std::vector<void*>& held) {
+  for (void* p : held) free_block(p);
+  held.clear();
+}
 
 // Never deleted: tensors may outlive the backend whose pool it is (the backend's end leaves it
 // caching nothing), and cudaFree at process exit would race the driver's own teardown.
@@ -128,6 +178,14 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_devic
 }
 
 void CudaBackend::save_kernel_choices() {
+  // After a step (train) or at the end (bench): how long the graphs planned so far took.
+  if (plan_budget_.graphs > plan_graphs_said_) {
+    plan_graphs_said_ = plan_budget_.graphs;
+    log_info(str("fused cuDNN graphs: ", plan_budget_.graphs, " planned in ",
+                 fmt_fixed(plan_budget_.seconds, 1), " s (", plan_budget_.engines, " engines tried, ",
+                 fmt_fixed(plan_budget_.rival_seconds, 1), " s of it on engines to time",
+                 plan_budget_.said_spent ? ": the budget was spent" : "", ")"));
+  }
   if (tuning_ && tuning_->unsaved() > 0) tuning_->save();
 }
 
@@ -142,14 +200,22 @@ int CudaBackend::record_mark() {
 }
 
 std::vector<double> CudaBackend::read_marks_ms() {
-  std::vector<double> ms(marks_used_, 0.0);
-  if (marks_used_ > 0) CUDA_CHECK(cudaEventSynchronize(marks_[marks_used_ - 1]));
-  for (size_t i = 1; i < marks_used_; ++i) {
+  const size_t used = marks_used_;
+  marks_used_ = 0;  // a failed read leaves no stale marks behind either
+  std::vector<double> ms(used, 0.0);
+  // A failure is thrown (a caller such as --fusion auto's timing may go on without it) with
+  // the error cleared, so that it does not surface again at an unrelated kernel's check.
+  auto check = [](cudaError_t st, const char* call) {
+    if (st == cudaSuccess) return;
+    (void)cudaGetLastError();
+    SPOTRAIN_THROW("CUDA call failed: ", call, " reading the device clock's marks: ", cuda_msg(st));
+  };
+  if (used > 0) check(cudaEventSynchronize(marks_[used - 1]), "cudaEventSynchronize");
+  for (size_t i = 1; i < used; ++i) {
     float v = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&v, marks_[0], marks_[i]));
+    check(cudaEventElapsedTime(&v, marks_[0], marks_[i]), "cudaEventElapsedTime");
     ms[i] = v;
   }
-  marks_used_ = 0;
   return ms;
 }
 

@@ -22,8 +22,11 @@ FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
     // Planning finalizes engines (no kernel runs), but a step being recorded meets no new
     // shape: the eager warm-up steps plan every graph first.
     SPOTRAIN_CHECK(!capturing_, "internal: a fusion graph first planned while capturing a step");
-    // Timed at its first run and remembered per shape (--autotune, --kernel-cache).
-    GraphTuning t{opt_.autotune, tuning_.get(), str("graph ", fusion_graph_name(which), " ", e.key)};
+    // Timed at its first run and remembered per shape (--autotune, --kernel-cache), within
+    // the run's planning budget.
+    GraphTuning t{opt_.autotune, tuning_.get(), str("graph ", fusion_graph_name(which), " ", e.key),
+                  &plan_budget_};
+    ++plan_budget_.graphs;
     try {
       switch (which) {
         case kStatsGraph: slot = std::make_unique<ConvStatsGraph>(dnn_, e.shape, false, true, t); break;
@@ -48,6 +51,9 @@ bool CudaBackend::run_fused(ConvEntry& e, int which, const std::function<void()>
     try {
       run();
     } catch (const Error& err) {
+      // Handled (the separate ops run instead): a CUDA error the failed run left pending is
+      // cleared, or it would surface at the next kernel's check.
+      (void)cudaGetLastError();
       e.fused[which]->failed_to_run(err.what());
       return false;
     }
@@ -57,7 +63,8 @@ bool CudaBackend::run_fused(ConvEntry& e, int which, const std::function<void()>
 }
 
 namespace {
-// The prologue's scale and bias in x's dtype: x * scale + bias = bn(x) with pro's statistics.
+// The prologue's scale and bias in `dt` (the graph's scale_bias_dtype()): x * scale + bias =
+// bn(x) with pro's statistics.
 void scale_bias(const BnApply& pro, DType dt, Tensor& scale, Tensor& bias, cudaStream_t s) {
   launch_bn_scale_bias(pro.mean.data<float>(), pro.var.data<float>(), pro.gamma.data<float>(),
                        pro.beta.data<float>(), int(pro.gamma.numel()), pro.eps, scale.raw(),
@@ -77,6 +84,7 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
   if (!g) return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1), k = w.dim(0);
+  const WorkspaceFn shared_workspace = [this](size_t bytes) { return workspace(bytes); };
   Tensor y = alloc({x.dim(0), k, e.oh, e.ow}, dt, Layout::nhwc);
   // sum and sum of squares, each at a 16-byte aligned offset
   const int64_t k4 = (k + 3) / 4 * 4;
@@ -93,12 +101,12 @@ Tensor CudaBackend::conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& 
     SPOTRAIN_CHECK(pro->gamma.numel() == c && pro->mean.numel() == c,
                    "conv2d_forward_bn_stats: the prologue has ", pro->gamma.numel(),
                    " channels, the input ", x.describe());
-    scale = alloc({c}, dt);
-    bias = alloc({c}, dt);
-    scale_bias(*pro, dt, scale, bias, compute_);
+    scale = alloc({c}, g->scale_bias_dtype());
+    bias = alloc({c}, g->scale_bias_dtype());
+    scale_bias(*pro, g->scale_bias_dtype(), scale, bias, compute_);
   }
   if (!run_fused(e, which, [&] {
-        g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, workspace(g->workspace_bytes()),
+        g->run(x.raw(), weights_as(w, dt), y.raw(), sum, sqsum, shared_workspace,
                pro ? scale.raw() : nullptr, pro ? bias.raw() : nullptr);
       }))
     return composed_conv2d_forward_bn_stats(x, w, p, pro, eps, stats);
@@ -129,6 +137,7 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
     return composed_conv2d_backward_bn_relu(dy, w, x, p, pro, saved, dw, dgamma, dbeta);
   const DType dt = x.dtype();
   const int64_t c = x.dim(1);
+  const WorkspaceFn shared_workspace = [this](size_t bytes) { return workspace(bytes); };
   // relu(bn(x)), the convolution's input, made only for a part whose graph cuDNN refused.
   Tensor a;
   auto applied = [&]() -> const Tensor& {
@@ -140,11 +149,11 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
   // The weight gradient, in the filter's (O, H, W, I) layout and x's dtype, then into dw.
   bool wgrad_done = false;
   if (wg) {
-    Tensor scale = alloc({c}, dt), bias = alloc({c}, dt);
-    scale_bias(pro, dt, scale, bias, compute_);
+    Tensor scale = alloc({c}, wg->scale_bias_dtype()), bias = alloc({c}, wg->scale_bias_dtype());
+    scale_bias(pro, wg->scale_bias_dtype(), scale, bias, compute_);
     Tensor tmp(dw.shape(), dt, allocator(), Layout::nhwc);
     wgrad_done = run_fused(e, kWgradGraph, [&] {
-      wg->run(x.raw(), dy.raw(), tmp.raw(), scale.raw(), bias.raw(), workspace(wg->workspace_bytes()));
+      wg->run(x.raw(), dy.raw(), tmp.raw(), scale.raw(), bias.raw(), shared_workspace);
     });
     if (wgrad_done)
       launch_ohwi_to_oihw(tmp.raw(), dt, dw.data<float>(), int(dw.dim(0)), int(dw.dim(1)),
@@ -180,7 +189,7 @@ Tensor CudaBackend::conv2d_backward_bn_relu_impl(const Tensor& dy, const Tensor&
   args.eq_dy = out + 2 * c4;
   args.eq_x = out + 3 * c4;
   args.eq_bias = out + 4 * c4;
-  if (!run_fused(e, kDgradGraph, [&] { dg->run(args, workspace(dg->workspace_bytes())); }))
+  if (!run_fused(e, kDgradGraph, [&] { dg->run(args, shared_workspace); }))
     return composed_dgrad();
   CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), args.dgamma, size_t(c) * 4, cudaMemcpyDeviceToDevice,
                              compute_));

@@ -30,11 +30,13 @@ void CudaBackend::begin_recording(int64_t batch, bool mixed) {
   // graph's for good), and loader threads keep allocating pinned memory meanwhile.
   CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
+  hold_device_frees(&held_frees_);  // no pool trim frees (or waits for the device) meanwhile
 }
 
 void CudaBackend::end_recording() {
   SPOTRAIN_CHECK(capturing_, "internal: end_recording without begin_recording");
   capturing_ = false;
+  hold_device_frees(nullptr);  // what was held stays allocated for the graph, until drop()
   cudaGraph_t g = nullptr;
   CUDA_CHECK(cudaStreamEndCapture(compute_, &g));
   const bool whole = loss_rows_ > 0 && graph_classes_ > 0;
@@ -52,11 +54,13 @@ void CudaBackend::end_recording() {
 void CudaBackend::abort_recording() {
   if (!capturing_) return;
   capturing_ = false;
+  hold_device_frees(nullptr);
   cudaGraph_t g = nullptr;
   if (cudaStreamEndCapture(compute_, &g) == cudaSuccess && g) (void)cudaGraphDestroy(g);
   (void)cudaGetLastError();
   loss_rows_ = -1;
   graph_refs_.clear();
+  free_held_blocks(held_frees_);  // no graph uses them now
 }
 
 void CudaBackend::replay(const StepInputs& in) {
@@ -106,6 +110,7 @@ void CudaBackend::drop() {
   }
   graph_exec_ = nullptr;
   graph_refs_.clear();
+  free_held_blocks(held_frees_);
   graph_loss_host_ = Tensor();
   graph_in_ = Tensor();
   graph_in_host_ = Tensor();

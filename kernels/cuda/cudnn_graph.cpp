@@ -157,6 +157,17 @@ BackendDesc conv_descriptor(const ConvShape& sh) {
   return conv;
 }
 
+// The operands of one run: tensors by unique id, and the workspace.
+BackendDesc variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+                         void* workspace) {
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  CUDNN_CHECK(pack.finalize());
+  return pack;
+}
+
 void check_aligned(const std::vector<void*>& ptrs) {
   for (const void* p : ptrs)
     SPOTRAIN_CHECK(p && (reinterpret_cast<uintptr_t>(p) & 15) == 0,
@@ -234,10 +245,25 @@ bool FusedGraph::plan_remembered(DType dt, bool retry_16bit) {
   return true;
 }
 
+void FusedGraph::spend(double seconds) {
+  PlanBudget* b = tuning_.budget;
+  if (!b) return;
+  b->seconds += seconds;
+  if (b->said_spent || b->rival_seconds < b->limit) return;
+  b->said_spent = true;
+  log_info(str("fused cuDNN graphs: planning took ", fmt_fixed(b->seconds, 1), " s for ", b->graphs,
+               " graphs (", b->engines, " engines tried), ", fmt_fixed(b->rival_seconds, 1),
+               " s of it on engines to time against the first, this run's budget of ",
+               fmt_fixed(b->limit, 0), " s: the graphs planned from now on take the heuristics' "
+               "first engine untimed (a restart times them)"));
+}
+
 void FusedGraph::plan_either(DType dt, bool retry_16bit) {
   const double t0 = now_seconds();
+  budget_cut_ = false;
   if (plan_remembered(dt, retry_16bit)) {
     plan_seconds_ = now_seconds() - t0;
+    spend(plan_seconds_);
     return;
   }
   attempt(CUDNN_DATA_FLOAT, -1, -1);
@@ -249,13 +275,39 @@ void FusedGraph::plan_either(DType dt, bool retry_16bit) {
     else refusal_ = str("fp32 intermediates: ", first, "; ", dtype_name(dt), " intermediates: ", refusal_);
   }
   if (accepted_ && plans_.size() > 1) how_ = str(plans_.size(), " engines planned, to be timed at the first run");
-  if (accepted_ && plans_.size() == 1) {
+  if (accepted_ && plans_.size() == 1 && budget_cut_) {
+    // Not remembered: a restart, with a budget of its own, plans its rivals and times them.
+    how_ = str("heuristics' first, untimed (this run's planning budget of ",
+               fmt_fixed(tuning_.budget->limit, 0), " s was spent)");
+  } else if (accepted_ && plans_.size() == 1) {
     how_ = tuning_.autotune ? "the only engine that planned" : "heuristics' first";
     // Remembered too: a restart then plans this engine alone instead of trying the others.
     if (tuning_.autotune && tuning_.cache && plans_.front().engine >= 0)
       tuning_.cache->put(tuning_.key, TuneVerdict{choice_text(plans_.front()), 0, "", 0});
   }
   plan_seconds_ = now_seconds() - t0;
+  spend(plan_seconds_);
+}
+
+// bf16's scale and bias rounded to bf16 (8 significant bits) move x * scale + bias by up to
+// about 2^-9 of its terms, while the data-gradient graph makes the batch norm's output again
+// from fp32 statistics: an element that near zero took the other side of the ReLU there than
+// in the forward. In fp32 the two agree to fp32 rounding. cuDNN's runtime-fusion engines take
+// fp32 per-channel operands (the data-gradient graph's are); fp16 keeps fp16 ones, the
+// operands of cuDNN's pre-compiled conv + batch-norm engines (cudnn-frontend's samples), with
+// a band four times narrower (2^-11).
+void FusedGraph::plan_prologue(DType dt) {
+  scale_bias_ = dt == DType::bf16 ? DType::f32 : dt;
+  plan_either(dt, true);
+  if (accepted_ || scale_bias_ == dt) return;
+  const std::string first = refusal_;
+  const double first_seconds = plan_seconds_;
+  refusal_.clear();
+  scale_bias_ = dt;
+  plan_either(dt, true);
+  plan_seconds_ += first_seconds;
+  if (!accepted_)
+    refusal_ = str("fp32 scale and bias: ", first, "; ", dtype_name(dt), " scale and bias: ", refusal_);
 }
 
 size_t FusedGraph::workspace_bytes() const {
@@ -334,15 +386,18 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
     return;
   }
   // Plans are made in the heuristics' order: the first that finalizes alone, or with
-  // autotuning up to kTimedPlans for the first run to time. Runtime-compiled engines compile
-  // as their plan finalizes (can take a second each): at most kMaxEngineTries are tried. An
-  // engine of lowered precision (last in the list) only where no other planned.
-  constexpr int kMaxEngineTries = 8;
-  const size_t wanted = tuning_.autotune && only_candidate < 0 ? size_t(kTimedPlans) : 1;
+  // autotuning up to kTimedPlans for the first run to time, while the run's planning budget
+  // lasts (PlanBudget). Runtime-compiled engines compile as their plan finalizes (about a
+  // second each): at most kMaxEngineTries are tried. An engine of lowered precision (last in
+  // the list) only where no other planned.
+  const bool search = tuning_.autotune && only_candidate < 0;
+  budget_cut_ = search && tuning_.budget && tuning_.budget->rival_seconds >= tuning_.budget->limit;
+  const size_t wanted = search && !budget_cut_ ? size_t(kTimedPlans) : 1;
   const size_t ws_limit = workspace_limit();
   std::string last;
   std::vector<Candidate> candidates = engine_candidates(graph, last);
   int tried = 0;
+  double rivals_from = -1;  // when the first plan was made: what follows is the rivals'
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate& c = candidates[i];
     if (only_candidate >= 0 && int(i) != only_candidate) continue;
@@ -359,8 +414,8 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
     int64_t ws = 0, n = 0;
     CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                          CUDNN_TYPE_INT64, 1, &n, &ws));
-    // A rival to time only where its workspace fits (the shared workspace keeps the largest
-    // it was ever asked for).
+    // A rival to time only where its workspace fits (its timing allocates a scratch buffer
+    // of the largest candidate's workspace).
     if (!plans_.empty() && size_t(ws) > ws_limit) continue;
     Plan p;
     p.config = std::move(c.cfg);
@@ -371,6 +426,11 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
     p.candidate = int(i);
     plans_.push_back(std::move(p));
     if (plans_.size() == wanted) break;
+    if (plans_.size() == 1) rivals_from = now_seconds();
+  }
+  if (tuning_.budget) {
+    tuning_.budget->engines += tried;
+    if (rivals_from >= 0) tuning_.budget->rival_seconds += now_seconds() - rivals_from;
   }
   if (!plans_.empty()) {
     accepted_ = true;
@@ -384,7 +444,8 @@ void FusedGraph::plan(cudnnDataType_t inter, int only_candidate, int64_t only_en
 // the fastest and remembers it; a plan that will not run is dropped (all: the error is thrown,
 // and the caller refuses the graph). While a step is being recorded nothing can be timed: the
 // first plan is kept.
-void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>& reset) {
+void FusedGraph::time_plans(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+                            const std::function<void()>& reset) {
   cudaStream_t stream = nullptr;
   CUDNN_CHECK(cudnnGetStream(handle_, &stream));
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -394,6 +455,27 @@ void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>
     how_ = "heuristics' first (first run while recording a step)";
     return;
   }
+  // The candidates run in a scratch buffer as large as the largest needs, freed once they are
+  // timed (the stream waited for first): the caller's shared workspace, which a captured step
+  // keeps for the whole run, grows only to the chosen plan's need. Without the memory for it,
+  // the heuristics' first runs untimed.
+  struct Scratch {
+    void* p = nullptr;
+    cudaStream_t stream;
+    ~Scratch() {
+      if (!p) return;
+      CUDA_WARN(cudaStreamSynchronize(stream));
+      CUDA_WARN(cudaFree(p));
+    }
+  } scratch{nullptr, stream};
+  if (const size_t bytes = workspace_bytes(); bytes > 0 && cudaMalloc(&scratch.p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    scratch.p = nullptr;
+    plans_.erase(plans_.begin() + 1, plans_.end());
+    how_ = str("heuristics' first (no ", (bytes + (1 << 20) - 1) >> 20, " MiB to time the candidates in)");
+    return;
+  }
+  const BackendDesc pack = variant_pack(uids, ptrs, scratch.p);
   constexpr int kRuns = 3;
   cudaEvent_t from = nullptr, to = nullptr;
   if (cudaEventCreate(&from) != cudaSuccess || cudaEventCreate(&to) != cudaSuccess) {
@@ -407,8 +489,9 @@ void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>
   std::string error;
   for (size_t i = 0; i < plans_.size(); ++i) {
     cudnnStatus_t st = cudnnBackendExecute(handle_, plans_[i].plan.get(), pack.get());
+    bool timed = true;
     for (int r = 0; r < kRuns && st == CUDNN_STATUS_SUCCESS; ++r) {
-      if (r == 0) CUDA_WARN(cudaEventRecord(from, stream));
+      if (r == 0) timed = cudaEventRecord(from, stream) == cudaSuccess;
       st = cudnnBackendExecute(handle_, plans_[i].plan.get(), pack.get());
     }
     if (st != CUDNN_STATUS_SUCCESS) {
@@ -417,9 +500,14 @@ void FusedGraph::time_plans(const BackendDesc& pack, const std::function<void()>
       continue;
     }
     float t = 0;
-    if (cudaEventRecord(to, stream) == cudaSuccess && cudaEventSynchronize(to) == cudaSuccess &&
-        cudaEventElapsedTime(&t, from, to) == cudaSuccess)
+    if (timed && cudaEventRecord(to, stream) == cudaSuccess && cudaEventSynchronize(to) == cudaSuccess &&
+        cudaEventElapsedTime(&t, from, to) == cudaSuccess) {
       ms[i] = double(t) / kRuns;
+    } else {
+      // Untimed, so not chosen; the event call's error cleared, as for a failed launch.
+      (void)cudaGetLastError();
+      if (error.empty()) error = str("engine ", plans_[i].engine, ": its runs could not be timed");
+    }
   }
   CUDA_WARN(cudaEventDestroy(from));
   CUDA_WARN(cudaEventDestroy(to));
@@ -501,7 +589,7 @@ const BackendDesc* FusedGraph::bn_relu_prologue(const ConvShape& sh, cudnnDataTy
                                                 const BackendDesc& x,
                                                 std::vector<BackendDesc>& ops,
                                                 std::deque<BackendDesc>& keep) {
-  const cudnnDataType_t dt = graph_dtype(sh.dtype);
+  const cudnnDataType_t dt = graph_dtype(scale_bias_);  // plan_prologue's choice
   const BackendDesc& scale = kept(keep, nhwc_tensor(kScale, dt, 1, sh.c, 1, 1));
   const BackendDesc& bias = kept(keep, nhwc_tensor(kBias, dt, 1, sh.c, 1, 1));
   const BackendDesc& scaled = kept(keep, nhwc_tensor(kScaled, inter, sh.n, sh.c, sh.h, sh.w, true));
@@ -515,15 +603,11 @@ const BackendDesc* FusedGraph::bn_relu_prologue(const ConvShape& sh, cudnnDataTy
 }
 
 void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
-                         void* workspace, const std::function<void()>& reset) {
+                         const WorkspaceFn& workspace, const std::function<void()>& reset) {
   SPOTRAIN_CHECK(accepted_, "internal: running a fused graph cuDNN refused: ", refusal_);
   check_aligned(ptrs);
-  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  CUDNN_CHECK(pack.finalize());
-  if (plans_.size() > 1) time_plans(pack, reset);
+  if (plans_.size() > 1) time_plans(uids, ptrs, reset);
+  const BackendDesc pack = variant_pack(uids, ptrs, workspace(plans_.front().workspace));
   CUDNN_CHECK(cudnnBackendExecute(handle_, plans_.front().plan.get(), pack.get()));
 }
 
@@ -532,7 +616,10 @@ void FusedGraph::execute(const std::vector<int64_t>& uids, const std::vector<voi
 ConvStatsGraph::ConvStatsGraph(cudnnHandle_t handle, const ConvShape& sh, bool bn_relu_prologue,
                                bool with_stats, GraphTuning tuning)
     : FusedGraph(handle, std::move(tuning)), sh_(sh), prologue_(bn_relu_prologue), stats_(with_stats) {
-  plan_either(sh.dtype, prologue_);
+  if (prologue_)
+    plan_prologue(sh.dtype);
+  else
+    plan_either(sh.dtype, false);
 }
 
 bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
@@ -562,7 +649,7 @@ bool ConvStatsGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
 }
 
 void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, float* sqsum,
-                         void* workspace, const void* scale, const void* bias) {
+                         const WorkspaceFn& workspace, const void* scale, const void* bias) {
   SPOTRAIN_CHECK(!prologue_ || (scale && bias), "internal: the prologue needs a scale and a bias");
   std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y};
   std::vector<int64_t> uids = {kX, kW, kY};
@@ -594,7 +681,7 @@ void ConvStatsGraph::run(const void* x, const void* w, void* y, float* sum, floa
 
 ConvWgradGraph::ConvWgradGraph(cudnnHandle_t handle, const ConvShape& sh, GraphTuning tuning)
     : FusedGraph(handle, std::move(tuning)), sh_(sh) {
-  plan_either(sh.dtype, true);
+  plan_prologue(sh.dtype);
 }
 
 bool ConvWgradGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
@@ -610,7 +697,7 @@ bool ConvWgradGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& ops,
 }
 
 void ConvWgradGraph::run(const void* x, const void* dy, void* dw, const void* scale,
-                         const void* bias, void* workspace) {
+                         const void* bias, const WorkspaceFn& workspace) {
   execute({kX, kDy, kDw, kScale, kBias},
           {const_cast<void*>(x), const_cast<void*>(dy), dw, const_cast<void*>(scale),
            const_cast<void*>(bias)},
@@ -680,7 +767,7 @@ bool DgradDreluDbnGraph::build(cudnnDataType_t inter, std::vector<BackendDesc>& 
   return true;
 }
 
-void DgradDreluDbnGraph::run(const Args& a, void* workspace) {
+void DgradDreluDbnGraph::run(const Args& a, const WorkspaceFn& workspace) {
   auto p = [](const void* q) { return const_cast<void*>(q); };
   execute({kDy, kW, kX, kMean, kInvStd, kGamma, kBeta, kG, kDgamma, kDbeta, kEqDy, kEqX, kEqBias},
           {p(a.dy), p(a.w), p(a.x), p(a.mean), p(a.invstd), p(a.gamma), p(a.beta), a.g, a.dgamma,

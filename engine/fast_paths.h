@@ -1,0 +1,61 @@
+// The first-use checks of the fast paths (--fusion auto's fused chains, captured steps, the
+// 8-bit upload): each compares itself with its reference the first time it runs on a node, and
+// where they differ beyond the op suite's tolerance it is turned off for the run with one
+// warning naming it and the difference. Failed verdicts are kept in the run folder
+// (fast-paths.json, keyed by the device) so that a restart on the same device does not try
+// the path again; a restart on another device checks afresh.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace spotrain {
+
+// The paths checked, as fast-paths.json and the warnings name them.
+inline constexpr const char* kFastPathFusion = "fusion";           // --fusion auto's chains
+inline constexpr const char* kFastPathCapture = "captured-steps";  // --cuda-graph
+inline constexpr const char* kFastPathPixels = "8-bit-upload";     // Backend::upload_pixels
+
+// The relative difference a check allows: normalized error (||got - want|| / ||want||) at
+// the compute dtype, as the op suite's tolerances for the GEMM-like ops.
+double fast_path_tolerance(bool sixteen_bit);
+
+// ||got - want|| / ||want||, infinite where got has a NaN or inf that want has not, or the
+// sizes differ; 0 when both are all zeros. On host fp32 tensors or plain vectors.
+double normalized_difference(const std::vector<float>& got, const std::vector<float>& want);
+double normalized_difference(const Tensor& host_got, const Tensor& host_want);
+
+class FastPathChecks {
+ public:
+  // `path`: the run folder's fast-paths.json ("" keeps the verdicts in memory only);
+  // `device`: the backend's device description (verdicts of another device are ignored).
+  // An unreadable file is a warning, never the run's end.
+  FastPathChecks(std::string path, std::string device);
+
+  // Whether `fast_path` is off: a check failed on this device, in this run or one before.
+  bool off(const std::string& fast_path) const;
+  // Why it is off ("" when it is not).
+  std::string why_off(const std::string& fast_path) const;
+  // Whether it was checked in this process (passed or failed).
+  bool checked(const std::string& fast_path) const { return checked_.count(fast_path) > 0; }
+
+  // A check passed: `figure` ("normalized difference 3.1e-06 within 5e-03"), logged by none.
+  void passed(const std::string& fast_path, const std::string& figure);
+  // A check failed: the path goes off, one warning line names it and `difference`, and the
+  // verdict is written to the file (a failed write is a warning).
+  void failed(const std::string& fast_path, const std::string& difference);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  void save();
+
+  std::string path_, device_;
+  std::map<std::string, std::string> off_;      // path -> the difference found (this device)
+  std::map<std::string, std::string> checked_;  // path -> "passed: ..." / "failed: ..."
+  std::string file_text_;                       // what the file held (other devices' too)
+};
+
+}  // namespace spotrain

@@ -1,0 +1,358 @@
+// run_doctor and its checks (see doctor.h).
+#include "health/doctor.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "core/test_hooks.h"
+#include "engine/checkpoint_state.h"
+#include "engine/session.h"
+#include "health/gpu_health.h"
+#include "health/op_cases.h"
+#include "kernels/device_info.h"
+#include "run/config.h"
+#include "run/setup.h"
+
+namespace spotrain::health {
+
+namespace fs = std::filesystem;
+
+const char* verdict_name(Verdict v) {
+  return v == Verdict::ok ? "ok" : v == Verdict::warn ? "warn" : "fail";
+}
+
+std::string DoctorCheck::line() const {
+  std::string s = str(verdict_name(verdict), std::string(6 - std::strlen(verdict_name(verdict)), ' '),
+                      name, ": ", figure);
+  if (!limit.empty()) s += " (" + limit + ")";
+  return s;
+}
+
+bool healthy(const std::vector<DoctorCheck>& checks) {
+  for (const DoctorCheck& c : checks)
+    if (c.verdict == Verdict::fail) return false;
+  return true;
+}
+
+// ---- the figures held against (docs/PERFORMANCE.md, "The node check") --------------------------
+
+// 2026-12-06, the project's 2-core Intel Xeon machine (AVX-512, AVX-512 BF16, oneDNN 2.6.3):
+// 160-168 GFLOP/s a core in the 1x1 convolution below; no AVX2-only machine was measured.
+double Reference::cpu_gemm_gflops_per_core(bool avx512) { return avx512 ? 160.0 : 0.0; }
+// The same machine, ResNet-50 batch 16 on 2 threads: 9.07-9.10 images/s at fp32 against
+// 321-332 GFLOP/s, 0.67-0.70 of the GEMM rate; bf16 ran 6.90-7.05 images/s there (0.77x fp32;
+// the EPYC machines of docs/PERFORMANCE.md ran it at 1.4-1.8x).
+double Reference::cpu_resnet50_gemm_share() { return 0.67; }
+double Reference::gpu_resnet50_images_per_sec(const std::string& gpu, const std::string& precision) {
+  // One H200, 2026-12-04, captured steps (README, docs/PERFORMANCE.md).
+  if (gpu.find("H200") != std::string::npos) {
+    if (precision == "fp16") return 7478;
+    if (precision == "bf16") return 7035;
+    if (precision == "tf32") return 3632;
+  }
+  return 0;
+}
+
+namespace {
+
+constexpr double kResNet50TrainGflopPerImage = 24.6;  // 3 x 4.1 GMAC forward, 2 FLOP a MAC
+constexpr double kWarnBelow = 0.7, kFailBelow = 0.25;  // share of the expected rate
+
+bool cpu_has(const char* flag) {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) return (" " + line + " ").find(str(" ", flag, " ")) != std::string::npos;
+  return false;
+}
+
+std::string gib(double b) { return fmt_fixed(b / double(1ull << 30), 2) + " GiB"; }
+std::string mib(double b) { return fmt_fixed(b / double(1ull << 20), 1) + " MiB"; }
+
+Verdict rate_verdict(double got, double want) {
+  if (want <= 0) return Verdict::ok;
+  return got < kFailBelow * want ? Verdict::fail : got < kWarnBelow * want ? Verdict::warn : Verdict::ok;
+}
+
+class Run {
+ public:
+  Run(const DoctorOptions& o, const std::function<void(const DoctorCheck&)>& out) : o_(o), out_(out) {}
+
+  void add(std::string name, Verdict v, std::string figure, std::string limit = "") {
+    DoctorCheck c{std::move(name), v, std::move(figure), std::move(limit)};
+    if (out_) out_(c);
+    checks_.push_back(std::move(c));
+  }
+  // Runs one check; an Error inside it is that check's failure.
+  void guarded(const std::string& name, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      add(name, Verdict::fail, e.what());
+    }
+  }
+  std::vector<DoctorCheck>& checks() { return checks_; }
+  const DoctorOptions& o() const { return o_; }
+
+ private:
+  const DoctorOptions& o_;
+  const std::function<void(const DoctorCheck&)>& out_;
+  std::vector<DoctorCheck> checks_;
+};
+
+std::string precision_of(const OpTarget& t) {
+  if (t.tf32) return "tf32";
+  return t.dt == DType::bf16 ? "bf16" : t.dt == DType::f16 ? "fp16" : "fp32";
+}
+
+// Every op of the backend against the CPU reference on the op suite's cases, per target.
+void check_ops(Run& r, const std::string& device, int threads) {
+  const std::vector<OpTarget>& targets = device == "cuda" ? cuda_op_targets() : cpu_op_targets();
+  std::unique_ptr<Backend> ref = make_op_reference(threads);
+  for (const OpTarget& t : targets) {
+    if (!r.o().precision.empty() && precision_of(t) != r.o().precision) continue;
+    const std::string name = str("ops ", device, " ", t.name);
+    r.guarded(name, [&] {
+      std::unique_ptr<Backend> be = make_op_backend(t, threads);
+      const double t0 = now_seconds();
+      const std::vector<OpCheck> checks = run_op_cases(*be, *ref, t);
+      int failed = 0;
+      double worst = 0;  // the largest err / limit
+      for (const OpCheck& c : checks) {
+        if (c.limit > 0) worst = std::max(worst, c.err / c.limit);
+        if (c.passed()) continue;
+        if (++failed > 5) continue;
+        std::string l = c.line();  // "fail  op ...": the verdict is the doctor's own
+        if (l.rfind("fail", 0) == 0) l = l.substr(std::min(l.size(), l.find_first_not_of(' ', 4)));
+        r.add(name, Verdict::fail, l);
+      }
+      if (failed > 5) r.add(name, Verdict::fail, str(failed - 5, " more checks failed"));
+      if (failed == 0)
+        r.add(name, Verdict::ok,
+              str(checks.size(), " checks in ", fmt_fixed(now_seconds() - t0, 1),
+                  " s, the worst at ", fmt_fixed(100 * worst, 1), "% of its tolerance"));
+    });
+  }
+}
+
+// The CPU's fp32 GEMM rate, as the training step meets it: a 1x1 convolution (oneDNN's GEMM
+// kernels, in the backend's own activation layout: ResNet-50's most common op) against the
+// figure measured on this project's reference machine kind. Returns GFLOP/s (0 on failure).
+double check_gemm(Run& r, int threads) {
+  double rate = 0;
+  r.guarded("cpu gemm fp32", [&] {
+    BackendOptions bo;
+    bo.threads = threads;
+    std::unique_ptr<Backend> be = make_backend("cpu", bo);
+    const int64_t n = 16, c = 256, k = 256, hw = 28;
+    Tensor hx = Tensor::host({n, c, hw, hw}, DType::f32, Layout::nhwc), hw_ = Tensor::host({k, c, 1, 1});
+    Philox rng(7, 1);
+    for (Tensor* t : {&hx, &hw_})
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = rng.normal();
+    Tensor x = be->upload_activation(hx, DType::f32), w = be->from_host(hw_);
+    const ConvParams p{1, 1, 1, 0};
+    be->conv2d_forward(x, w, p);  // warm-up (primitive creation, the weights' reorder)
+    double best = 1e30;
+    for (int round = 0; round < 3; ++round) {  // the best of three rounds of 0.3 s
+      int reps = 0;
+      const double t0 = now_seconds();
+      do {
+        be->conv2d_forward(x, w, p);
+        ++reps;
+      } while (now_seconds() - t0 < 0.3);
+      best = std::min(best, (now_seconds() - t0) / reps);
+    }
+    rate = 2.0 * double(n * hw * hw) * double(c * k) / best / 1e9;
+    const int cores = threads > 0 ? threads : int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    const bool avx512 = cpu_has("avx512f");
+    const double want = Reference::cpu_gemm_gflops_per_core(avx512) * cores;
+    r.add("cpu gemm fp32", want > 0 ? rate_verdict(rate, want) : Verdict::ok,
+          str(fmt_fixed(rate, 1), " GFLOP/s on ", cores, " threads in a 1x1 convolution (",
+              fmt_fixed(rate / cores, 1), " a core, ", avx512 ? "AVX-512" : "AVX2",
+              cpu_has("avx512_bf16") ? " with BF16" : "", ")"),
+          want > 0 ? str("measured ", fmt_fixed(want / cores, 0),
+                         " a core on this project's reference machine; warn below ",
+                         int(kWarnBelow * 100), "%, fail below ", int(kFailBelow * 100), "%")
+                   : "no figure measured on an AVX2-only processor: no verdict");
+  });
+  return rate;
+}
+
+size_t peak_rss_bytes() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;
+}
+
+int64_t host_memory_bytes() {
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+}
+
+// A few training steps: images/s against the rate expected for this device, peak memory
+// against the device's. Returns the checkpoint size of the model (bytes).
+int64_t check_steps(Run& r, const std::string& device, double gemm_rate) {
+  const DoctorOptions& o = r.o();
+  RunConfig cfg;
+  cfg.model = o.model;
+  cfg.device = device;
+  cfg.threads = o.threads;
+  if (!o.precision.empty()) cfg.precision = o.precision;
+  else cfg.precision = device == "cuda" ? "fp16" : "fp32";
+  const bool small = o.model.rfind("resnet", 0) == 0 && o.model != "resnet18" && o.model != "resnet34" &&
+                     o.model != "resnet50" && o.model != "resnet101" && o.model != "resnet152";
+  cfg.image_size = o.image_size > 0 ? o.image_size : small ? 28 : 224;
+  cfg.batch_size = o.batch_size > 0 ? o.batch_size : device == "cuda" ? 256 : 16;
+  const std::string name = str("steps ", cfg.model, " ", cfg.precision, " batch ", cfg.batch_size);
+  int64_t ckpt = 0;
+  r.guarded(name, [&] {
+    SessionOptions so = session_options(cfg);
+    so.comm = "local";
+    Session session(so);
+    const int classes = small ? 10 : 1000, channels = small ? 1 : 3;
+    Training t = session.make_training(training_spec(cfg, classes, channels));
+    ckpt = checkpoint_bytes(*t.model, true);
+    Backend& be = session.backend();
+    Tensor images = Tensor::host({cfg.batch_size, channels, cfg.image_size, cfg.image_size},
+                                 DType::f32, Layout::nhwc);
+    Philox rng(cfg.seed, 0xD0C);
+    for (int64_t i = 0; i < images.numel(); ++i) images.data<float>()[i] = rng.normal();
+    std::vector<int32_t> labels(size_t(cfg.batch_size));
+    for (auto& l : labels) l = int32_t(rng.below(uint32_t(classes)));
+    Tensor x = be.upload_images(images, t.runner->compute_dtype());
+    // Warm-up: the first step chooses kernels (a GPU's captured steps record after two).
+    const int warm = device == "cuda" ? StepRunner::kEagerBeforeCapture + 1 : 1;
+    for (int s = 0; s < warm; ++s) t.runner->run_uploaded(x, labels.data(), 0.01f, 0.f);
+    be.synchronize();
+    const double t0 = now_seconds();
+    double loss = 0;
+    for (int s = 0; s < o.steps; ++s) loss = t.runner->run_uploaded(x, labels.data(), 0.01f, 0.f).loss.loss;
+    be.synchronize();
+    const double rate = double(cfg.batch_size) * o.steps / (now_seconds() - t0);
+    SPOTRAIN_CHECK(std::isfinite(loss), "the loss after ", warm + o.steps, " steps is ", loss);
+    double want = 0;
+    std::string basis;
+    if (cfg.model == "resnet50" && device == "cpu" && gemm_rate > 0) {
+      want = gemm_rate * Reference::cpu_resnet50_gemm_share() / kResNet50TrainGflopPerImage;
+      if (cfg.precision == "bf16") want *= 0.75;  // the slowest bf16 measured against fp32
+      if (cfg.precision != "fp32" && cfg.precision != "bf16") want = 0;  // fp16 computes in fp32: no figure
+      basis = str("expected ", fmt_fixed(want, 1), " from this CPU's GEMM rate (",
+                  int(Reference::cpu_resnet50_gemm_share() * 100), "% of it, as measured)");
+    } else if (cfg.model == "resnet50" && device == "cuda" && cfg.batch_size == 256) {
+      want = Reference::gpu_resnet50_images_per_sec(gpu_info().name, cfg.precision);
+      basis = want > 0 ? str("expected ", fmt_fixed(want, 0), " as measured on an ", gpu_info().name)
+                       : str("no figure measured for ", gpu_info().name, " at ", cfg.precision);
+    } else {
+      basis = "no figure measured for this model and batch";
+    }
+    r.add(name + " speed", rate_verdict(rate, want),
+          str(fmt_fixed(rate, rate < 100 ? 2 : 0), " images/s over ", o.steps, " steps, loss ",
+              fmt_fixed(loss, 3)),
+          want > 0 ? str(basis, "; warn below ", int(kWarnBelow * 100), "%, fail below ",
+                         int(kFailBelow * 100), "%")
+                   : basis);
+    // Memory: the device's own allocator peak (GPU) or the process's peak RSS (CPU).
+    const double peak = device == "cuda" ? double(be.allocator().stats().peak_bytes) : double(peak_rss_bytes());
+    const double have = device == "cuda" ? double(gpu_info().memory_bytes) : double(host_memory_bytes());
+    const double share = have > 0 ? peak / have : 0;
+    r.add(name + " memory", share > 0.95 ? Verdict::fail : share > 0.85 ? Verdict::warn : Verdict::ok,
+          str(gib(peak), device == "cuda" ? " peak on the GPU" : " peak resident", " of ", gib(have)),
+          "warn above 85%, fail above 95%");
+  });
+  return ckpt;
+}
+
+// The checkpoint folder: room for --keep checkpoints of the model (and one being written),
+// and the time to write and fsync one, against the notice a spot reclaim gives.
+void check_ckpt_dir(Run& r, int64_t ckpt_bytes) {
+  const DoctorOptions& o = r.o();
+  const std::string dir = o.ckpt_dir;
+  r.guarded("ckpt-dir " + dir, [&] {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    SPOTRAIN_CHECK(!ec && fs::is_directory(dir), "cannot make the folder: ", ec.message());
+    const int64_t need = ckpt_bytes * (o.keep > 0 ? o.keep + 1 : 2);
+    int64_t free_bytes = int64_t(fs::space(dir, ec).available);
+    if (test_hooks().free_bytes >= 0) free_bytes = test_hooks().free_bytes;
+    r.add("ckpt-dir space", free_bytes < need ? Verdict::fail : free_bytes < 2 * need ? Verdict::warn : Verdict::ok,
+          str(mib(double(free_bytes)), " free in ", dir),
+          str("--keep ", o.keep, " checkpoints of ", o.model, " (", mib(double(ckpt_bytes)),
+              " each) and one being written need ", mib(double(need))));
+    // One checkpoint's bytes written and fsynced (at most 1 GiB of them), then removed.
+    const int64_t bytes = std::min<int64_t>(ckpt_bytes, int64_t(1) << 30);
+    const std::string path = (fs::path(dir) / str(".doctor-", host_name(), "-", getpid(), ".tmp")).string();
+    std::vector<char> block(size_t(8) << 20, '\x5a');
+    const double t0 = now_seconds();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    SPOTRAIN_CHECK(fd >= 0, "cannot write into the folder: ", std::strerror(errno));
+    std::string problem;
+    for (int64_t left = bytes; left > 0 && problem.empty();) {
+      const size_t n = size_t(std::min<int64_t>(left, int64_t(block.size())));
+      const ssize_t w = ::write(fd, block.data(), n);
+      if (w < 0) problem = str("writing failed after ", mib(double(bytes - left)), ": ", std::strerror(errno));
+      else left -= w;
+    }
+    if (problem.empty() && ::fsync(fd) != 0) problem = str("fsync failed: ", std::strerror(errno));
+    ::close(fd);
+    const double secs = now_seconds() - t0;
+    fs::remove(path, ec);
+    SPOTRAIN_CHECK(problem.empty(), problem);
+    const double rate = double(bytes) / std::max(secs, 1e-6);
+    const double ckpt_secs = double(ckpt_bytes) / rate;
+    r.add("ckpt-dir write", ckpt_secs > 120 ? Verdict::fail : ckpt_secs > 30 ? Verdict::warn : Verdict::ok,
+          str(fmt_fixed(rate / double(1 << 20), 0), " MiB/s written and fsynced: a checkpoint in ",
+              fmt_fixed(ckpt_secs, 1), " s"),
+          "warn above 30 s (a 30-second spot notice), fail above 120 s (a two-minute one)");
+  });
+}
+
+}  // namespace
+
+std::vector<DoctorCheck> run_doctor(const DoctorOptions& opt,
+                                    const std::function<void(const DoctorCheck&)>& out) {
+  SPOTRAIN_CHECK(opt.device == "auto" || opt.device == "cpu" || opt.device == "cuda",
+                 "unknown --device '", opt.device, "'; use auto, cpu or cuda");
+  SPOTRAIN_CHECK(opt.precision.empty() || opt.precision == "fp32" || opt.precision == "tf32" ||
+                     opt.precision == "bf16" || opt.precision == "fp16",
+                 "unknown --precision '", opt.precision, "'; use fp32, tf32, bf16 or fp16");
+  SPOTRAIN_CHECK(opt.steps >= 1 && opt.steps <= 1000, "--steps must be 1 to 1000, not ", opt.steps);
+  SPOTRAIN_CHECK(opt.keep >= 0, "--keep must be 0 or more, not ", opt.keep);
+  const bool gpu = opt.device == "cuda" || (opt.device == "auto" && cuda_backend_ready());
+  SPOTRAIN_CHECK(!(opt.device == "cuda" && !cuda_backend_ready()),
+                 "--device cuda: no usable CUDA device (", gpu_info().status, ")");
+  const std::string device = gpu ? "cuda" : "cpu";
+  Run r(opt, out);
+  r.add("device", Verdict::ok,
+        gpu ? gpu_info_line(gpu_info())
+            : str("CPU, ", opt.threads > 0 ? opt.threads : int(sysconf(_SC_NPROCESSORS_ONLN)),
+                  " threads, ", cpu_has("avx512f") ? "AVX-512" : "AVX2",
+                  cpu_has("avx512_bf16") ? " with BF16" : ""));
+  check_ops(r, device, opt.threads);
+  const double gemm = device == "cpu" ? check_gemm(r, opt.threads) : 0;
+  if (gpu) check_gpu_health(gpu_info().pci_bus_id, [&r](const std::string& name, int v, const std::string& figure,
+                                                        const std::string& limit) {
+    r.add(name, Verdict(v), figure, limit);
+  });
+  const int64_t ckpt = check_steps(r, device, gemm);
+  if (gpu) check_gpu_health_under_load(gpu_info().pci_bus_id, [&r](const std::string& name, int v,
+                                                                    const std::string& figure,
+                                                                    const std::string& limit) {
+    r.add(name, Verdict(v), figure, limit);
+  });
+  if (!opt.ckpt_dir.empty()) check_ckpt_dir(r, ckpt > 0 ? ckpt : int64_t(200) << 20);
+  return r.checks();
+}
+
+}  // namespace spotrain::health
