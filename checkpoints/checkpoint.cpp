@@ -295,7 +295,11 @@ void write_checkpoint_file(const std::string& path, const CheckpointSnapshot& sn
       const OptimizerRecord& o = snap.optimizer;
       H5Id og(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       write_int_attr(og, "steps", o.steps);
-      write_string_attr(og, "kind", "sgd");
+      write_string_attr(og, "kind", o.kind);
+      if (o.kind == "lars") {
+        write_double_attr(og, "lars_trust", o.lars_trust);
+        write_double_attr(og, "lars_epsilon", o.lars_epsilon);
+      }
       write_double_attr(og, "momentum", o.momentum);
       write_int_attr(og, "nesterov", o.nesterov ? 1 : 0);
       write_double_attr(og, "weight_decay", o.weight_decay);
@@ -361,6 +365,7 @@ CheckpointInfo info_of(hid_t file, const std::string& path) {
     info.optimizer_steps = read_int_attr(og, "steps", path);
     SPOTRAIN_CHECK(info.optimizer_steps >= 0, "checkpoint ", path, " records ", info.optimizer_steps,
                    " optimizer steps (corrupt file?)");
+    if (H5Aexists(og, "kind") > 0) info.optimizer_kind = read_string_attr(og, "kind", path);
   }
   // What the training position and the model are built from, in range before anyone uses it.
   auto in_range = [&](const char* what, int64_t v, int64_t lo, int64_t hi) {

@@ -32,6 +32,7 @@ struct CheckpointInfo {
   int64_t samples_in_epoch = 0;  // = batch_in_epoch * global_batch
   uint64_t seed = 0;
   int64_t optimizer_steps = -1;  // the optimizer's step count (-1: no optimizer state)
+  std::string optimizer_kind = "sgd";  // /optimizer's `kind`: "sgd" or "lars" (--optimizer)
 };
 
 // Host tensors with their checkpoint names (torchvision's: "layer1.0.conv1.weight").

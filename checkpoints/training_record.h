@@ -3,6 +3,7 @@
 // LossScaler and Sgd fill and read them.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace spotrain {
 
@@ -19,6 +20,8 @@ struct OptimizerRecord {
   int64_t steps = -1;  // -1: the checkpoint holds no optimizer state
   double momentum = 0, weight_decay = 0;
   bool nesterov = false, decay_bn_and_bias = false;
+  std::string kind = "sgd";  // "sgd" or "lars" (--optimizer): a resume must ask for the same
+  double lars_trust = 0, lars_epsilon = 0;  // written for "lars" only
 };
 
 }  // namespace spotrain

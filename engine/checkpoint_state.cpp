@@ -80,6 +80,9 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
     s.optimizer.nesterov = o.nesterov;
     s.optimizer.weight_decay = o.weight_decay;
     s.optimizer.decay_bn_and_bias = o.decay_bn_and_bias;
+    s.optimizer.kind = o.kind;
+    s.optimizer.lars_trust = o.lars_trust;
+    s.optimizer.lars_epsilon = o.lars_epsilon;
   }
   s.wait_copies = [waits] {
     for (auto& w : waits) w();

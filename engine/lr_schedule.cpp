@@ -8,8 +8,12 @@
 namespace spotrain {
 
 void LrSchedule::validate() const {
-  SPOTRAIN_CHECK(kind == "cosine" || kind == "step" || kind == "constant",
-                 "unknown --lr-schedule '", kind, "'; use cosine, step or constant");
+  SPOTRAIN_CHECK(kind == "cosine" || kind == "step" || kind == "constant" || kind == "poly",
+                 "unknown --lr-schedule '", kind, "'; use cosine, step, constant or poly");
+  SPOTRAIN_CHECK(end_lr >= 0.f && std::isfinite(end_lr), "--lr-end must be a non-negative number, got ",
+                 end_lr);
+  SPOTRAIN_CHECK(poly_power > 0.f && std::isfinite(poly_power),
+                 "--lr-poly-power must be a positive number, got ", poly_power);
   SPOTRAIN_CHECK(base_lr >= 0.f && std::isfinite(base_lr), "--lr must be a non-negative number, got ",
                  base_lr);
   SPOTRAIN_CHECK(warmup_steps >= 0, "warmup must not be negative");
@@ -29,6 +33,9 @@ float LrSchedule::at(int64_t step) const {
   if (span <= 0) return base_lr;
   double t = double(step - warmup_steps) / double(span);
   if (t > 1) t = 1;
+  if (kind == "poly")
+    return float((double(base_lr) - double(end_lr)) * std::pow(1.0 - t, double(poly_power)) +
+                 double(end_lr));
   return float(0.5 * base_lr * (1.0 + std::cos(M_PI * t)));
 }
 

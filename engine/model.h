@@ -31,6 +31,13 @@ class Model {
   // step meets (--fusion auto times its chains on them).
   Tensor forward_probed(const Tensor& x, const std::function<void(Layer&, const Tensor&)>& probe);
   // Fills every parameter's gradient (overwriting), telling `listener` as each completes.
+  // Gradient accumulation over K micro-batches (StepRunner, --accum-steps) keeps this rule:
+  // the first K-1 backward passes run without a listener, and after each the runner adds
+  // flat_grads into a sum of its own (P fp32, the micro-batches in order); the last pass
+  // overwrites flat_grads as always, and as it reports each parameter complete the runner adds
+  // that parameter's part of the sum into it (the last micro-batch's gradient + the sum of the
+  // others) before passing it on to the all-reduce. flat_grads then holds the sum over the K
+  // micro-batches, which the step scales by 1 / (ranks x K) as one rank's sum is by 1 / ranks.
   void backward(const Tensor& dlogits, GradListener* listener = nullptr);
   void clear_stash() { net_->clear_stash(); }
 

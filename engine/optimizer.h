@@ -1,7 +1,11 @@
 // SGD with momentum, Nesterov and weight decay over the model's flat fp32 buffers
 // (PyTorch torch.optim.SGD semantics), optionally excluding BN and bias parameters from
-// weight decay. The momentum buffer is flat too, so checkpoints save one array.
+// weight decay; or LARS (--optimizer lars: each parameter tensor's step scaled by its trust
+// ratio, the MLPerf ResNet-50 reference's form, kernels/elementwise.h), BN and bias parameters
+// left out of both the adaptation and weight decay. The momentum buffer is flat too, so
+// checkpoints save one array.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "engine/model.h"
@@ -13,6 +17,13 @@ struct SgdOptions {
   bool nesterov = false;
   float weight_decay = 5e-5f;
   bool decay_bn_and_bias = false;  // false: BN scale/shift and biases get no weight decay
+  // "sgd" or "lars". LARS's defaults are the MLPerf reference's (mlcommons/training,
+  // image_classification/tensorflow2/lars_optimizer.py: eeta=0.001; epsilon 0.0 there becomes
+  // Keras's backend epsilon, 1e-7, by `epsilon or backend_config.epsilon()`). With
+  // decay_bn_and_bias, BN and bias parameters are adapted and decayed like the others.
+  std::string kind = "sgd";
+  float lars_trust = 0.001f;
+  float lars_epsilon = 1e-7f;
 };
 
 class Sgd {
@@ -26,6 +37,9 @@ class Sgd {
   Tensor& momentum() { return momentum_; }  // (P) fp32, same layout as the flat parameters
   const SgdOptions& options() const { return opt_; }
   const std::vector<SgdSegment>& segments() const { return segments_; }
+  // --optimizer lars: one segment per adapted parameter tensor, the others merged.
+  const std::vector<LarsSegment>& lars_segments() const { return lars_segments_; }
+  bool lars() const { return opt_.kind == "lars"; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
@@ -34,6 +48,7 @@ class Sgd {
   SgdOptions opt_;
   Tensor momentum_;
   std::vector<SgdSegment> segments_;
+  std::vector<LarsSegment> lars_segments_;
   int64_t steps_ = 0;
 };
 

@@ -46,6 +46,7 @@ struct TrainingSpec {
   LossScalerOptions scaler;
   ReducerOptions reducer;
   bool cuda_graph = false;  // StepRunner::use_captured_steps (--cuda-graph, the CLI's default)
+  int accum_steps = 1;      // StepRunner::set_accum_steps (--accum-steps)
   // false: the model is left uninitialized for the caller, who loads a checkpoint into it or
   // calls Session::initialize_model (a resumed ResNet-50 skips drawing 23.5 M weights it would
   // overwrite).

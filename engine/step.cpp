@@ -30,7 +30,7 @@ void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
   if (times) be.synchronize();  // only to time the phases (a GPU keeps running)
   double upload = now_seconds() - t0;
   queue_uploaded(x, labels, lr, label_smoothing, times, mix);
-  if (times) times->data = upload;
+  if (times) times->data += upload;  // a step of several micro-batches: each one's upload
 }
 
 Tensor StepRunner::upload(const Tensor& images, const PixelNorm* norm) {
@@ -66,6 +66,7 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
     if (!fusion_verdicts_.empty()) log_info(fusion_summary(fusion_verdicts_));
   }
   const double t0 = now_seconds();
+  if (accum_ > 1) return queue_micro_batch(x, labels, lr, label_smoothing, times, mix, t0);
   Route route = route_for(x, mix);
   // An eager step queues its forward before the step before is read back, so the device works
   // while the host waits. A recording or replay cannot start before: the read-back's verdict
@@ -116,15 +117,133 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
   // Gradients summed over ranks: every rank then reaches the same overflow verdict.
   double waited = sync_ ? sync_->finish() : 0.0;
   double t3b = now_seconds();
-  if (scaler_.enabled()) {
-    be.unscale_check_queue(model_.flat_grads(), float(1.0 / (scale * world_)));
-    sgd_.step(lr, 1.f, /*unless_overflow=*/true);
-  } else {
-    sgd_.step(lr, 1.f / float(world_));
-  }
+  queue_update(lr, scale);
   if (times) be.synchronize();
   double t4 = now_seconds();
   if (times) *times = StepTimes{0.0, t2 - t1, t3 - t2, waited, t4 - t3b};
+}
+
+void StepRunner::queue_update(float lr, double scale) {
+  // The gradients hold the sum over world_ ranks of accum_ micro-batches each: their mean is
+  // what one rank's batch of world_ x accum_ micro-batches would give.
+  const int ways = world_ * accum_;
+  if (scaler_.enabled()) {
+    model_.backend().unscale_check_queue(model_.flat_grads(), float(1.0 / (scale * double(ways))));
+    sgd_.step(lr, 1.f, /*unless_overflow=*/true);
+  } else {
+    sgd_.step(lr, 1.f / float(ways));
+  }
+}
+
+// ---- gradient accumulation ---------------------------------------------------------------
+
+class StepRunner::AccumulatingListener final : public GradListener {
+ public:
+  AccumulatingListener(Model& model, const Tensor& sum, GradSync* sync)
+      : model_(model), sum_(sum), sync_(sync), added_(model.params().size(), false) {}
+  void grad_ready(const Param& p) override {
+    add(p);
+    if (sync_) sync_->grad_ready(p);  // the bucket's all-reduce is queued after the add
+  }
+  // Parameters backward did not report (none, by the layer contract): before the all-reduce
+  // launches their buckets.
+  void add_rest() {
+    for (const Param* p : model_.params()) add(*p);
+  }
+
+ private:
+  void add(const Param& p) {
+    const size_t i = model_.index_of(&p);
+    if (added_[i]) return;
+    added_[i] = true;
+    Backend& be = model_.backend();
+    Tensor g = p.grad;  // a view into the flat gradients
+    const Tensor s = Tensor::view(sum_, model_.offset_of(&p), g.shape());
+    be.copy(be.add_forward(g, s, /*relu=*/false), g);
+  }
+  Model& model_;
+  const Tensor& sum_;
+  GradSync* sync_;
+  std::vector<bool> added_;  // by parameter index
+};
+
+std::string StepRunner::set_accum_steps(int k) {
+  SPOTRAIN_CHECK(k >= 1, "--accum-steps must be at least 1, got ", k);
+  SPOTRAIN_CHECK(micro_ == 0, "internal: the micro-batches per step changed inside a step");
+  accum_ = k;
+  if (k == 1 || !capture_) return "";
+  const std::string why = use_captured_steps();  // says why not, as at the start
+  if (graph_x_.defined())
+    stop_capturing(why);
+  else
+    capture_ = false;
+  return why;
+}
+
+void StepRunner::add_micro_loss(const LossResult& l, int64_t rows) {
+  micro_loss_.loss_sum += l.loss * double(rows);
+  micro_loss_.rows += rows;
+  micro_loss_.top1 += l.top1;
+  micro_loss_.top5 += l.top5;
+}
+
+void StepRunner::queue_micro_batch(const Tensor& x, const int32_t* labels, float lr,
+                                   float label_smoothing, StepTimes* times, const LabelMix* mix,
+                                   double t0) {
+  Backend& be = model_.backend();
+  // As an eager step: the forward is queued before anything is read back.
+  Tensor logits = model_.forward(x, /*training=*/true);
+  if (micro_ == 0) {
+    read_back();  // the step before: its verdict sets the loss scale of all this step's micro-batches
+    micro_scale_ = scaler_.scale();
+    micro_loss_ = MicroLoss{};
+    if (times) *times = StepTimes{};
+  } else {
+    // The micro-batch before's loss (the backend keeps one queued loss at a time).
+    add_micro_loss(be.queued_loss(), micro_rows_);
+  }
+  Tensor dlogits;
+  be.softmax_xent_queue(logits, labels, label_smoothing, float(micro_scale_), &dlogits, mix);
+  micro_rows_ = x.dim(0);
+  if (times) be.synchronize();
+  const double t2 = now_seconds();
+  if (micro_ + 1 < accum_) {
+    // Not the last: no all-reduce; the gradients (overwritten by backward) go into the sum.
+    model_.backward(dlogits, nullptr);
+    grad_sum_ = micro_ == 0 ? be.cast(model_.flat_grads(), DType::f32)
+                            : be.add_forward(model_.flat_grads(), grad_sum_, /*relu=*/false);
+    ++micro_;
+    if (times) {
+      be.synchronize();
+      times->forward += t2 - t0;
+      times->backward += now_seconds() - t2;
+    }
+    return;
+  }
+  // The last: each parameter's sum is completed as backward finishes it, and its all-reduce
+  // bucket goes as before, overlapping the rest of this backward.
+  {
+    AccumulatingListener listener(model_, grad_sum_, sync_);
+    model_.backward(dlogits, &listener);
+    listener.add_rest();
+  }
+  if (times) be.synchronize();
+  const double t3 = now_seconds();
+  const double waited = sync_ ? sync_->finish() : 0.0;
+  const double t3b = now_seconds();
+  queue_update(lr, micro_scale_);  // one overflow verdict over the sum of all micro-batches
+  micro_ = 0;
+  grad_sum_ = Tensor();
+  if (times) {
+    be.synchronize();
+    times->forward += t2 - t0;
+    times->backward += t3 - t2;
+    times->comm_exposed = waited;
+    times->optimizer = now_seconds() - t3b;
+  }
+  queued_ = true;
+  queued_scale_ = micro_scale_;
+  if (!defer_) read_back();
 }
 
 std::string StepRunner::use_captured_steps() {
@@ -133,6 +252,8 @@ std::string StepRunner::use_captured_steps() {
   if (fast_path_checks().off(kFastPathCapture))
     return str("a first-use check found captured steps wrong on this device (",
                fast_path_checks().why_off(kFastPathCapture), ")");
+  if (accum_ > 1)
+    return str("--accum-steps ", accum_, ": each step's ", accum_, " micro-batches run as they come");
   if (sync_ != nullptr || world_ != 1)
     return str(world_, " ranks train: the gradient all-reduce of several ranks is not captured");
   capture_ = true;
@@ -340,6 +461,12 @@ void StepRunner::read_back() {
   StepResult r;
   r.loss_scale = queued_scale_;
   r.loss = be.queued_loss();
+  if (micro_loss_.rows > 0) {  // a step of several micro-batches: the figures of all of them
+    add_micro_loss(r.loss, micro_rows_);
+    r.loss = LossResult{micro_loss_.loss_sum / double(micro_loss_.rows), micro_loss_.top1,
+                        micro_loss_.top5};
+    micro_loss_ = MicroLoss{};
+  }
   if (scaler_.enabled()) r.overflow = be.queued_overflow();
   r.done_at = now_seconds();
   if (!r.overflow) {
@@ -363,6 +490,8 @@ StepResult StepRunner::run(const Tensor& images, const int32_t* labels, float lr
                            float label_smoothing, StepTimes* times, const LabelMix* mix,
                            const PixelNorm* norm) {
   queue(images, labels, lr, label_smoothing, times, mix, norm);
+  SPOTRAIN_CHECK(micro_ == 0, "internal: StepRunner::run on micro-batch ", micro_, " of ", accum_,
+                 "; queue() the micro-batches before a step's last");
   settle();
   return take_results().back();
 }
@@ -371,6 +500,8 @@ StepResult StepRunner::run_uploaded(const Tensor& x, const int32_t* labels, floa
                                     float label_smoothing, StepTimes* times,
                                     const LabelMix* mix) {
   queue_uploaded(x, labels, lr, label_smoothing, times, mix);
+  SPOTRAIN_CHECK(micro_ == 0, "internal: StepRunner::run_uploaded on micro-batch ", micro_, " of ",
+                 accum_, "; queue_uploaded() the micro-batches before a step's last");
   settle();
   return take_results().back();
 }

@@ -4,7 +4,11 @@
 // On a GPU a queued step's loss and verdict are read back during the next step, once its
 // forward is queued, so the GPU never waits for the host inside a step. With use_captured_steps()
 // (train's and bench's default, --cuda-graph) a GPU records one step as a CUDA Graph and replays
-// it. The Trainer and `spotrain bench` both run steps through here.
+// it. With gradient accumulation (set_accum_steps(K)) a step is K micro-batches, each queued by
+// its own queue(): each its own forward (batch norm on its own statistics) and backward, the
+// gradients summed (engine/model.h's rule), the all-reduce overlapping the last one's backward,
+// one overflow verdict and one update. The Trainer and `spotrain bench` both run steps through
+// here.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -50,6 +54,10 @@ class StepRunner {
   // mixup/cutmix targets for the loss (null: plain labels). The step before's loss and
   // overflow verdict are read back once this step's forward is queued (the loss scale of
   // this step depends on that verdict); this step's wait for the next queue() or settle().
+  // With accum_steps() K > 1 each call queues one micro-batch of the step (its first reads the
+  // step before back; each later one the loss of the micro-batch before it, once its own
+  // forward is queued), and the K-th completes the step; `times` is then the same StepTimes
+  // for all K, which the first resets and each adds to; the update takes the last one's lr.
   void queue(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
              StepTimes* times = nullptr, const LabelMix* mix = nullptr,
              const PixelNorm* norm = nullptr);
@@ -65,7 +73,8 @@ class StepRunner {
   std::vector<StepResult> take_results();
 
   // One step, waited for: queue + settle, returning its figures (tests, bench, the
-  // consumer example).
+  // consumer example). With accum_steps() K > 1: the step's last micro-batch, the K - 1
+  // before it queued with queue().
   StepResult run(const Tensor& images, const int32_t* labels, float lr, float label_smoothing,
                  StepTimes* times = nullptr, const LabelMix* mix = nullptr,
                  const PixelNorm* norm = nullptr);
@@ -77,6 +86,16 @@ class StepRunner {
   // backend computes at once, so waiting gains nothing and progress lines come a step late).
   void defer_read_back(bool on) { defer_ = on; }
 
+  // Gradient accumulation (--accum-steps): K micro-batches per step, K >= 1 (default 1). The
+  // summed gradient is scaled by 1 / (world x K): K micro-batches on one rank train as K ranks
+  // with those batches do (up to the order of the sum). Set between steps. K > 1 runs steps
+  // as they come (not captured); returns why captured steps, asked for before, now stop ("" when
+  // none were).
+  std::string set_accum_steps(int k);
+  int accum_steps() const { return accum_; }
+  // Micro-batches of the current step queued so far (0 between steps).
+  int micro_batches_queued() const { return micro_; }
+
   // From the (kEagerBeforeCapture + 1)th step on, each step is one replay of a step recorded
   // then (CUDA Graphs; --cuda-graph, on by default): the kEagerBeforeCapture eager steps before
   // it, of the same batch shape, choose the kernels and size every buffer. A batch of another shape (or with mixed targets where the recorded step
@@ -84,7 +103,8 @@ class StepRunner {
   // of each replay, as a step's loss scale and inputs go into the replay. Returns why steps will
   // run as they come instead ("" when they will be captured): the backend cannot record them
   // (the CPU), or several ranks train. A step that cannot be recorded is logged as a warning,
-  // and training goes on without capture (capture_failure()).
+  // and training goes on without capture (capture_failure()). With accum_steps() > 1 the
+  // micro-batches run as they come (set_accum_steps).
   std::string use_captured_steps();
   // Whether steps are to be, or are being, captured (use_captured_steps() took, no recording
   // failed).
@@ -153,6 +173,18 @@ class StepRunner {
   // normalization and turned off where they differ.
   Tensor upload(const Tensor& images, const PixelNorm* norm);
 
+  // The update after the step's gradients are summed: unscale (fp16) and the optimizer step,
+  // the sum scaled by 1 / (world x accum_steps).
+  void queue_update(float lr, double scale);
+  // One micro-batch of a step of accum_ > 1 (queue_uploaded's part for them).
+  void queue_micro_batch(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
+                         StepTimes* times, const LabelMix* mix, double t0);
+  // The micro-batches' losses, each read back during the next: summed into micro_loss_.
+  void add_micro_loss(const LossResult& l, int64_t rows);
+  // The GradListener of a step's last micro-batch: adds the earlier micro-batches' sum into
+  // each parameter's gradient as backward completes it, then tells the all-reduce.
+  class AccumulatingListener;
+
   Model& model_;
   Sgd& sgd_;
   LossScaler& scaler_;
@@ -175,6 +207,17 @@ class StepRunner {
   FastPathChecks own_checks_{"", ""};             // used without one
   bool choose_fusion_ = false;  // choose_fusion_at_first_step(), not done yet
   std::vector<FusionVerdict> fusion_verdicts_;
+  // Gradient accumulation (set_accum_steps).
+  int accum_ = 1;            // micro-batches per step
+  int micro_ = 0;            // of the current step, queued so far
+  double micro_scale_ = 1;   // the current step's loss scale, for all its micro-batches
+  Tensor grad_sum_;          // (P) fp32: the gradients of the step's micro-batches before the last
+  struct MicroLoss {         // the losses of those micro-batches (rows-weighted)
+    double loss_sum = 0;
+    int64_t rows = 0, top1 = 0, top5 = 0;
+  };
+  MicroLoss micro_loss_;     // of the queued step's micro-batches read back so far
+  int64_t micro_rows_ = 0;   // rows of the micro-batch whose loss is queued
 };
 
 }  // namespace spotrain

@@ -897,6 +897,111 @@ void sgd_per_segment_and_skipped_on_a_queued_overflow(OpCaseRun& r) {
   }
 }
 
+// LARS in float64 on the host, the form of kernels/elementwise.h (the MLPerf reference's):
+// `steps` updates of w and v with learning rates lr[0..steps).
+void lars_in_double(std::vector<double>& w, std::vector<double>& v, const std::vector<float>& g,
+                    const std::vector<LarsSegment>& segs, const LarsHyper& h,
+                    const std::vector<float>& lrs) {
+  for (float lr : lrs) {
+    for (const LarsSegment& s : segs) {
+      double scaled = lr;
+      if (s.adapt) {
+        double ws = 0, gs = 0;
+        for (int64_t i = s.offset; i < s.offset + s.count; ++i) {
+          const double gi = double(g[size_t(i)]) * h.grad_scale;
+          ws += w[size_t(i)] * w[size_t(i)];
+          gs += gi * gi;
+        }
+        const double wn = std::sqrt(ws), gn = std::sqrt(gs);
+        if (wn > 0 && gn > 0) scaled = lr * h.trust * wn / (gn + double(s.weight_decay) * wn + h.epsilon);
+      }
+      for (int64_t i = s.offset; i < s.offset + s.count; ++i) {
+        const size_t k = size_t(i);
+        const double gi = double(g[k]) * h.grad_scale + double(s.weight_decay) * w[k];
+        v[k] = h.momentum * v[k] + scaled * gi;
+        w[k] -= h.nesterov ? h.momentum * v[k] + scaled * gi : v[k];
+      }
+    }
+  }
+}
+
+std::vector<float> as_floats(const std::vector<double>& d) { return std::vector<float>(d.begin(), d.end()); }
+
+// LARS: per-tensor trust ratios (one tensor of several chunks with a ragged tail, one of one
+// chunk, small ones), tensors left out of the adaptation and the decay, a tensor whose gradient
+// is zero and one whose weights are (trust 1, no division by zero); against the CPU reference
+// and against float64 on the host, over steps of changing learning rates; then skipped, on the
+// device, after a queued overflow verdict.
+void lars_per_tensor_trust_ratios_and_skipped_on_a_queued_overflow(OpCaseRun& r) {
+  Backend* be = r.be();
+  Backend* ref = r.ref();
+  std::vector<LarsSegment> segs;
+  int64_t n = 0;
+  auto add = [&](int64_t count, float wd, bool adapt) {
+    segs.push_back(LarsSegment{n, count, wd, adapt});
+    n += count;
+  };
+  add(3 * 8192 + 77, 5e-5f, true);   // 0: several chunks, a ragged tail
+  add(300, 0.f, false);              // 1: batch norm and biases
+  add(1000, 5e-5f, true);            // 2: its gradient is zero
+  add(64, 5e-5f, true);              // 3: its weights are zero
+  add(8192, 1e-4f, true);            // 4: one whole chunk
+  add(10, 0.f, false);               // 5: left out
+  add(129, 5e-5f, true);             // 6: small
+  Tensor hp = host_plain({n}, 811), hg = host_plain({n}, 812), hm = host_plain({n}, 813, 0.01f);
+  float* pp = hp.data<float>();
+  float* pg = hg.data<float>();
+  for (size_t k = 0; k < segs.size(); ++k)  // each tensor's gradient of its own size
+    for (int64_t i = segs[k].offset; i < segs[k].offset + segs[k].count; ++i) pg[i] *= 0.02f * float(k + 1);
+  for (int64_t i = segs[2].offset; i < segs[2].offset + segs[2].count; ++i) pg[i] = 0.f;
+  for (int64_t i = segs[3].offset; i < segs[3].offset + segs[3].count; ++i) pp[i] = 0.f;
+  const std::vector<float> lrs = {2.f, 5.f, 3.5f};
+  const std::vector<float> g0(pg, pg + n);
+  for (bool nesterov : {false, true}) {
+    auto at = r.scope(str(dims({n}), " 7 tensors", nesterov ? " nesterov" : ""));
+    Tensor p = be->from_host(hp), g = be->from_host(hg), m = be->from_host(hm);
+    Tensor pr = ref->from_host(hp), gr = ref->from_host(hg), mr = ref->from_host(hm);
+    LarsHyper h{0.f, 0.9f, nesterov, 0.5f, false, 0.001f, 1e-7f};
+    for (float lr : lrs) {
+      h.lr = lr;
+      be->lars_step(p, g, m, segs, h);
+      ref->lars_step(pr, gr, mr, segs, h);
+    }
+    r.near("lars_step parameters", r.err(p, pr), 1e-6);
+    r.near("lars_step momentum", r.err(m, mr), 1e-6);
+    std::vector<double> w(hp.data<float>(), hp.data<float>() + n), v(hm.data<float>(), hm.data<float>() + n);
+    lars_in_double(w, v, g0, segs, h, lrs);
+    r.near("lars_step parameters against float64", nerr(values(*be, p), as_floats(w)), 1e-6);
+    r.near("lars_step momentum against float64", nerr(values(*be, m), as_floats(v)), 1e-5);
+    // The tensors of trust 1 moved by lr * (weight decay) alone (zero gradient) and by lr *
+    // gradient from zero weights: finite, and as float64 has them.
+    for (size_t k : {size_t(2), size_t(3)}) {
+      const std::vector<float> got = values(*be, p);
+      std::vector<float> gk(got.begin() + segs[k].offset, got.begin() + segs[k].offset + segs[k].count);
+      std::vector<double> wk(w.begin() + segs[k].offset, w.begin() + segs[k].offset + segs[k].count);
+      r.near(str("lars_step tensor ", k, k == 2 ? " (zero gradient)" : " (zero weights)"),
+             nerr(gk, as_floats(wk)), 1e-6);
+    }
+    // skip_on_overflow: the verdict of the last unscale_check_queue decides, on the device.
+    const std::vector<float> before = values(*be, p), before_m = values(*be, m);
+    Tensor bad = be->from_host(host_plain({n}, 814));
+    be->fill(bad, kNaN);
+    be->unscale_check_queue(bad, 1.f);
+    LarsHyper skip = h;
+    skip.skip_on_overflow = true;
+    be->lars_step(p, g, m, segs, skip);
+    r.expect("queued_overflow after a NaN", be->queued_overflow(), "no overflow was queued");
+    r.same("lars_step skipped after an overflow verdict", values(*be, p), before);
+    r.same("lars_step momentum untouched after an overflow verdict", values(*be, m), before_m);
+    Tensor fine = be->from_host(host_plain({n}, 815));
+    be->unscale_check_queue(fine, 1.f);
+    be->lars_step(p, g, m, segs, skip);
+    ref->lars_step(pr, gr, mr, segs, h);
+    r.expect("queued_overflow after finite values", !be->queued_overflow(), "an overflow was queued");
+    r.near("lars_step after a finite verdict", r.err(p, pr), 1e-6);
+  }
+}
+
 void unscale_and_check_at_once_and_queued(OpCaseRun& r) {
   Backend* be = r.be();
   int64_t n = 100003;
@@ -1037,6 +1142,8 @@ const std::vector<OpCase>& op_cases() {
       {"SoftmaxCrossEntropyAtOnceAndQueued", softmax_cross_entropy_at_once_and_queued},
       {"NonFiniteLogitsCountAsWrongPredictions", non_finite_logits_count_as_wrong_predictions},
       {"SgdPerSegmentAndSkippedOnAQueuedOverflow", sgd_per_segment_and_skipped_on_a_queued_overflow},
+      {"LarsPerTensorTrustRatiosAndSkippedOnAQueuedOverflow",
+       lars_per_tensor_trust_ratios_and_skipped_on_a_queued_overflow},
       {"UnscaleAndCheckAtOnceAndQueued", unscale_and_check_at_once_and_queued},
       {"LerpMatchesTheReference", lerp_matches_the_reference},
       {"UploadsCopiesAndFillsKeepEveryValue", uploads_copies_and_fills_keep_every_value},

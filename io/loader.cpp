@@ -45,12 +45,15 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt)
   u8_ = opt_.pixels_u8 && data_->encoded() && !(opt_.train && (opt_.erasing.p > 0 || opt_.mix.enabled()));
   SPOTRAIN_CHECK(opt_.max_bad_fraction >= 0 && opt_.max_bad_fraction <= 1,
                  "--max-bad-fraction must be in [0, 1], got ", opt_.max_bad_fraction);
+  SPOTRAIN_CHECK(opt_.accum_steps >= 1, "--accum-steps must be at least 1, got ", opt_.accum_steps);
   if (opt_.train) {
-    const int64_t global = opt_.batch_size * opt_.world;
-    SPOTRAIN_CHECK(global <= size, "--batch-size ", opt_.batch_size, " x ", opt_.world,
-                   " ranks is larger than the dataset (", size, " samples)");
+    accum_ = opt_.accum_steps;
+    const int64_t global = opt_.batch_size * opt_.world * accum_;
+    SPOTRAIN_CHECK(global <= size, "--batch-size ", opt_.batch_size, " x ", opt_.world, " ranks",
+                   accum_ > 1 ? str(" x --accum-steps ", accum_) : std::string(),
+                   " is larger than the dataset (", size, " samples)");
     batches_ = Sampler::batches_per_epoch(size, global, /*drop_last=*/true);
-    samples_ = batches_ * opt_.batch_size;
+    samples_ = batches_ * opt_.batch_size * accum_;
   } else {
     base_order_ = eval_indices(size, opt_.rank, opt_.world);
     samples_ = int64_t(base_order_.size());
@@ -78,14 +81,17 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   auto plan = std::make_shared<Plan>();
   plan->epoch = epoch;
   if (opt_.train) {
-    // This rank's part of each global batch, concatenated: batch b is [b*B, (b+1)*B).
+    // This rank's part of each global batch, concatenated: (micro-)batch m is [m*B, (m+1)*B).
+    // Micro-batch j of step b is the part of rank rank*K + j of world*K (io/sampler.h).
     const std::vector<int64_t> perm = sampler_.permutation(epoch);
-    const int64_t global = opt_.batch_size * opt_.world;
-    plan->order.reserve(size_t(batches_ * opt_.batch_size));
-    for (int64_t b = 0; b < batches_; ++b) {
-      std::vector<int64_t> part = Sampler::rank_slice(perm, b, global, opt_.rank, opt_.world);
-      plan->order.insert(plan->order.end(), part.begin(), part.end());
-    }
+    const int64_t global = opt_.batch_size * opt_.world * accum_;
+    plan->order.reserve(size_t(batches_ * accum_ * opt_.batch_size));
+    for (int64_t b = 0; b < batches_; ++b)
+      for (int j = 0; j < accum_; ++j) {
+        std::vector<int64_t> part =
+            Sampler::rank_slice(perm, b, global, opt_.rank * accum_ + j, opt_.world * accum_);
+        plan->order.insert(plan->order.end(), part.begin(), part.end());
+      }
   } else {
     plan->order = base_order_;
   }
@@ -94,8 +100,8 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
     gen_.fetch_add(1);
     plan_ = std::move(plan);
     ready_.clear();
-    next_task_ = next_out_ = first_batch;
-    end_batch_ = batches_;
+    next_task_ = next_out_ = first_batch * accum_;
+    end_batch_ = batches_ * accum_;
   }
   work_cv_.notify_all();
 }
@@ -223,7 +229,8 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
   const int64_t n = std::min<int64_t>(B, int64_t(plan.order.size()) - begin);
   const int64_t per_image = shape_.numel();
   out.epoch = plan.epoch;
-  out.batch_index = b;
+  out.batch_index = b / accum_;
+  out.micro = int(b % accum_);
   out.images = Tensor({n, shape_.c, shape_.h, shape_.w}, u8_ ? DType::u8 : DType::f32,
                       opt_.image_allocator ? *opt_.image_allocator : Allocator::host(),
                       Layout::nhwc);

@@ -1,6 +1,7 @@
 // Threaded data loader: worker threads read, transform and batch samples in the background
 // while the training step runs, and next() hands the batches out in order. Which samples a
-// batch holds, and their pixels, depend only on (seed, epoch, batch, rank, world).
+// batch holds, and their pixels, depend only on (seed, epoch, batch, rank, world) and, with
+// gradient accumulation, the micro-batch (io/sampler.h says which samples each one holds).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -36,11 +37,18 @@ struct Batch {
   // weight; empty without mixing.
   std::vector<int32_t> labels_b;
   std::vector<float> lam;
+  // batch_index: the step's index in the epoch; micro: which of its LoaderOptions::accum_steps
+  // micro-batches this is (0 without accumulation).
   int64_t epoch = 0, batch_index = 0;
+  int micro = 0;
 };
 
 struct LoaderOptions {
-  int64_t batch_size = 128;   // per rank
+  int64_t batch_size = 128;   // per rank and micro-batch
+  // Training: micro-batches per step (--accum-steps K). A step's global batch is then
+  // world x batch_size x K, and next() hands out its K micro-batches one by one, micro-batch j
+  // of rank r holding what rank r x K + j of world x K ranks would hold without accumulation.
+  int accum_steps = 1;
   int rank = 0, world = 1;
   bool train = true;          // shuffle + drop_last + random transforms; false: eval order, keep the remainder
   uint64_t seed = 0;
@@ -81,12 +89,13 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Starts producing the epoch's batches in the background, beginning at batch `first_batch`
-  // (for resume mid-epoch). Cancels any epoch in progress.
+  // Starts producing the epoch's batches in the background, beginning at batch (step)
+  // `first_batch` (for resume mid-epoch). Cancels any epoch in progress.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // Blocks until the next batch is ready; false when the epoch is done. An exception thrown
   // while producing that batch is rethrown here (as spotrain::Error).
   bool next(Batch& out);
+  // Steps per epoch: each one batch, or accum_steps micro-batches.
   int64_t batches_per_epoch() const { return batches_; }
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }
@@ -97,7 +106,7 @@ class Loader {
   std::vector<BadSample> bad_samples() const;
 
  private:
-  struct Plan {  // one start_epoch(): this rank's samples in order, batch b at [b*B, (b+1)*B)
+  struct Plan {  // one start_epoch(): this rank's samples in order, (micro-)batch m at [m*B, (m+1)*B)
     int64_t epoch = 0;
     std::vector<int64_t> order;
   };
@@ -124,7 +133,8 @@ class Loader {
   ImageShape shape_;
   bool u8_ = false;  // pixels_u8()
   Sampler sampler_;
-  int64_t batches_ = 0;
+  int64_t batches_ = 0;               // steps per epoch
+  int accum_ = 1;                     // micro-batches per step (training), else 1
   int64_t samples_ = 0;               // this rank's per epoch
   int64_t window_ = 1;                // batches in flight or ready, at most
   std::vector<int64_t> base_order_;   // eval: this rank's slice (fixed for every epoch)
@@ -135,7 +145,8 @@ class Loader {
   std::shared_ptr<const Plan> plan_;  // guarded by mu_
   std::atomic<uint64_t> gen_{0};      // bumped by start_epoch (written under mu_)
   std::atomic<bool> stop_{false};
-  int64_t next_task_ = 0, next_out_ = 0, end_batch_ = 0;  // guarded by mu_
+  // Micro-batch indices (step x accum_ + micro), guarded by mu_.
+  int64_t next_task_ = 0, next_out_ = 0, end_batch_ = 0;
   std::map<int64_t, Slot> ready_;                         // guarded by mu_
   std::vector<std::thread> threads_;
   mutable std::mutex bad_mu_;

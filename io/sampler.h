@@ -1,6 +1,10 @@
 // Distributed sampler: the global data order is a function of (seed, epoch) only, so every
 // rank count sees the same global batches and a job can resume on a different number of
-// ranks. Rank r takes the r-th contiguous slice of each global batch.
+// ranks. Rank r takes the r-th contiguous slice of each global batch. With gradient
+// accumulation (K micro-batches per step on each rank) the global batch is cut into world x K
+// slices: micro-batch j of rank r is slice r x K + j, exactly the batch rank r x K + j of a run
+// on world x K ranks sees, so K micro-batches on one rank train as K ranks do, and a run that
+// resumes on fewer ranks with a larger K (run/resume.h) trains on the same batches.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,7 +22,8 @@ class Sampler {
 
   // This rank's part of global batch `batch`: permutation positions
   // [b*G + r*G/world, b*G + (r+1)*G/world) with G = global_batch. G must divide by world,
-  // and the global batch must lie inside the permutation.
+  // and the global batch must lie inside the permutation. Micro-batch j of rank r with K per
+  // step: rank_slice(perm, batch, G, r * K + j, world * K).
   static std::vector<int64_t> rank_slice(const std::vector<int64_t>& perm, int64_t batch,
                                          int64_t global_batch, int rank, int world);
 

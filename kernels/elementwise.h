@@ -20,6 +20,41 @@ SPOTRAIN_HD void sgd_update(float& p, float grad, float& m, float lr, float mome
   p -= lr * d;
 }
 
+// LARS (You, Gitman and Ginsburg 2017, "Large Batch Training of Convolutional Networks") in
+// the form of the MLPerf ResNet-50 reference, mlcommons/training
+// image_classification/tensorflow2/lars_optimizer.py (LARSOptimizer.compute_lr and
+// _resource_apply_dense). Per parameter tensor, with g = grad * grad_scale:
+//   trust = eeta * ||w|| / (||g|| + wd * ||w|| + epsilon)   when ||w|| > 0 and ||g|| > 0, else 1
+//   v = momentum * v + lr * trust * (g + wd * w);  w -= v   (Nesterov: w -= momentum * v + lr * trust * (g + wd * w))
+// The learning rate is inside the momentum buffer (Keras's form), unlike torch.optim.SGD's.
+// Tensors left out of the adaptation (batch norm, biases) take trust 1 and no weight decay.
+//
+// The squares one element adds to its tensor's ||w||^2 and ||g||^2, in double.
+SPOTRAIN_HD void lars_norm_terms(float p, float grad, float grad_scale, double& w_sq,
+                                 double& g_sq) {
+  const float g = grad * grad_scale;
+  w_sq += double(p) * double(p);
+  g_sq += double(g) * double(g);
+}
+
+// The trust ratio of one tensor from its squared norms: 1 where either norm is zero (a layer
+// whose gradient is zero, or whose weights are) or not a number, as the reference's
+// where(||w|| > 0, where(||g|| > 0, ..., 1), 1): never a division by zero.
+SPOTRAIN_HD float lars_trust_ratio(double w_sq, double g_sq, float eeta, float wd, float epsilon) {
+  const double w = ::sqrt(w_sq), g = ::sqrt(g_sq);
+  if (!(w > 0.0) || !(g > 0.0)) return 1.f;
+  return float(double(eeta) * w / (g + double(wd) * w + double(epsilon)));
+}
+
+// One LARS step for one element, with scaled_lr = lr * the tensor's trust ratio.
+SPOTRAIN_HD void lars_update(float& p, float grad, float& m, float scaled_lr, float momentum,
+                             float wd, bool nesterov, float grad_scale) {
+  const float g = grad * grad_scale + wd * p;
+  const float step = scaled_lr * g;
+  m = momentum * m + step;
+  p -= nesterov ? momentum * m + step : m;
+}
+
 SPOTRAIN_HD float relu_fwd(float x) { return x > 0.f ? x : 0.f; }
 SPOTRAIN_HD float relu_bwd(float dy, float y) { return y > 0.f ? dy : 0.f; }
 

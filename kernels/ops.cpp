@@ -202,6 +202,11 @@ void Backend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
   timed("sgd_step", [&] { return desc(params); },
         [&] { sgd_step_impl(params, grads, momentum, segments, h); });
 }
+void Backend::lars_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                        const std::vector<LarsSegment>& segments, const LarsHyper& h) {
+  timed("lars_step", [&] { return desc(params); },
+        [&] { lars_step_impl(params, grads, momentum, segments, h); });
+}
 bool Backend::unscale_and_check(Tensor& grads, float inv_scale) {
   return timed("unscale_and_check", [&] { return desc(grads); },
                [&] { return unscale_and_check_impl(grads, inv_scale); });

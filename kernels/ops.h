@@ -73,6 +73,25 @@ struct SgdHyper {
   bool skip_on_overflow = false;
 };
 
+// One run of the flat parameter buffer as LARS (lars_step) sees it: one parameter tensor
+// when `adapt` (its step scaled by its own trust ratio, from its own norms), or neighbouring
+// tensors left out of the adaptation (batch norm and biases, as the MLPerf reference's
+// skip_list: trust 1, and weight decay 0 unless asked for).
+struct LarsSegment {
+  int64_t offset = 0, count = 0;
+  float weight_decay = 0.f;
+  bool adapt = false;
+};
+
+struct LarsHyper {
+  float lr = 0.1f, momentum = 0.9f;
+  bool nesterov = false;
+  float grad_scale = 1.f;         // as SgdHyper's
+  bool skip_on_overflow = false;  // as SgdHyper's
+  float trust = 0.001f;    // the trust coefficient eeta
+  float epsilon = 1e-7f;   // added to the trust ratio's denominator
+};
+
 struct LossResult {
   double loss = 0;       // mean over the batch (without the gradient scale)
   int64_t top1 = 0, top5 = 0;  // correct predictions in the batch
@@ -252,6 +271,14 @@ class Backend {
   // Marks params written (Tensor::mark_written), as copy and fill mark dst and t.
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h);
+  // LARS with momentum (kernels/elementwise.h: lars_update, the MLPerf reference's form) over
+  // the same flat buffers: each adapted segment's trust ratio from the norms of its weights and
+  // gradients, computed on the device (no read-back, so a captured step replays it; its
+  // learning rate then comes from device memory as sgd_step's). The momentum buffer holds the
+  // learning rate inside (v = momentum * v + lr * trust * g), unlike sgd_step's. Marks params
+  // written.
+  void lars_step(Tensor& params, const Tensor& grads, Tensor& momentum,
+                 const std::vector<LarsSegment>& segments, const LarsHyper& h);
   // Multiplies the flat gradients by inv_scale in place and reports whether any element is
   // inf or NaN: the one overflow verdict for the whole model (fp16 loss scaling).
   bool unscale_and_check(Tensor& grads, float inv_scale);
@@ -365,6 +392,8 @@ class Backend {
                                        float grad_scale, Tensor* dlogits, const LabelMix* mix);
   virtual void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
                              const std::vector<SgdSegment>& segments, const SgdHyper& h) = 0;
+  virtual void lars_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                              const std::vector<LarsSegment>& segments, const LarsHyper& h) = 0;
   virtual bool unscale_and_check_impl(Tensor& grads, float inv_scale) = 0;
   virtual void unscale_check_queue_impl(Tensor& grads, float inv_scale);
   virtual void lerp_impl(Tensor& dst, const Tensor& src, float weight) = 0;

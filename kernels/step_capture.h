@@ -16,7 +16,7 @@ struct StepInputs {
   const int32_t* labels = nullptr;  // n labels, on the host
   const LabelMix* mix = nullptr;    // null: plain labels
   int64_t n = 0;
-  float lr = 0;           // sgd_step's learning rate
+  float lr = 0;           // sgd_step's (or lars_step's) learning rate
   float loss_scale = 1;   // softmax_xent's grad_scale
   float inv_scale = 1;    // unscale_check_queue's inv_scale
 };
@@ -25,9 +25,9 @@ class StepCapture {
  public:
   virtual ~StepCapture() = default;
   // Between begin_recording and end_recording the backend's ops are recorded, not run;
-  // softmax_xent_queue, sgd_step and unscale_check_queue then take their labels (and mixed
-  // targets), learning rate and scales from device memory that each replay refills from its
-  // StepInputs; every other argument, shape and buffer is replayed as recorded.
+  // softmax_xent_queue, sgd_step (or lars_step) and unscale_check_queue then take their labels
+  // (and mixed targets), learning rate and scales from device memory that each replay refills
+  // from its StepInputs; every other argument, shape and buffer is replayed as recorded.
   virtual void begin_recording(int64_t batch, bool mixed) = 0;
   virtual void end_recording() = 0;
   // Ends a recording that an error cut short (nothing recorded is kept).

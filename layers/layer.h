@@ -2,7 +2,10 @@
 // forward_impl()/backward_impl(); what backward needs is stashed explicitly in members, so
 // gradient checkpointing can drop the stash (clear_stash) and replay forward later.
 // Gradients: parameter gradients are OVERWRITTEN by backward (every parameter is used once
-// per step, so no zeroing pass is needed); the input gradient is returned as a new tensor.
+// per backward pass, so no zeroing pass is needed); the input gradient is returned as a new
+// tensor. With gradient accumulation (--accum-steps K) a step is K backward passes, and the
+// rule still holds for each: a layer never adds. The sum over the micro-batches is the step
+// runner's (engine/model.h says how), so no layer and no backend kernel knows of it.
 #pragma once
 #include <functional>
 #include <memory>

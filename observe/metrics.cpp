@@ -1,8 +1,11 @@
 // MetricsSink (see metrics.h).
 #include "observe/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <string>
 
@@ -35,6 +38,44 @@ void put_record(FILE* f, const char* type, double elapsed, nlohmann::json fields
 }
 
 }  // namespace
+
+MetricsFile read_metrics_file(const std::string& path) {
+  std::ifstream in(path);
+  SPOTRAIN_CHECK(in, "cannot read the metrics file ", path);
+  MetricsFile f;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !metrics_record_well_formed(j)) {
+      ++f.torn;
+      continue;
+    }
+    f.records.push_back(std::move(j));
+  }
+  return f;
+}
+
+double iso_seconds(const std::string& s) {
+  std::tm tm{};
+  int ms = 0;
+  if (std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) < 6)
+    return NAN;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return double(timegm(&tm)) + ms / 1000.0;
+}
+
+double record_seconds(const nlohmann::json& r) {
+  if (!r.is_object() || !r.contains("time") || !r["time"].is_string()) return NAN;
+  return iso_seconds(r["time"].get<std::string>());
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 bool metrics_record_well_formed(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return false;

@@ -7,8 +7,10 @@
 // rolls back (after its checkpoint's step) "superseded": true, so the unmarked records are one
 // history, whatever order a reader keeps.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,21 @@ namespace spotrain {
 // file (a torn line, a line another tool wrote) is skipped by every reader, never an error
 // that names a JSON type instead of the file.
 bool metrics_record_well_formed(const nlohmann::json& j);
+
+// A metrics file read whole, as every reader (report, plan --from-run) reads it: the
+// well-formed records in file order, and how many lines were not (torn by a kill, or another
+// tool's). Throws Error when the file cannot be opened.
+struct MetricsFile {
+  std::vector<nlohmann::json> records;
+  int64_t torn = 0;
+};
+MetricsFile read_metrics_file(const std::string& path);
+// "2026-12-01T07:59:12.825Z" -> seconds since 1970; NaN when it does not parse.
+double iso_seconds(const std::string& s);
+// A record's "time" in seconds since 1970; NaN when it has none or it does not parse.
+double record_seconds(const nlohmann::json& record);
+// The median of v (the upper middle for an even count); NaN for none.
+double median_of(std::vector<double> v);
 
 class MetricsSink {
  public:

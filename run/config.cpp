@@ -42,6 +42,7 @@ void RunConfig::validate() const {
   check_resnet_options(model, grad_checkpoint);
   check_data_spec(data);
   SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
+  SPOTRAIN_CHECK(accum_steps >= 1, "--accum-steps must be at least 1, got ", accum_steps);
   SPOTRAIN_CHECK(epochs > 0 || steps > 0, "--epochs or --steps must be positive");
   SPOTRAIN_CHECK(epochs >= 0 && steps >= 0, "--epochs and --steps must not be negative");
   SPOTRAIN_CHECK(std::isfinite(lr) && lr >= 0.f, "--lr must not be negative, got ", lr);
@@ -50,6 +51,13 @@ void RunConfig::validate() const {
   SPOTRAIN_CHECK(label_smoothing >= 0.f && label_smoothing < 1.f,
                  "--label-smoothing must be in [0, 1), got ", label_smoothing);
   SPOTRAIN_CHECK(warmup_epochs >= 0.f, "--warmup-epochs must not be negative");
+  SPOTRAIN_CHECK(std::isfinite(lr_poly_power) && lr_poly_power > 0.f,
+                 "--lr-poly-power must be positive, got ", lr_poly_power);
+  SPOTRAIN_CHECK(std::isfinite(lr_end) && lr_end >= 0.f, "--lr-end must not be negative, got ", lr_end);
+  SPOTRAIN_CHECK(std::isfinite(lars_trust) && lars_trust > 0.f, "--lars-trust must be positive, got ",
+                 lars_trust);
+  SPOTRAIN_CHECK(std::isfinite(lars_epsilon) && lars_epsilon >= 0.f,
+                 "--lars-epsilon must not be negative, got ", lars_epsilon);
   check_thread_counts(threads, workers);
   SPOTRAIN_CHECK(random_erasing >= 0.f && random_erasing <= 1.f,
                  "--random-erasing is a probability in [0, 1], got ", random_erasing);

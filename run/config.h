@@ -62,7 +62,12 @@ enum SettingFlags : unsigned {
   X(int64_t, epochs, 3, "--epochs", "epochs to train", kShowDefault, "")                              \
   X(int64_t, steps, 0, "--steps", "train exactly this many steps (overrides --epochs)",           \
     kSettingPlain, "")                                                                                \
-  X(int64_t, batch_size, 128, "--batch-size", "batch size per rank", kShowDefault, "")                \
+  X(int64_t, batch_size, 128, "--batch-size", "batch size per rank (and micro-batch)", kShowDefault, "") \
+  X(int, accum_steps, 1, "--accum-steps",                                                         \
+    "micro-batches per optimizer step on each rank (gradient accumulation): global batch = "     \
+    "ranks x --batch-size x this; each micro-batch its own batch-norm statistics, as that many "  \
+    "ranks would; a resume on another rank count keeps the global batch by changing it",          \
+    kShowDefault, "")                                                                             \
   X(float, lr, 0.1f, "--lr", "peak learning rate", kShowDefault, "")                                  \
   X(float, lr_per_256, 0.0f, "--lr-per-256",                                                      \
     "peak learning rate per 256 images of the global batch: replaces --lr with this x global "   \
@@ -80,7 +85,24 @@ enum SettingFlags : unsigned {
   X(float, warmup_epochs, 0.0f, "--warmup-epochs", "linear warm-up length in epochs",             \
     kShowDefault, "")                                                                                 \
   X(std::string, lr_schedule, "cosine", "--lr-schedule",                                          \
-    "cosine|step|constant (step: x0.1 at 50% and 75%)", kShowDefault, "cosine|step|constant")                             \
+    "cosine|step|constant|poly (step: x0.1 at 50% and 75%; poly: --lr-poly-power, --lr-end)",     \
+    kShowDefault, "cosine|step|constant|poly")                                                    \
+  X(float, lr_poly_power, 2.0f, "--lr-poly-power",                                                \
+    "--lr-schedule poly: after the warm-up lr = (peak - end) x (1 - progress)^power + end "       \
+    "(MLPerf ResNet-50 reference, lars_util.py: 2)", kShowDefault, "")                            \
+  X(float, lr_end, 0.0001f, "--lr-end",                                                           \
+    "--lr-schedule poly: the learning rate it decays to (MLPerf reference: 0.0001)",             \
+    kShowDefault, "")                                                                             \
+  X(std::string, optimizer, "sgd", "--optimizer",                                                 \
+    "sgd (momentum, torch.optim.SGD) or lars (each layer's step scaled by its trust ratio, "     \
+    "BN and biases left out; the MLPerf ResNet-50 reference's LARS); a resume must keep it",     \
+    kShowDefault, "sgd|lars")                                                                     \
+  X(float, lars_trust, 0.001f, "--lars-trust",                                                    \
+    "--optimizer lars: the trust coefficient eeta in eeta x |w| / (|g| + wd x |w| + eps) "        \
+    "(MLPerf reference: 0.001)", kShowDefault, "")                                                \
+  X(float, lars_epsilon, 1e-7f, "--lars-epsilon",                                                 \
+    "--optimizer lars: eps of the trust ratio (MLPerf reference: 0, which Keras makes 1e-7)",    \
+    kShowDefault, "")                                                                             \
   X(bool, zero_init_residual, false, "--zero-init-residual",                                      \
     "start each block's last BN gamma at 0", kSettingPlain, "")                                       \
   X(std::string, grad_checkpoint, "none", "--grad-checkpoint",                                    \

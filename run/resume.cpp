@@ -1,6 +1,7 @@
 // resume_training and record_resume (see resume.h).
 #include "run/resume.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -16,9 +17,16 @@ namespace {
 ResumeHeader load_checkpoint(const RunConfig& cfg, Training& t, WeightEma* ema, const std::string& path) {
   ResumeHeader h;
   // The model first: another model's tensors would be refused one by one, less clearly.
-  const std::string model = read_checkpoint_info(path).model;
+  const CheckpointInfo recorded = read_checkpoint_info(path);
+  const std::string& model = recorded.model;
   SPOTRAIN_CHECK(model == cfg.model, "checkpoint ", path, " is a ", model,
                  " checkpoint; this run trains ", cfg.model);
+  // The momentum buffers of SGD and LARS mean different things (LARS keeps the learning rate
+  // inside): one cannot go on from the other's.
+  SPOTRAIN_CHECK(recorded.optimizer_kind == cfg.optimizer, "checkpoint ", path,
+                 " was trained with --optimizer ", recorded.optimizer_kind, "; this run asks for ",
+                 cfg.optimizer, " (their momentum buffers differ). Resume with --optimizer ",
+                 recorded.optimizer_kind, ", or start a new run from its weights with --init-from");
   CheckpointInfo ci = load_training_state(path, *t.model, *t.sgd);
   const TrainPosition at = position_of(ci);
   h.status = 1;
@@ -26,7 +34,7 @@ ResumeHeader load_checkpoint(const RunConfig& cfg, Training& t, WeightEma* ema, 
   h.epoch = at.epoch;
   h.batch_in_epoch = at.batch_in_epoch;
   h.world = ci.world_size > 0 ? ci.world_size : 1;
-  h.global_batch = ci.global_batch > 0 ? ci.global_batch : cfg.batch_size * h.world;
+  h.global_batch = ci.global_batch > 0 ? ci.global_batch : cfg.batch_size * h.world * cfg.accum_steps;
   h.sgd_steps = t.sgd->steps();
   h.scaler = ci.scaler;
   if (ema && checkpoint_has_group(path, "ema")) {
@@ -102,6 +110,7 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
                         const RunStorage& storage) {
   Resumed r;
   r.per_rank_batch = cfg.batch_size;
+  r.accum_steps = cfg.accum_steps;
   if (cfg.resume == "none") return r;
   const Holder holder = find_holder(cfg, session, storage);
   ResumeHeader h;
@@ -136,15 +145,21 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
     session.worker().run("broadcast of the checkpoint's name", [&] { session.comm().broadcast(name.data(), name.size(), root); });
   name = name.c_str();
   r.checkpoint = session.rank() == root ? holder.path : name;
-  SPOTRAIN_CHECK(h.global_batch % world == 0, "checkpoint ", r.checkpoint,
-                 " was trained with a global batch of ", h.global_batch, " on ", h.world,
-                 " rank(s) (it records both); that does not divide over ", world,
-                 " ranks. Resume on a rank count that divides ", h.global_batch);
-  r.per_rank_batch = h.global_batch / world;
-  if (r.per_rank_batch != cfg.batch_size)
+  BatchSplit split;
+  try {
+    split = split_global_batch(h.global_batch, world, cfg.batch_size);
+  } catch (const Error& e) {
+    SPOTRAIN_THROW("checkpoint ", r.checkpoint, " was trained with a global batch of ", h.global_batch,
+                   " on ", h.world, " rank(s) (it records both): ", e.what());
+  }
+  r.per_rank_batch = split.per_rank_batch;
+  r.accum_steps = split.accum_steps;
+  if (r.per_rank_batch != cfg.batch_size || r.accum_steps != cfg.accum_steps)
     log_info(str("resuming a ", h.world, "-rank checkpoint on ", world, " rank(s): per-rank batch ",
-                 r.per_rank_batch, " keeps its global batch of ", h.global_batch,
-                 " (--batch-size ", cfg.batch_size, " is overridden)"));
+                 r.per_rank_batch, r.accum_steps > 1 ? str(" x ", r.accum_steps, " micro-batches") : "",
+                 " keeps its global batch of ", h.global_batch, " with --accum-steps ", r.accum_steps,
+                 " (the command line's --batch-size ", cfg.batch_size, " --accum-steps ",
+                 cfg.accum_steps, " are overridden)"));
   Model& model = *t.model;
   if (world > 1) {  // every rank continues from the holder's state
     session.broadcast_from(root, model.flat_params(), "the checkpoint's parameters");
@@ -168,6 +183,35 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
                root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"), ": step ",
                r.at.step, ", ", progress_text(r.at)));
   return r;
+}
+
+BatchSplit split_global_batch(int64_t global_batch, int64_t world, int64_t max_batch) {
+  SPOTRAIN_CHECK(global_batch > 0 && world > 0 && max_batch > 0, "internal: split of a global batch of ",
+                 global_batch, " over ", world, " ranks of at most ", max_batch);
+  auto fits = [&](int64_t w) {
+    return (global_batch % w == 0 && global_batch / w <= max_batch) || global_batch % (w * max_batch) == 0;
+  };
+  if (global_batch % world == 0 && global_batch / world <= max_batch)
+    return BatchSplit{global_batch / world, 1};
+  if (global_batch % (world * max_batch) == 0)
+    return BatchSplit{max_batch, int(global_batch / (world * max_batch))};
+  // The rank counts that work: those that divide the global batch into at most max_batch per
+  // rank, and those whose ranks x max_batch divides it.
+  std::vector<int64_t> ok;
+  for (int64_t w = 1; w <= std::min<int64_t>(global_batch, int64_t(1) << 20); ++w)
+    if (fits(w)) ok.push_back(w);  // 1 always fits
+  std::string counts;
+  const size_t shown = std::min<size_t>(ok.size(), 12);
+  for (size_t i = 0; i < shown; ++i)
+    counts += str(i == 0 ? "" : i + 1 == shown && shown == ok.size() ? " or " : ", ", ok[i]);
+  if (shown < ok.size()) counts += str(" or one of ", ok.size() - shown, " larger counts");
+  const bool even = global_batch % world == 0;
+  SPOTRAIN_THROW("it does not divide over ", world, " ranks",
+                 even ? str(" into micro-batches of at most --batch-size ", max_batch, " (",
+                            global_batch / world, " images per rank and step)")
+                      : std::string(),
+                 "; the global batch is ranks x per-rank batch x --accum-steps. Resume on ", counts,
+                 " ranks", even ? str(", or with a --batch-size that divides ", global_batch / world) : "");
 }
 
 namespace {

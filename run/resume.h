@@ -2,7 +2,8 @@
 // disks any writer of a copy) loads it, then every rank gets the state by broadcast (other
 // nodes need no copy of the file): parameters, momentum, BN buffers, the moving average, the
 // loss scaler and the position in the data. A checkpoint from another rank count keeps its
-// global batch, which must divide over the new world size.
+// global batch (ranks x per-rank batch x --accum-steps): fewer ranks keep the per-rank batch and
+// take more micro-batches per step, more ranks fewer (split_global_batch).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,8 +35,27 @@ struct Resumed {
   std::string checkpoint;      // the file resumed from (the holder: its path; elsewhere its name)
   int holder = 0;              // the rank whose checkpoint every rank took
   bool from_named_file = false;  // --resume PATH (not auto or latest)
-  int64_t per_rank_batch = 0;  // the checkpoint's global batch over this world
+  // The checkpoint's global batch over this world: per_rank_batch x accum_steps per rank.
+  int64_t per_rank_batch = 0;
+  int accum_steps = 1;
 };
+
+// A global batch over a number of ranks: each rank's batch (micro-batch) and micro-batches per
+// step; global batch = world x per_rank_batch x accum_steps.
+struct BatchSplit {
+  int64_t per_rank_batch = 0;
+  int accum_steps = 1;
+};
+
+// How a checkpoint's global batch is trained on `world` ranks whose batch may not exceed
+// `max_batch` (this run's --batch-size: what each rank's memory was sized for):
+// - one micro-batch of global / world when that is at most max_batch (as many ranks as the run
+//   had, or more: then the per-rank batch shrinks);
+// - else micro-batches of max_batch, global / (world x max_batch) of them (fewer ranks: the
+//   per-rank batch is kept and the micro-batches per step grow; 4 ranks x B shrunk to 2 is
+//   2 ranks x B x 2, each micro-batch the batch of one of the 4).
+// Throws Error naming the rank counts that would work when neither divides.
+BatchSplit split_global_batch(int64_t global_batch, int64_t world, int64_t max_batch);
 
 // Loads the state of the checkpoint `cfg.resume` names into `t` (and `ema`, when given) on
 // every rank: --resume PATH rank 0's file; --resume auto or latest the newest good checkpoint

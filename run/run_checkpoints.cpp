@@ -107,7 +107,7 @@ CheckpointSnapshot RunCheckpoints::snapshot(const TrainPosition& at, bool warm, 
   run.num_classes = num_classes_;
   run.in_channels = in_channels_;
   run.world = session_.world();
-  run.global_batch = cfg_.batch_size * run.world;
+  run.global_batch = cfg_.batch_size * run.world * cfg_.accum_steps;
   const CheckpointInfo info = checkpoint_record(run, at, t_.scaler->state());
   // Rank 0's BN statistics are saved (as every rank loads them on resume): a copy's writer
   // saves the ones rank 0 sent it (bn_rank0_).

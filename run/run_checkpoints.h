@@ -36,8 +36,12 @@ class RunCheckpoints {
 
   // Where the "checkpoint" records and checkpoint paths go (either may be null).
   void report_to(MetricsSink* metrics, PrometheusExport* prometheus);
-  // After a resume that changed the per-rank batch: checkpoints record the new one.
-  void set_per_rank_batch(int64_t b) { cfg_.batch_size = b; }
+  // After a resume that changed the per-rank batch or the micro-batches per step: checkpoints
+  // record the new ones (and the same global batch).
+  void set_per_rank_batch(int64_t b, int accum_steps) {
+    cfg_.batch_size = b;
+    cfg_.accum_steps = accum_steps;
+  }
   // After a resume from `at` (every rank calls it; writers act): a resume from a named file
   // (--resume PATH) moves this writer's checkpoints past it to abandoned-<time>/ (the run
   // goes on from there; a later --resume auto must not jump back onto them); where there are

@@ -41,11 +41,15 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
   s.sgd.nesterov = cfg.nesterov;
   s.sgd.weight_decay = cfg.weight_decay;
   s.sgd.decay_bn_and_bias = cfg.decay_bn_and_bias;
+  s.sgd.kind = cfg.optimizer;
+  s.sgd.lars_trust = cfg.lars_trust;
+  s.sgd.lars_epsilon = cfg.lars_epsilon;
   s.scaler.static_scale = cfg.loss_scale;
   s.scaler.max_consecutive_overflows = cfg.max_overflow_steps;
   s.reducer.bucket_mb = cfg.bucket_mb;
   s.reducer.compression = cfg.grad_compression;
   s.cuda_graph = cfg.cuda_graph;
+  s.accum_steps = cfg.accum_steps;
   if (!cfg.ckpt_dir.empty()) s.fast_path_file = cfg.ckpt_dir + "/fast-paths.json";
   return s;
 }
@@ -53,6 +57,7 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
 io::LoaderOptions loader_options(const RunConfig& cfg, const DataPair& data, Session& session) {
   io::LoaderOptions lo;
   lo.batch_size = cfg.batch_size;
+  lo.accum_steps = cfg.accum_steps;
   lo.train = true;
   lo.seed = cfg.seed;
   lo.workers = cfg.workers;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -58,9 +59,9 @@ FILE* open_sample_log(const Session& session) {
   return out;
 }
 
-void log_samples(FILE* f, int64_t step, const io::Batch& b) {
+void log_samples(FILE* f, int64_t step, const std::vector<int64_t>& ids) {
   std::fprintf(f, "%lld", static_cast<long long>(step));
-  for (int64_t id : b.sample_ids) std::fprintf(f, " %lld", static_cast<long long>(id));
+  for (int64_t id : ids) std::fprintf(f, " %lld", static_cast<long long>(id));
   std::fprintf(f, "\n");
   std::fflush(f);
 }
@@ -99,6 +100,11 @@ class PendingFigures {
   Progress& progress_;
   std::deque<Step> steps_;
 };
+
+// Images per step over all ranks: ranks x per-rank batch x micro-batches per step.
+int64_t global_batch_of(const RunConfig& cfg, int world) {
+  return int64_t(cfg.batch_size) * world * cfg.accum_steps;
+}
 
 }  // namespace
 
@@ -187,7 +193,7 @@ Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   p.per_epoch = per_epoch;
   // Steps and the samples they consume must fit the 64-bit counters, with room for the
   // schedule's arithmetic (a milestone is 3/4 of the total).
-  const int64_t global_batch = int64_t(cfg_.batch_size) * session_->world();
+  const int64_t global_batch = global_batch_of(cfg_, session_->world());
   const int64_t most_steps = std::numeric_limits<int64_t>::max() / 4 / std::max<int64_t>(1, global_batch);
   SPOTRAIN_CHECK(cfg_.steps <= most_steps, "--steps ", cfg_.steps, " is more than the step and sample counters hold (",
                  most_steps, " steps at a global batch of ", global_batch, ")");
@@ -198,11 +204,13 @@ Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   p.epochs = (p.total_steps + per_epoch - 1) / per_epoch;
   p.lr.kind = cfg_.lr_schedule;
   p.lr.base_lr = cfg_.lr_per_256 > 0
-                     ? cfg_.lr_per_256 * float(cfg_.batch_size * session_->world()) / 256.f
+                     ? cfg_.lr_per_256 * float(global_batch) / 256.f
                      : cfg_.lr;
   p.lr.total_steps = p.total_steps;
   p.lr.warmup_steps = int64_t(std::llround(cfg_.warmup_epochs * double(per_epoch)));
   p.lr.milestones = {p.total_steps / 2, p.total_steps * 3 / 4};
+  p.lr.end_lr = cfg_.lr_end;
+  p.lr.poly_power = cfg_.lr_poly_power;
   p.lr.validate();
   return p;
 }
@@ -211,34 +219,54 @@ void Trainer::log_start(const Plan& p) {
   log_info(str("model ", cfg_.model, ": ", t_.model->summary()));
   if (session_->world() > 1)
     log_info(str("data parallel over ", session_->world(), " ranks (", session_->comm().name(),
-                 "), global batch ", cfg_.batch_size * session_->world(), ", ",
+                 "), global batch ", global_batch_of(cfg_, session_->world()), ", ",
                  t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
                  " MB, compression ", cfg_.grad_compression));
   const std::string device = session_->backend().device_line();
   if (!device.empty()) log_info(device);
   if (cfg_.lr_per_256 > 0)
     log_info(str("learning rate ", fmt_fixed(p.lr.base_lr, 5), " = --lr-per-256 ", cfg_.lr_per_256,
-                 " x global batch ", cfg_.batch_size * session_->world(), " / 256"));
+                 " x global batch ", global_batch_of(cfg_, session_->world()), " / 256"));
   if (ema_) log_info(str("keeping a moving average of the weights (--ema-decay ", cfg_.ema_decay, ")"));
+  if (cfg_.optimizer == "lars")
+    log_info(str("optimizer LARS: trust coefficient ", cfg_.lars_trust, ", epsilon ", cfg_.lars_epsilon,
+                 ", momentum ", cfg_.momentum, ", weight decay ", cfg_.weight_decay,
+                 cfg_.decay_bn_and_bias ? "" : "; BN and biases left out of both"));
   log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ",
                data_.train->size(), " train / ", data_.test->size(), " test samples; ", p.epochs,
-               " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size));
+               " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size,
+               cfg_.accum_steps > 1 ? str(" x ", cfg_.accum_steps, " micro-batches per step (--accum-steps; "
+                                          "global batch ", global_batch_of(cfg_, session_->world()), ")")
+                                    : std::string()));
 }
 
-TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, double data_wait,
-                            TrainPosition at) {
+TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch,
+                            double data_wait, TrainPosition at) {
   const float lr = loop.p.lr.at(at.step);
   session_->worker().set_step(at.step + 1);  // 1-based, as in the progress lines
   inject_fault(session_->rank(), at.step + 1);  // SPOTRAIN_FAULT (core/test_hooks.h)
-  if (sample_log_) log_samples(sample_log_, at.step + 1, b);
   loop.stop.before_step();
   checkpoints_->before_step(TrainPosition{at.step + 1, epoch, b.batch_index + 1},
                             b.batch_index + 1 == loop.p.per_epoch, loop.p.total_steps);
   PendingFigures::Step& s = loop.pending.add();
   s.timed = loop.progress.due_for_phases(at.step + 1);
-  const LabelMix mix{b.labels_b.data(), b.lam.data()};
-  t_.runner->queue(b.images, b.labels.data(), lr, cfg_.label_smoothing, s.timed ? &s.phases : nullptr,
-                   b.lam.empty() ? nullptr : &mix, &b.norm);
+  // The step's micro-batches (one without --accum-steps), each queued as it comes.
+  int64_t images = 0;
+  std::vector<int64_t> ids;  // SPOTRAIN_SAMPLE_LOG: the step's samples, in one line
+  for (int j = 0; j < cfg_.accum_steps; ++j) {
+    if (j > 0) {
+      const double t0 = now_seconds();
+      SPOTRAIN_CHECK(loader.next(b) && b.micro == j, "internal: step ", at.step + 1,
+                     " lacks micro-batch ", j);
+      data_wait += now_seconds() - t0;
+    }
+    if (sample_log_) ids.insert(ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+    images += int64_t(b.labels.size());
+    const LabelMix mix{b.labels_b.data(), b.lam.data()};
+    t_.runner->queue(b.images, b.labels.data(), lr, cfg_.label_smoothing, s.timed ? &s.phases : nullptr,
+                     b.lam.empty() ? nullptr : &mix, &b.norm);
+  }
+  if (sample_log_) log_samples(sample_log_, at.step + 1, ids);
   if (ema_) ema_->update();
   session_->backend().save_kernel_choices();  // the first steps' timed choices, for a restart
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};
@@ -247,7 +275,7 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
   s.facts.step = at.step;
   s.facts.epoch = epoch;
   s.facts.lr = lr;
-  s.facts.batch = int64_t(b.labels.size());
+  s.facts.batch = images;
   s.facts.epoch_end = at.batch_in_epoch == loop.p.per_epoch;
   s.facts.data_wait = data_wait;
   if (s.facts.epoch_end || at.step >= loop.p.total_steps) t_.runner->settle();
@@ -257,8 +285,14 @@ TrainPosition Trainer::step(Loop& loop, const io::Batch& b, int64_t epoch, doubl
 
 TrainResult Trainer::run() {
   const Resumed& resumed = resumed_;
-  cfg_.batch_size = resumed.per_rank_batch;  // a checkpoint of another world keeps its global batch
-  checkpoints_->set_per_rank_batch(cfg_.batch_size);
+  // A checkpoint of another world keeps its global batch: per-rank batch x micro-batches.
+  cfg_.batch_size = resumed.per_rank_batch;
+  if (resumed.accum_steps != cfg_.accum_steps) {
+    cfg_.accum_steps = resumed.accum_steps;
+    const std::string why = t_.runner->set_accum_steps(cfg_.accum_steps);
+    if (!why.empty()) log_info("steps run as they come, not captured: " + why);
+  }
+  checkpoints_->set_per_rank_batch(cfg_.batch_size, cfg_.accum_steps);
   if (resumed.resumed) {
     checkpoints_->after_resume(resumed.at, resumed.from_named_file);
     if (prom_) prom_->checkpoint(resumed.checkpoint, true);
@@ -266,7 +300,7 @@ TrainResult Trainer::run() {
   record_resume(*metrics_, resumed, session_->world());
   // A per-rank batch that a checkpoint of another rank count set is checked here, naming the
   // checkpoint: the loader's own check blames --batch-size, which the user did not change.
-  const int64_t global_batch = int64_t(cfg_.batch_size) * session_->world();
+  const int64_t global_batch = global_batch_of(cfg_, session_->world());
   SPOTRAIN_CHECK(!resumed.resumed || global_batch <= data_.train->size(), "checkpoint ",
                  resumed.checkpoint, " was trained at a global batch of ", global_batch,
                  ", larger than the training set here (", data_.train->size(), " samples of ",
@@ -286,7 +320,7 @@ TrainResult Trainer::run() {
     while (at.step < p.total_steps) {
       const double wait_t0 = now_seconds();  // the time this step waits for its batch
       if (!loader.next(b)) break;
-      at = step(loop, b, epoch, now_seconds() - wait_t0, at);
+      at = step(loop, loader, b, epoch, now_seconds() - wait_t0, at);
       const double step_s = loop.progress.last_step_seconds();
       const double steady_s = loop.progress.steady_step_seconds();
       const std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());

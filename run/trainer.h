@@ -64,9 +64,11 @@ class Trainer {
   struct Loop;  // what one run() keeps between steps (trainer.cpp)
   Plan plan(int64_t per_epoch) const;
   void log_start(const Plan& p);
-  // Queues the step of batch `b` (the next after `at`) and hands the figures read back so
-  // far to the progress line; returns the position after it.
-  TrainPosition step(Loop& loop, const io::Batch& b, int64_t epoch, double data_wait, TrainPosition at);
+  // Queues the step of batch `b` (the next after `at`; with --accum-steps K its first
+  // micro-batch, the other K - 1 taken from `loader` as they are queued) and hands the figures
+  // read back so far to the progress line; returns the position after it.
+  TrainPosition step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch, double data_wait,
+                     TrainPosition at);
   void end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step, TrainResult& res);
   // A stop (signal, notice, --max-wall-time) after `at`: a checkpoint, then exit 75.
   TrainResult stop_early(Loop& loop, const TrainPosition& at, const std::string& why, TrainResult res);

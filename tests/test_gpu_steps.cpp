@@ -382,6 +382,54 @@ TEST(GpuCaptureMixed, ReplayedStepsWithMixedTargetsEqualEagerSteps) {
   expect_captured_equals_eager(kPrecs[3], /*mixed=*/true);  // fp16
 }
 
+// LARS inside a captured step: each tensor's trust ratio is computed on the device from the
+// replayed weights and gradients, and the learning rate, different at every step, comes from
+// the memory each replay refills. Bitwise the eager run's steps (at fp16 with its skipped
+// updates too), weights and momentum.
+void expect_captured_lars_equals_eager(const Prec& pr) {
+  TrainRun e = make_run(gpu(pr.tf32, /*deterministic=*/true));
+  TrainRun c = make_run(gpu(pr.tf32, /*deterministic=*/true));
+  SgdOptions lars;
+  lars.kind = "lars";
+  e.sgd = std::make_unique<Sgd>(*e.model, lars);
+  c.sgd = std::make_unique<Sgd>(*c.model, lars);
+  const bool fp16 = pr.dt == DType::f16;
+  LossScaler se = fp16 ? bouncing_scaler() : LossScaler(LossScalerOptions{});
+  LossScaler sc = fp16 ? bouncing_scaler() : LossScaler(LossScalerOptions{});
+  StepRunner re(*e.model, *e.sgd, se, precision_of(pr)), rc(*c.model, *c.sgd, sc, precision_of(pr));
+  EXPECT_EQ(rc.use_captured_steps(), "");
+  std::vector<StepResult> ge, gc;
+  const int kSteps = 14;
+  for (int i = 0; i < kSteps; ++i) {
+    Batch b = batch(16, 1600 + uint64_t(i));
+    const float lr = 0.5f + 0.25f * float(i % 5);
+    re.queue(b.images, b.labels.data(), lr, 0.1f);
+    rc.queue(b.images, b.labels.data(), lr, 0.1f);
+    for (const StepResult& r : re.take_results()) ge.push_back(r);
+    for (const StepResult& r : rc.take_results()) gc.push_back(r);
+  }
+  re.settle();
+  rc.settle();
+  for (const StepResult& r : re.take_results()) ge.push_back(r);
+  for (const StepResult& r : rc.take_results()) gc.push_back(r);
+  ASSERT_EQ(gc.size(), size_t(kSteps));
+  EXPECT_TRUE(rc.captured());
+  EXPECT_EQ(rc.capture_failure(), "");
+  expect_same_results(gc, ge);
+  expect_same_training_state(e, c, se, sc);
+  EXPECT_NE(gc.back().loss.loss, gc[StepRunner::kEagerBeforeCapture + 1].loss.loss);
+}
+
+TEST(GpuCaptureLars, ReplayedLarsStepsEqualEagerStepsFp32) {
+  REQUIRE_GPU();
+  expect_captured_lars_equals_eager(kPrecs[0]);
+}
+
+TEST(GpuCaptureLars, ReplayedLarsStepsEqualEagerStepsFp16) {
+  REQUIRE_GPU();
+  expect_captured_lars_equals_eager(kPrecs[3]);
+}
+
 // A batch unlike the captured one runs as it comes between replays, queued back to back (each
 // step read back during the next, the eager one's forward queued ahead of the replay's read-back;
 // at fp16 the update skipped or applied by the device): the same figures and bitwise the same

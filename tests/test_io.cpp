@@ -656,6 +656,52 @@ TEST(Loader, RanksSplitTheSameGlobalBatches) {
   }
 }
 
+// Gradient accumulation: micro-batch j of rank r with K per step is the batch rank r*K + j of
+// world*K ranks sees, pixels included (so K micro-batches on one rank train as K ranks do, and a
+// run resumed on fewer ranks with a larger K trains on the same batches); a step's micro-batches
+// come in order under its batch_index; resuming at a step starts at its first micro-batch.
+TEST(Loader, MicroBatchesOfARankAreTheBatchesOfKRanks) {
+  auto ds = synth();
+  for (auto [world, k] : {std::pair<int, int>{1, 4}, {2, 2}, {1, 2}}) {
+    const int ranks = world * k;  // the run without accumulation
+    std::vector<std::vector<Batch>> flat;
+    for (int v = 0; v < ranks; ++v) flat.push_back(epoch_batches(ds, loader_opts(2, true, 2, v, ranks), 1));
+    for (int r = 0; r < world; ++r) {
+      auto o = loader_opts(2, true, 2, r, world);
+      o.accum_steps = k;
+      Loader l(ds, o);
+      EXPECT_EQ(l.batches_per_epoch(), int64_t(flat[0].size())) << "steps per epoch";
+      EXPECT_EQ(l.samples_per_epoch(), int64_t(flat[0].size()) * 2 * k);
+      l.start_epoch(1);
+      auto micro = drain(l);
+      ASSERT_EQ(micro.size(), flat[0].size() * size_t(k)) << world << " x " << k;
+      for (size_t m = 0; m < micro.size(); ++m) {
+        const size_t step = m / size_t(k);
+        const int j = int(m % size_t(k));
+        EXPECT_EQ(micro[m].batch_index, int64_t(step));
+        EXPECT_EQ(micro[m].micro, j);
+        const Batch& want = flat[size_t(r * k + j)][step];
+        EXPECT_EQ(micro[m].sample_ids, want.sample_ids)
+            << world << " x " << k << ", rank " << r << " step " << step << " micro " << j;
+        ASSERT_EQ(micro[m].images.numel(), want.images.numel());
+        EXPECT_EQ(std::memcmp(micro[m].images.raw(), want.images.raw(), size_t(want.images.numel()) * 4), 0);
+      }
+      // Resumed at step 3: its first micro-batch comes first.
+      l.start_epoch(1, 3);
+      Batch b;
+      ASSERT_TRUE(l.next(b));
+      EXPECT_EQ(b.batch_index, 3);
+      EXPECT_EQ(b.micro, 0);
+      EXPECT_EQ(b.sample_ids, micro[size_t(3 * k)].sample_ids);
+    }
+  }
+  auto o = loader_opts(8, true);
+  o.accum_steps = 0;
+  EXPECT_THROW(Loader(ds, o), Error);
+  o.accum_steps = 13;  // 8 x 13 > 103 samples
+  EXPECT_THROW(Loader(ds, o), Error);
+}
+
 TEST(Loader, EvalKeepsRemainderAndCoversAll) {
   auto ds = synth();
   std::vector<int64_t> all;

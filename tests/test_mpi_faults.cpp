@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -195,9 +197,10 @@ TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
   }
 }
 
-// Elastic: a checkpoint taken on 2 ranks (global batch 32) resumes on 1 rank (per-rank
-// batch 32) and on 4 ranks (8 each): the global batches continue in exactly the order of
-// the uninterrupted job, and training finishes.
+// Elastic: a checkpoint taken on 2 ranks (global batch 32) resumes on 1 rank (the per-rank
+// batch 16 kept, 2 micro-batches per step) and on 4 ranks (8 each): the global batches continue
+// in exactly the order of the uninterrupted job (the one rank's two micro-batches are the two
+// ranks' batches), and training finishes.
 TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
   fs::path d = fresh_dir("spotrain_mpi_elastic");
   Launch a = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
@@ -212,8 +215,9 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
     std::string log = "SPOTRAIN_SAMPLE_LOG=" + (d / ("w" + std::to_string(world) + ".ids")).string();
     Launch r = run(mpirun(world, log) + " " + resume_args(w, "--batch-size 16 --resume auto"));
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_TRUE(contains(r.out, "per-rank batch " + std::to_string(32 / world) +
-                                    " keeps its global batch of 32"))
+    EXPECT_TRUE(contains(r.out, world == 1 ? "per-rank batch 16 x 2 micro-batches keeps its global batch "
+                                             "of 32 with --accum-steps 2"
+                                           : "per-rank batch 8 keeps its global batch of 32 with --accum-steps 1"))
         << r.out;
     EXPECT_TRUE(contains(r.out, "step 16/16")) << r.out;
     auto ids = world == 1 ? read_sample_log({(d / "w1.ids").string()})
@@ -225,11 +229,43 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
       EXPECT_EQ(runs[0], ids_a[step][0]) << world << " rank(s), step " << step;
     }
   }
-  // A rank count that does not divide the global batch is refused clearly.
+  // A rank count that does not divide the global batch is refused clearly, naming those that do.
   fs::copy(d / "s", d / "w3");
   Launch r3 = run(mpirun(3) + " " + resume_args(d / "w3", "--batch-size 16 --resume auto"));
   EXPECT_NE(r3.code, 0);
   EXPECT_TRUE(contains(r3.out, "does not divide over 3 ranks")) << r3.out;
+  EXPECT_TRUE(contains(r3.out, "Resume on 1, 2, 4, 8, 16 or 32 ranks")) << r3.out;
+}
+
+// Gradient accumulation: one rank with 2 micro-batches of 8 per step trains as 2 ranks with
+// batches of 8 do: each micro-batch holds the samples of one of the two ranks, and the weights
+// and momentum end the same bit for bit (the two-rank all-reduce adds two gradients, which one
+// rank adds too: a + b == b + a in IEEE arithmetic, and both scale the sum by 1/2).
+TEST(Accumulation, OneRankWithTwoMicroBatchesTrainsAsTwoRanks) {
+  fs::path d = fresh_dir("spotrain_accum_ranks");
+  const std::string args = " --steps 12 --no-eval-each-epoch --batch-size 8";
+  Launch two = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "two.ids").string()) + " " +
+                   resume_args(d / "two", args));
+  ASSERT_EQ(two.code, 0) << two.out;
+  Launch one = run(mpirun(1, "SPOTRAIN_SAMPLE_LOG=" + (d / "one.ids").string()) + " " +
+                   resume_args(d / "one", args + " --accum-steps 2"));
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto ids_two = read_sample_log(rank_files(d / "two.ids", 2));
+  auto ids_one = read_sample_log({(d / "one.ids").string()});
+  ASSERT_EQ(ids_one.size(), 12u);
+  for (auto& [step, runs] : ids_one) {
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0], ids_two[step][0]) << "step " << step;
+  }
+  CkptState a = load_ckpt_state((d / "two" / "ckpt-00000012.h5").string());
+  CkptState b = load_ckpt_state((d / "one" / "ckpt-00000012.h5").string());
+  ASSERT_EQ(a.params.size(), b.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.params.size(); ++i)
+    worst = std::max(worst, double(std::fabs(a.params[i] - b.params[i])));
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0)
+      << "largest weight difference " << worst;
+  EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
 }
 
 // A scheduler's stop reaches the launcher, not the ranks: SIGTERM to examples/resnet50/launch/

@@ -1,4 +1,4 @@
-// `spotrain plan` end to end: the table, the choice and its launch line from a catalog; the JSON,
+// `spotrain plan` end to end, and its library (run/plan.h) on its own: the table, the choice and its launch line from a catalog; the JSON,
 // CSV and HTML (rendered in headless Chromium); speeds from bench files; costs from a run
 // folder; bad catalogs; the model against the committed spot sweep; and the loop closed (a run
 // started from a plan keeps it, and `report` sets the plan beside what the run measured).
@@ -17,7 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "headless_page.h"
+#include "observe/metrics.h"
+#include "run/plan.h"
 #include "run_command.h"
 
 namespace fs = std::filesystem;
@@ -77,14 +80,30 @@ std::string last_line(const std::string& out) {
 
 // The issue's command: the example catalog, ResNet-50 for 90 epochs, a 24 h deadline.
 TEST(Plan, TheExampleCatalogGivesATableAChoiceAndItsLaunchLine) {
-  auto r = run_command(kBin + " plan --catalog " + kSrc + "/examples/offers.toml --model resnet50 --epochs 90 --deadline 24h");
+  const std::string d = scratch("example");
+  auto r = run_command(kBin + " plan --catalog " + kSrc + "/examples/offers.toml --model resnet50 --epochs 90 --deadline 24h --json " +
+                       d + "/plan.json");
   ASSERT_EQ(r.code, 0) << r.out;
+  // The issue's fastest row of before, 512 GPUs at 256 each (a global batch of 131,072, which
+  // plain SGD would not train to ResNet-50's accuracy), is left out with its reason.
+  bool left_131k = false;
+  const json planned = json::parse(read_file(d + "/plan.json"));
+  for (const json& l : planned["left_out_for_batch"])
+    left_131k |= l["offer"] == "8x H200 141GB" && l["hosts"] == 64 &&
+                 l["why"].get<std::string>().find("global batch of 131072") != std::string::npos;
+  EXPECT_TRUE(left_131k) << read_file(d + "/plan.json");
   // The offers whose GPU this project has not measured are named, with how to measure them.
   for (const char* gpu : {"A100", "V100", "H100"})
     EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("not planned: [^\\n]*") + gpu +
                                                     "[^\\n]*spotrain bench --model resnet50[^\\n]*--json")))
         << gpu << "\n" << r.out;
-  // Rows: the two H200 offers x host counts 1..64 (7) x spot and on demand.
+  // Rows: the two H200 offers x host counts 1..64 x spot and on demand, less the fleets whose
+  // global batch (GPUs x 256) is beyond the 8,192 with evidence for SGD: 1x at 64 hosts, 8x from
+  // 8 hosts on; each named once with the evidence.
+  for (const char* offer : {"1x H200 141GB from 64 hosts", "8x H200 141GB from 8 hosts"})
+    EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("not planned: ") + offer +
+                                                    ": a global batch of 16384 [^\\n]*beyond the 8192[^\\n]*Goyal")))
+        << offer << "\n" << r.out;
   int rows = 0;
   std::set<std::string> purchases;
   for (const std::string& l : lines(r.out)) {
@@ -95,7 +114,7 @@ TEST(Plan, TheExampleCatalogGivesATableAChoiceAndItsLaunchLine) {
       EXPECT_EQ(std::stoi(m[4]), std::stoi(m[3]) * (m[1] == "8x" ? 8 : 1)) << l;
     }
   }
-  EXPECT_EQ(rows, 2 * 7 * 2) << r.out;
+  EXPECT_EQ(rows, (6 + 3) * 2) << r.out;
   EXPECT_EQ(purchases.size(), 2u);
   EXPECT_NE(r.out.find("cheapest within 24h: "), std::string::npos) << r.out;
   std::smatch chosen, launch;
@@ -108,8 +127,10 @@ TEST(Plan, TheExampleCatalogGivesATableAChoiceAndItsLaunchLine) {
   if (chosen[1].str().find("spot") != std::string::npos) {
     EXPECT_TRUE(std::regex_search(line, std::regex(R"(--ckpt-every auto --mtbf [0-9.]+h)"))) << line;
   }
-  // Where the numbers come from is printed with them.
-  EXPECT_NE(r.out.find("images/s per GPU, spotrain bench (synthetic data"), std::string::npos) << r.out;
+  // Where the numbers come from is printed with them: a run reading files (the default --data)
+  // at the rate measured end to end from JPEG files.
+  EXPECT_NE(r.out.find("5381.0 images/s per GPU, spotrain bench --data imagefolder: (JPEG files"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("the goodput model: docs/SCALING.md"), std::string::npos) << r.out;
 }
 
@@ -141,7 +162,12 @@ TEST(Plan, TheJsonAndCsvAgreeWithTheChoice) {
                        d + "/plan.json --csv " + d + "/plan.csv");
   ASSERT_EQ(r.code, 0) << r.out;
   json p = json::parse(read_file(d + "/plan.json"));
-  ASSERT_EQ(p["rows"].size(), 2u * 4u * 2u);
+  // "eight" at 8 hosts (64 GPUs x 256 = 16,384) is beyond SGD's evidence: left out, with why.
+  ASSERT_EQ(p["rows"].size(), (4u + 3u) * 2u);
+  ASSERT_EQ(p["left_out_for_batch"].size(), 1u) << p["left_out_for_batch"].dump();
+  EXPECT_EQ(p["left_out_for_batch"][0]["offer"], "eight");
+  EXPECT_EQ(p["left_out_for_batch"][0]["hosts"], 8);
+  EXPECT_EQ(p["batch_evidence"]["max_global_batch"], 8192);
   const double deadline = p["deadline_seconds"], budget = p["budget_usd"];
   EXPECT_EQ(deadline, 7200);
   EXPECT_EQ(budget, 20);
@@ -238,7 +264,7 @@ TEST(Plan, BenchFilesGiveTheSpeed) {
   a100["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB";
   a100["images_per_sec"] = 2500.0;
   write_file(d + "/a100.json", a100.dump());
-  auto r = run_command(kBin + " plan --catalog " + d + "/offers.toml --epochs 1 --max-hosts 1 --json " + d +
+  auto r = run_command(kBin + " plan --catalog " + d + "/offers.toml --epochs 1 --max-hosts 1 --data synthetic --json " + d +
                        "/plan.json --bench " + kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench " + d + "/a100.json");
   ASSERT_EQ(r.code, 0) << r.out;
   json p = json::parse(read_file(d + "/plan.json"));
@@ -256,6 +282,18 @@ TEST(Plan, BenchFilesGiveTheSpeed) {
       const double steps = std::ceil(1281167.0 / 256);
       EXPECT_NEAR(row["wall_seconds"].get<double>(), p["costs"]["startup_seconds"].get<double>() + steps * 256 / ips, 0.1);
     }
+  // A run that reads files: the H200 at the rate measured end to end from files (this project's),
+  // the A100, with no rate from files, at its compute-only bench, said so.
+  auto files = run_command(kBin + " plan --catalog " + d + "/offers.toml --epochs 1 --max-hosts 1 --json " + d +
+                           "/files.json --bench " + kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench " + d + "/a100.json");
+  ASSERT_EQ(files.code, 0) << files.out;
+  json f = json::parse(read_file(d + "/files.json"));
+  for (const json& s : f["speeds"]) {
+    const bool h200 = s["offer"] == "h200";
+    EXPECT_NEAR(s["images_per_sec_per_gpu"].get<double>(), h200 ? 5381.0 : 2500.0, 0.01) << s.dump();
+    EXPECT_NE(s["source"].get<std::string>().find(h200 ? "end to end" : "no rate from files was measured"),
+              std::string::npos) << s.dump();
+  }
 }
 
 // The model against the committed sweep of preempted runs: each run's measured goodput within
@@ -294,7 +332,10 @@ TEST(Plan, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
   }
   const std::string d = scratch("page");
   const std::string page = d + "/plan.html";
-  auto r = run_command(kBin + " plan --catalog " + kSrc + "/examples/offers.toml --epochs 90 --deadline 3h --budget 12 -o " + page);
+  // Every fleet drawn (--show-unproven: those beyond the batch evidence too), at the
+  // compute-only rates (--data synthetic), as the page's 7 points per series expect.
+  auto r = run_command(kBin + " plan --catalog " + kSrc +
+                       "/examples/offers.toml --epochs 90 --deadline 3h --budget 12 --data synthetic --show-unproven -o " + page);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string html = read_file(page);
   EXPECT_NE(html.find("Content-Security-Policy"), std::string::npos);
@@ -405,4 +446,81 @@ TEST(PlanLoop, ARunStartedFromAPlanKeepsItAndTheReportSetsItBeside) {
                                 "--threads 2 --ckpt-dir " + d + "/bad --plan " + d + "/notaplan.json");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(last_line(bad.out).find("--plan " + d + "/notaplan.json holds no plan with a chosen offer"), std::string::npos) << bad.out;
+}
+
+// ---- the planning library (run/plan.h) and the shared metrics reader, without the command ----
+
+namespace {
+
+spotrain::PlanRow row_of(const spotrain::Offer* of, double wall_s, double cost) {
+  spotrain::PlanRow r;
+  r.offer = of;
+  r.wall_s = wall_s;
+  r.cost = cost;
+  return r;
+}
+
+}  // namespace
+
+// The rule: the cheapest row before the deadline (and within a budget); with a budget alone, the
+// fastest within it; none when nothing meets both.
+TEST(PlanLibrary, TheChoiceIsTheCheapestBeforeTheDeadlineOrTheFastestWithinTheBudget) {
+  spotrain::Offer of;
+  const std::vector<spotrain::PlanRow> rows = {row_of(&of, 10 * 3600, 100), row_of(&of, 5 * 3600, 300),
+                                               row_of(&of, 20 * 3600, 50)};
+  auto c = spotrain::choose_row(rows, 12 * 3600, 0);
+  EXPECT_EQ(c.chosen, &rows[0]) << "cheapest of those within 12 h";
+  EXPECT_EQ(c.cheapest, &rows[0]);
+  EXPECT_EQ(c.fastest, &rows[1]);
+  c = spotrain::choose_row(rows, 0, 200);
+  EXPECT_EQ(c.chosen, &rows[0]) << "fastest within $200";
+  c = spotrain::choose_row(rows, 0, 0);
+  EXPECT_EQ(c.chosen, &rows[2]) << "no limit: the cheapest";
+  c = spotrain::choose_row(rows, 6 * 3600, 200);
+  EXPECT_EQ(c.chosen, nullptr) << "the only row within 6 h costs $300";
+  EXPECT_EQ(c.cheapest, &rows[1]);
+}
+
+// An offer whose GPU has no measured speed is left out with the bench line that would measure
+// it; the others get rows at 1, 2, 4 hosts, spot and on demand, whose time falls with hosts.
+TEST(PlanLibrary, AnOfferWithoutASpeedIsLeftOutWithTheBenchLineToRun) {
+  std::vector<spotrain::Offer> offers(2);
+  offers[0].name = "h200";
+  offers[0].gpu = "H200";
+  offers[0].on_demand = 30;
+  offers[0].spot = 10;
+  offers[0].spot_mtbf_h = 12;
+  offers[0].network_gbps = 100;
+  offers[1] = offers[0];
+  offers[1].name = "mystery";
+  offers[1].gpu = "X9000";
+  spotrain::PlanInput in;
+  in.max_hosts = 4;
+  const spotrain::Planned p = spotrain::plan_offers(in, offers, {});
+  ASSERT_EQ(p.left_out.size(), 1u);
+  EXPECT_EQ(p.left_out[0]["offer"], "mystery");
+  EXPECT_NE(p.left_out[0]["why"].get<std::string>().find("spotrain bench --model resnet50"), std::string::npos);
+  ASSERT_EQ(p.rows.size(), 6u);
+  EXPECT_GT(p.parameters, 25000000);
+  for (size_t i = 2; i < p.rows.size(); ++i)
+    if (p.rows[i].spot == p.rows[i - 2].spot) {
+      EXPECT_LT(p.rows[i].work_s, p.rows[i - 2].work_s);
+    }
+}
+
+// One reader for report and plan: torn lines counted, times and medians NaN where absent.
+TEST(MetricsReader, TornLinesAreCountedAndMissingTimesAreNaN) {
+  const std::string dir = scratch("reader");
+  write_file(dir + "/metrics.jsonl",
+             "{\"type\":\"start\",\"time\":\"2026-12-01T07:59:12.825Z\"}\n{\"type\":\"step\",\"st\n"
+             "[1,2]\n{\"type\":\"end\"}\n");
+  const spotrain::MetricsFile f = spotrain::read_metrics_file(dir + "/metrics.jsonl");
+  ASSERT_EQ(f.records.size(), 2u);
+  EXPECT_EQ(f.torn, 2);
+  EXPECT_NEAR(spotrain::record_seconds(f.records[0]), 1796111952.825, 1e-3);
+  EXPECT_TRUE(std::isnan(spotrain::record_seconds(f.records[1])));
+  EXPECT_TRUE(std::isnan(spotrain::iso_seconds("yesterday")));
+  EXPECT_TRUE(std::isnan(spotrain::median_of({})));
+  EXPECT_EQ(spotrain::median_of({3, 1, 2}), 2);
+  EXPECT_THROW(spotrain::read_metrics_file(dir + "/none.jsonl"), spotrain::Error);
 }

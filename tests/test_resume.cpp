@@ -12,11 +12,14 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoints/checkpoint.h"
 #include "ckpt_state.h"
+#include "core/error.h"
+#include "run/resume.h"
 #include "run_command.h"
 #include <hdf5.h>
 #include <signal.h>
@@ -47,6 +50,27 @@ std::map<int64_t, std::string> step_losses(const fs::path& metrics) {
     if (j["type"] == "step") m[j["step"].get<int64_t>()] = j["loss"].dump();
   }
   return m;
+}
+
+// A straight run (d/a) and an interrupted, resumed one (d/b) end alike: the checkpoint `last`
+// of each holds the same weights and momentum, bit for bit, and the two trained the same
+// samples in the same order (SPOTRAIN_SAMPLE_LOG d/a.ids and d/b.ids): `steps` steps of
+// `per_step` samples each, none trained twice, none skipped.
+void expect_same_end_and_samples(const fs::path& d, const std::string& last, size_t steps, size_t per_step) {
+  CkptState sa = load_ckpt_state((d / "a" / last).string());
+  CkptState sb = load_ckpt_state((d / "b" / last).string());
+  ASSERT_EQ(sa.params.size(), sb.params.size());
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  auto ids_a = read_sample_log({(d / "a.ids").string()});
+  auto ids_b = read_sample_log({(d / "b.ids").string()});
+  ASSERT_EQ(ids_a.size(), steps);
+  ASSERT_EQ(ids_b.size(), steps);
+  for (auto& [step, runs] : ids_b) {
+    ASSERT_EQ(runs.size(), 1u) << "step " << step << " was trained twice";
+    ASSERT_EQ(runs[0].size(), per_step);
+    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
+  }
 }
 
 }  // namespace
@@ -83,23 +107,9 @@ TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
     EXPECT_GT(step, 40);
     EXPECT_EQ(loss, la[step]) << "step " << step;
   }
-  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000064.h5").string());
-  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000064.h5").string());
-  ASSERT_EQ(sa.params.size(), sb.params.size());
-  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
-
   // Data order: the interrupted run consumed exactly the samples of the straight one, in
   // the same order, none repeated (each step trained once) and none skipped.
-  auto ids_a = read_sample_log({(d / "a.ids").string()});
-  auto ids_b = read_sample_log({(d / "b.ids").string()});
-  ASSERT_EQ(ids_a.size(), 64u);
-  ASSERT_EQ(ids_b.size(), 64u);
-  for (auto& [step, runs] : ids_b) {
-    ASSERT_EQ(runs.size(), 1u) << "step " << step << " was trained twice";
-    ASSERT_EQ(runs[0].size(), 32u);
-    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
-  }
+  expect_same_end_and_samples(d, "ckpt-00000064.h5", 64, 32);
 }
 
 // The same with fp16 dynamic loss scaling on a small synthetic run: the scaler state
@@ -133,6 +143,144 @@ TEST(Resume, Fp16LossScalerStateResumesBitwise) {
   CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000032.h5").string());
   EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
   EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+}
+
+// LARS with the poly schedule (a warm-up, then the decay to --lr-end) resumes bitwise: the
+// momentum (which holds LARS's scaled learning rate inside), the step count and the schedule's
+// place come back exactly. The checkpoint records the optimizer, in its config and its
+// optimizer group.
+TEST(Resume, LarsWithPolyScheduleResumesBitwise) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_lars";
+  fs::remove_all(d);
+  std::string common =
+      "train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --batch-size 16 "
+      "--epochs 2 --optimizer lars --lars-trust 0.002 --lr 1.5 --lr-schedule poly --warmup-epochs 0.5 "
+      "--lr-end 0.001 --log-every 1 --threads 1 --deterministic --keep 100 ";
+  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
+                      (d / "a.jsonl").string());
+  ASSERT_EQ(a.code, 0) << a.text;
+  EXPECT_NE(a.text.find("optimizer LARS"), std::string::npos) << a.text;
+  Out b1 = run("SPOTRAIN_FAULT=term:0:11", common + "--ckpt-dir " + (d / "b").string());
+  ASSERT_EQ(b1.code, 75) << b1.text;
+  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
+                       (d / "b2.jsonl").string() + " --resume auto");
+  ASSERT_EQ(b2.code, 0) << b2.text;
+  EXPECT_NE(b2.text.find("step 11, 0 epochs and 11 batches done"), std::string::npos) << b2.text;
+  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
+  ASSERT_EQ(lb.size(), 21u);
+  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  const std::string last = (d / "a" / "ckpt-00000032.h5").string();
+  CkptState sa = load_ckpt_state(last);
+  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000032.h5").string());
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  const CheckpointInfo info = read_checkpoint_info(last);
+  EXPECT_EQ(info.optimizer_kind, "lars");
+  const auto config = nlohmann::json::parse(info.config_json);
+  EXPECT_EQ(config["optimizer"], "lars");
+  EXPECT_EQ(config["lr_schedule"], "poly");
+  EXPECT_EQ(config["lars_trust"].get<double>(), 0.002);
+}
+
+// A checkpoint resumed with the other --optimizer is refused in one line that says which it was
+// trained with (their momentum buffers mean different things), both ways.
+TEST(Resume, AnotherOptimizerIsRefused) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_optimizer";
+  fs::remove_all(d);
+  const std::string common = "train --model resnet20 --data synthetic --train-limit 64 "
+                             "--batch-size 16 --threads 1 ";
+  for (const auto& [trained, asked] : {std::pair<std::string, std::string>{"sgd", "lars"},
+                                       std::pair<std::string, std::string>{"lars", "sgd"}}) {
+    const fs::path first = d / trained, second = d / (trained + "-then-" + asked);
+    Out a = run("", common + "--steps 2 --optimizer " + trained + " --ckpt-dir " + first.string());
+    ASSERT_EQ(a.code, 0) << a.text;
+    const std::string ckpt = (first / "ckpt-00000002.h5").string();
+    EXPECT_EQ(read_checkpoint_info(ckpt).optimizer_kind, trained);
+    Out b = run("", common + "--steps 4 --optimizer " + asked + " --ckpt-dir " + second.string() +
+                        " --resume " + ckpt);
+    EXPECT_EQ(b.code, 1) << b.text;
+    EXPECT_NE(b.text.find("error: checkpoint " + ckpt + " was trained with --optimizer " + trained +
+                          "; this run asks for " + asked),
+              std::string::npos)
+        << b.text;
+  }
+}
+
+// Gradient accumulation (--accum-steps 2, batch 8): a stop mid-epoch at a step boundary, then
+// --resume auto, continues bitwise: the same losses after the stop, the same weights and momentum
+// at the end, and each step's 16 samples (both micro-batches, in one line) trained once.
+TEST(Resume, AccumulatedStepsResumeBitwise) {
+  fs::path d = fs::temp_directory_path() / "spotrain_resume_accum";
+  fs::remove_all(d);
+  std::string common =
+      "train --model resnet20 --data synthetic --train-limit 128 --test-limit 32 --batch-size 8 "
+      "--accum-steps 2 --epochs 2 --log-every 1 --threads 1 --deterministic --keep 100 ";
+  std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
+  std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
+  Out a = run(log_a, common + "--ckpt-dir " + (d / "a").string() + " --metrics " + (d / "a.jsonl").string());
+  ASSERT_EQ(a.code, 0) << a.text;
+  EXPECT_NE(a.text.find("batch 8 x 2 micro-batches per step (--accum-steps; global batch 16)"),
+            std::string::npos) << a.text;
+  // 8 steps of 16 images per epoch: step 5 is mid-way through the first.
+  Out b1 = run(log_b + " SPOTRAIN_FAULT=term:0:5", common + "--ckpt-dir " + (d / "b").string());
+  ASSERT_EQ(b1.code, 75) << b1.text;
+  Out b2 = run(log_b, common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
+                          (d / "b2.jsonl").string() + " --resume auto");
+  ASSERT_EQ(b2.code, 0) << b2.text;
+  EXPECT_NE(b2.text.find("step 5, 0 epochs and 5 batches done"), std::string::npos) << b2.text;
+  EXPECT_EQ(b2.text.find("overridden"), std::string::npos) << "same ranks, same split:\n" << b2.text;
+  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
+  ASSERT_EQ(lb.size(), 11u);
+  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  EXPECT_EQ(read_checkpoint_info((d / "b" / "ckpt-00000005.h5").string()).global_batch, 16);
+  expect_same_end_and_samples(d, "ckpt-00000016.h5", 16, 16);
+}
+
+// The split of a checkpoint's global batch over a new rank count (run/resume.h): fewer ranks
+// keep the per-rank batch (--batch-size) and take more micro-batches, more ranks fewer, then a
+// smaller per-rank batch; the same rank count gives the run's own split back.
+TEST(ResumeSplit, AShrinkKeepsThePerRankBatchAndMultipliesTheMicroBatches) {
+  auto split = [](int64_t g, int64_t w, int64_t b) {
+    BatchSplit s = split_global_batch(g, w, b);
+    return std::pair<int64_t, int>(s.per_rank_batch, s.accum_steps);
+  };
+  using P = std::pair<int64_t, int>;
+  // Started on 4 ranks x 32 (global 128).
+  EXPECT_EQ(split(128, 4, 32), (P{32, 1}));
+  EXPECT_EQ(split(128, 2, 32), (P{32, 2}));  // shrunk to 2: the same batch, two micro-batches
+  EXPECT_EQ(split(128, 1, 32), (P{32, 4}));
+  EXPECT_EQ(split(128, 8, 32), (P{16, 1}));  // grown: fewer micro-batches first, then smaller batches
+  // Started on 1 rank x 32 x 4: grown to 2 and 4 ranks, back to 1.
+  EXPECT_EQ(split(128, 2, 32), (P{32, 2}));
+  EXPECT_EQ(split(128, 4, 32), (P{32, 1}));
+  // A smaller --batch-size on the same ranks (less memory per GPU): more micro-batches.
+  EXPECT_EQ(split(128, 4, 16), (P{16, 2}));
+}
+
+TEST(ResumeSplit, NoSplitNamesTheRankCountsThatWork) {
+  auto error_of = [](int64_t g, int64_t w, int64_t b) -> std::string {
+    try {
+      split_global_batch(g, w, b);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // 128 over 3 ranks: no whole per-rank batch.
+  std::string e = error_of(128, 3, 32);
+  EXPECT_NE(e.find("does not divide over 3 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("Resume on 1, 2, 4, 8, 16, 32, 64 or 128 ranks"), std::string::npos) << e;
+  // 96 (3 x 32) over 2 ranks: 48 each, no whole number of micro-batches of 32.
+  e = error_of(96, 2, 32);
+  EXPECT_NE(e.find("does not divide over 2 ranks into micro-batches of at most --batch-size 32 "
+                   "(48 images per rank and step)"), std::string::npos) << e;
+  EXPECT_NE(e.find("Resume on 1, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96 ranks, or with a "
+                   "--batch-size that divides 48"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << "one line";
+  // Many counts: the first twelve, and how many more.
+  e = error_of(1 << 20, 3, 1);
+  EXPECT_NE(e.find("Resume on 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048 or one of 9 larger "
+                   "counts"), std::string::npos) << e;
 }
 
 // SIGKILL while a checkpoint is being written (the write-delay hook holds the write of

@@ -427,6 +427,129 @@ TEST(CapturedSteps, ABackendWithoutARecorderOrSeveralRanksSayWhyNot) {
   EXPECT_FALSE(cpu.capturing());
 }
 
+// With micro-batches a step is several forwards and backwards: use_captured_steps says so, and
+// asked after capture was taken up (a resume that changed --accum-steps), set_accum_steps
+// turns it off with the same reason; the steps run as they come, the recorder never called.
+TEST(CapturedSteps, MicroBatchesRunAsTheyComeAndSaySo) {
+  RecorderRun a;
+  EXPECT_EQ(a.runner.set_accum_steps(2), "");
+  EXPECT_NE(a.runner.use_captured_steps().find("--accum-steps 2"), std::string::npos);
+  EXPECT_FALSE(a.runner.capturing());
+  RecorderRun b;
+  EXPECT_EQ(b.runner.use_captured_steps(), "");
+  const std::string why = b.runner.set_accum_steps(2);
+  EXPECT_NE(why.find("--accum-steps 2: each step's 2 micro-batches run as they come"), std::string::npos) << why;
+  EXPECT_FALSE(b.runner.capturing());
+  for (int i = 0; i < StepRunner::kEagerBeforeCapture + 2; ++i) {
+    Batch first = random_batch(8, 60 + i);
+    b.runner.queue(first.images, first.labels.data(), 0.05f, 0.f);
+    EXPECT_EQ(b.runner.micro_batches_queued(), 1);
+    EXPECT_TRUE(b.step(8, 70 + i)) << i;  // the step's last micro-batch
+  }
+  EXPECT_EQ(b.be.calls, Calls{});
+  EXPECT_EQ(b.sgd.steps(), StepRunner::kEagerBeforeCapture + 2);
+}
+
+// ---- gradient accumulation (--accum-steps) ---------------------------------------------------
+
+namespace {
+
+// Two CPU models from the same weights: one trained by a StepRunner with micro-batches, one by
+// the rule written out.
+struct TwinModels {
+  std::unique_ptr<Backend> be = make_backend("cpu", BackendOptions{1, false});
+  Model a{build_resnet(ResNetOptions{}), *be}, b{build_resnet(ResNetOptions{}), *be};
+  Sgd sgd_a{a, SgdOptions{}}, sgd_b{b, SgdOptions{}};
+  TwinModels() {
+    a.initialize(9);
+    b.initialize(9);
+  }
+};
+
+}  // namespace
+
+// A step of K = 2 micro-batches on one rank: each micro-batch's forward and backward on its
+// own (batch norm on its own statistics, the running statistics moved by both in turn), the
+// gradients summed (the last micro-batch's + the earlier one's, each fp32 sum rounded once)
+// and the update taking the sum / 2, as two ranks' all-reduce average; the loss is the mean
+// over both. The reference is that rule written out with the sum made on the host: bit for bit.
+TEST(Accumulation, AStepOfTwoMicroBatchesAppliesTheirSumOverTwo) {
+  TwinModels m;
+  LossScaler off{LossScalerOptions{}};
+  StepRunner runner(m.a, m.sgd_a, off, Precision::fp32);
+  EXPECT_EQ(runner.set_accum_steps(2), "");
+  EXPECT_EQ(runner.accum_steps(), 2);
+  for (int step = 0; step < 3; ++step) {
+    StepBatch first = fmnist_like_batch(8, 100 + step), second = fmnist_like_batch(8, 200 + step);
+    const float lr = 0.1f - 0.02f * float(step);
+    runner.queue(first.images, first.labels.data(), lr, 0.1f);
+    const StepResult got = runner.run(second.images, second.labels.data(), lr, 0.1f);
+    // The rule, by hand.
+    Backend& be = *m.be;
+    LossResult l[2];
+    std::vector<float> g[2];
+    const StepBatch* mb[2] = {&first, &second};
+    for (int j = 0; j < 2; ++j) {
+      Tensor dl;
+      l[j] = be.softmax_xent(m.b.forward(be.upload_images(mb[j]->images), true), mb[j]->labels.data(),
+                             0.1f, 1.f, &dl);
+      m.b.backward(dl);
+      g[j] = host_copy(be, m.b.flat_grads());
+    }
+    Tensor sum = Tensor::host({m.b.num_params()});
+    for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] = g[1][size_t(i)] + g[0][size_t(i)];
+    be.copy(be.from_host(sum), m.b.flat_grads());
+    m.sgd_b.step(lr, 0.5f);
+
+    EXPECT_FALSE(got.overflow);
+    EXPECT_DOUBLE_EQ(got.loss.loss, (l[0].loss * 8 + l[1].loss * 8) / 16) << "step " << step;
+    EXPECT_EQ(got.loss.top1, l[0].top1 + l[1].top1);
+    EXPECT_EQ(host_copy(be, m.a.flat_params()), host_copy(be, m.b.flat_params())) << "step " << step;
+    EXPECT_EQ(host_copy(be, m.sgd_a.momentum()), host_copy(be, m.sgd_b.momentum())) << "step " << step;
+    EXPECT_EQ(host_copy(be, m.a.flat_buffers()), host_copy(be, m.b.flat_buffers())) << "step " << step;
+  }
+  EXPECT_EQ(m.sgd_a.steps(), 3);
+}
+
+// fp16: one overflow verdict per step, over the sum of its micro-batches. A micro-batch holding
+// a pixel fp16 cannot hold (inf once uploaded) poisons the sum, first or last: the whole step is
+// skipped (weights and momentum bit for bit as before, the scale halved once, one skipped step),
+// where the same micro-batch with a finite pixel leaves the step applied.
+TEST(Accumulation, Fp16OverflowInOneMicroBatchSkipsTheWholeStep) {
+  Trainer t(small_fp16_config());
+  Model& model = t.model();
+  Sgd& sgd = t.optimizer();
+  Backend& be = t.backend();
+  for (bool bad_first : {true, false}) {
+    LossScaler scaler = make_scaler(1024);
+    StepRunner runner(model, sgd, scaler, Precision::fp16);
+    runner.set_accum_steps(2);
+    Batch good = random_batch(16, 31), bad = random_batch(16, 32);
+    bad.images.data<float>()[5] = 1e6f;  // beyond fp16's 65504
+    const std::vector<float> p0 = host_copy(be, model.flat_params()), m0 = host_copy(be, sgd.momentum());
+    const int64_t steps0 = sgd.steps();
+    const Batch& one = bad_first ? bad : good;
+    const Batch& two = bad_first ? good : bad;
+    runner.queue(one.images, one.labels.data(), 0.1f, 0.f);
+    StepResult r = runner.run(two.images, two.labels.data(), 0.1f, 0.f);
+    EXPECT_TRUE(r.overflow) << "bad micro-batch first: " << bad_first;
+    EXPECT_EQ(host_copy(be, model.flat_params()), p0) << "params changed on overflow";
+    EXPECT_EQ(host_copy(be, sgd.momentum()), m0) << "momentum changed on overflow";
+    EXPECT_EQ(sgd.steps(), steps0);
+    EXPECT_EQ(scaler.scale(), 512.0);
+    EXPECT_EQ(scaler.state().skipped_steps, 1);
+    // The control: the same micro-batches with that pixel finite are applied.
+    bad.images.data<float>()[5] = 1.f;
+    runner.queue(one.images, one.labels.data(), 0.1f, 0.f);
+    r = runner.run(two.images, two.labels.data(), 0.1f, 0.f);
+    EXPECT_FALSE(r.overflow);
+    EXPECT_TRUE(std::isfinite(r.loss.loss));
+    EXPECT_EQ(sgd.steps(), steps0 + 1);
+    EXPECT_NE(host_copy(be, model.flat_params()), p0);
+    EXPECT_EQ(scaler.state().skipped_steps, 1);
+  }
+}
+
 // --fusion auto, the default: on the CPU the Trainer keeps every chain apart without timing;
 // a StepRunner told to choose times the chains on its first batch, before the first forward,
 // and says so in one line.

@@ -472,6 +472,61 @@ void CpuBackend::sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& mome
   }
 }
 
+// LARS: the squared norms of each adapted segment summed over fixed chunks of kLarsChunk
+// elements (in parallel), then the chunks in order: the same sums whatever the thread count, so
+// --deterministic runs repeat bitwise. Then each segment's update with its trust ratio.
+void CpuBackend::lars_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                                const std::vector<LarsSegment>& segments, const LarsHyper& h) {
+  if (h.skip_on_overflow && queued_overflow_) return;
+  for (const auto& s : segments)
+    SPOTRAIN_CHECK(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= params.numel(),
+                   "lars_step: segment outside the parameter buffer");
+  params.mark_written();
+  float* p = params.data<float>();
+  const float* g = grads.data<float>();
+  float* m = momentum.data<float>();
+  constexpr int64_t kLarsChunk = 8192;
+  struct Chunk {
+    int64_t begin, end;
+  };
+  std::vector<Chunk> chunks;
+  std::vector<size_t> first(segments.size() + 1, 0);  // segment i: chunks [first[i], first[i + 1])
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const LarsSegment& s = segments[i];
+    first[i] = chunks.size();
+    if (s.adapt)
+      for (int64_t o = 0; o < s.count; o += kLarsChunk)
+        chunks.push_back(Chunk{s.offset + o, s.offset + std::min(s.count, o + kLarsChunk)});
+  }
+  first[segments.size()] = chunks.size();
+  std::vector<double> w_sq(chunks.size(), 0.), g_sq(chunks.size(), 0.);
+  const int64_t nchunks = int64_t(chunks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    double ws = 0., gs = 0.;
+    for (int64_t i = chunks[size_t(c)].begin; i < chunks[size_t(c)].end; ++i)
+      lars_norm_terms(p[i], g[i], h.grad_scale, ws, gs);
+    w_sq[size_t(c)] = ws;
+    g_sq[size_t(c)] = gs;
+  }
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const LarsSegment& s = segments[k];
+    float scaled_lr = h.lr;
+    if (s.adapt) {
+      double ws = 0., gs = 0.;
+      for (size_t c = first[k]; c < first[k + 1]; ++c) {
+        ws += w_sq[c];
+        gs += g_sq[c];
+      }
+      scaled_lr = h.lr * lars_trust_ratio(ws, gs, h.trust, s.weight_decay, h.epsilon);
+    }
+    const float wd = s.weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = s.offset; i < s.offset + s.count; ++i)
+      lars_update(p[i], g[i], m[i], scaled_lr, h.momentum, wd, h.nesterov, h.grad_scale);
+  }
+}
+
 void CpuBackend::lerp_impl(Tensor& dst, const Tensor& src, float weight) {
   SPOTRAIN_CHECK(dst.numel() == src.numel() && dst.dtype() == DType::f32 && src.dtype() == DType::f32,
                  "lerp: fp32 tensors of one size, got ", dst.describe(), " and ", src.describe());

@@ -69,6 +69,8 @@ class CpuBackend : public Backend {
                                float grad_scale, Tensor* dlogits, const LabelMix* mix) override;
   void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
                      const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  void lars_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                      const std::vector<LarsSegment>& segments, const LarsHyper& h) override;
   bool unscale_and_check_impl(Tensor& grads, float inv_scale) override;
   void lerp_impl(Tensor& dst, const Tensor& src, float weight) override;
 

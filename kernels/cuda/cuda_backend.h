@@ -139,6 +139,8 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
                           float grad_scale, Tensor* dlogits, const LabelMix* mix) override;
   void sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
                 const std::vector<SgdSegment>& segments, const SgdHyper& h) override;
+  void lars_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                      const std::vector<LarsSegment>& segments, const LarsHyper& h) override;
   bool unscale_and_check_impl(Tensor& grads, float inv_scale) override;
   void unscale_check_queue_impl(Tensor& grads, float inv_scale) override;
   void lerp_impl(Tensor& dst, const Tensor& src, float weight) override;
@@ -288,6 +290,11 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::vector<SgdSegment> sgd_segments_;
   Tensor sgd_chunks_;
   int64_t sgd_nchunks_ = 0;
+  // The LARS chunk table and its per-chunk squared norms ((chunks, 2) doubles), rebuilt when
+  // the segments change.
+  std::vector<LarsSegment> lars_segments_;
+  Tensor lars_chunks_, lars_partials_;
+  int64_t lars_nchunks_ = 0;
 };
 
 }  // namespace spotrain::cuda

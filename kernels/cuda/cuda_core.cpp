@@ -1,6 +1,6 @@
 // CUDA backend: set-up and tear-down, the device allocator, profiling marks, data movement
 // (compute stream, plus a copy stream for image uploads ordered with events), elementwise ops,
-// global pooling, Linear with cuBLAS, the loss, SGD, the overflow check and the weights' moving
+// global pooling, Linear with cuBLAS, the loss, SGD and LARS, the overflow check and the weights' moving
 // average (our kernels, cuda_kernels.cu). Convolution is in cuda_conv.cpp, batch norm and max
 // pooling in cuda_norm_pool.cpp, captured steps in cuda_graph.cpp.
 #include <algorithm>
@@ -721,6 +721,49 @@ void CudaBackend::sgd_step_impl(Tensor& params, const Tensor& grads, Tensor& mom
              graph_scalar(0), compute_);
 }
 
+void CudaBackend::lars_step_impl(Tensor& params, const Tensor& grads, Tensor& momentum,
+                                 const std::vector<LarsSegment>& segments, const LarsHyper& h) {
+  params.mark_written();
+  check_device(params, "lars_step");
+  check_device(grads, "lars_step");
+  check_device(momentum, "lars_step");
+  bool same = segments.size() == lars_segments_.size();
+  for (size_t i = 0; same && i < segments.size(); ++i)
+    same = segments[i].offset == lars_segments_[i].offset &&
+           segments[i].count == lars_segments_[i].count &&
+           segments[i].weight_decay == lars_segments_[i].weight_decay &&
+           segments[i].adapt == lars_segments_[i].adapt;
+  if (!same || !lars_chunks_.defined()) {
+    SPOTRAIN_CHECK(!capturing_, "internal: the LARS segments changed while capturing a step");
+    std::vector<LarsChunk> chunks;
+    for (const auto& s : segments) {
+      SPOTRAIN_CHECK(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= params.numel(),
+                     "lars_step: segment outside the parameter buffer");
+      const int32_t first = int32_t(chunks.size());
+      const int32_t n = int32_t((s.count + kSgdChunk - 1) / kSgdChunk);
+      for (int64_t o = 0; o < s.count; o += kSgdChunk)
+        chunks.push_back(LarsChunk{s.offset + o, int32_t(std::min<int64_t>(kSgdChunk, s.count - o)),
+                                   s.weight_decay, first, n, s.adapt ? 1 : 0, 0});
+    }
+    static_assert(sizeof(LarsChunk) == 32, "LarsChunk is 32 bytes");
+    lars_nchunks_ = int64_t(chunks.size());
+    const int64_t rows = std::max<int64_t>(1, lars_nchunks_);
+    lars_chunks_ = Tensor({rows * 8}, DType::f32, allocator());
+    lars_partials_ = Tensor({rows * 4}, DType::f32, allocator());  // (rows, 2) doubles
+    if (!chunks.empty())
+      CUDA_CHECK(cudaMemcpyAsync(lars_chunks_.raw(), chunks.data(), chunks.size() * sizeof(LarsChunk),
+                                 cudaMemcpyHostToDevice, compute_));
+    lars_segments_ = segments;
+  }
+  SPOTRAIN_CHECK(!h.skip_on_overflow || overflow_flag_.defined(),
+                 "internal: lars_step skip_on_overflow before any unscale_check_queue");
+  launch_lars(params.data<float>(), grads.data<float>(), momentum.data<float>(),
+              static_cast<const LarsChunk*>(lars_chunks_.raw()), lars_nchunks_,
+              static_cast<double*>(lars_partials_.write_raw()), h.lr, h.momentum, h.nesterov,
+              h.grad_scale, h.trust, h.epsilon,
+              h.skip_on_overflow ? overflow_flag_.data<int>() : nullptr, graph_scalar(0), compute_);
+}
+
 void CudaBackend::lerp_impl(Tensor& dst, const Tensor& src, float weight) {
   check_device(dst, "lerp");
   check_device(src, "lerp");
@@ -785,6 +828,8 @@ CudaBackend::~CudaBackend() {
   weight_copies_.clear();
   workspace_ = Tensor();
   sgd_chunks_ = Tensor();
+  lars_chunks_ = Tensor();
+  lars_partials_ = Tensor();
   if (pinned_) CUDA_WARN(cudaFreeHost(pinned_));
   if (blas_) CUBLAS_WARN(blas::destroy(blas_));
   if (blas_workspace_) CUDA_WARN(cudaFree(blas_workspace_));

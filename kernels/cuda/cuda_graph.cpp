@@ -44,7 +44,8 @@ void CudaBackend::end_recording() {
   CUDA_WARN(cudaGraphDestroy(g));
   SPOTRAIN_CHECK(whole, "internal: the captured step computed no loss");
   CUDA_CHECK(e);
-  for (const Tensor* t : {&workspace_, &loss_host_, &overflow_flag_, &overflow_host_, &sgd_chunks_})
+  for (const Tensor* t : {&workspace_, &loss_host_, &overflow_flag_, &overflow_host_, &sgd_chunks_,
+                          &lars_chunks_, &lars_partials_})
     if (t->defined()) graph_refs_.push_back(*t);
   graph_loss_host_ = loss_host_;
   graph_rows_ = loss_rows_;

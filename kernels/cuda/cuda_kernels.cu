@@ -1,6 +1,6 @@
 // The CUDA backend's own kernels: casts, ReLU, Add, BN inference and statistics, global
-// average pooling, bias and column sums, softmax cross-entropy, the multi-tensor SGD update
-// and the overflow check. Per-element math comes from kernels/elementwise.h (shared with
+// average pooling, bias and column sums, softmax cross-entropy, the multi-tensor SGD and LARS
+// updates and the overflow check. Per-element math comes from kernels/elementwise.h (shared with
 // the CPU backend and covered by its tests). Simple grid-stride loops over int64 indices,
 // except the large elementwise maps (ReLU, Add and their gradients), which move 16 bytes per
 // load and store: scalar 2-byte accesses reached a third of the memory bandwidth on an H200.
@@ -435,6 +435,58 @@ __global__ void sgd_kernel(float* p, const float* g, float* m, const SgdChunk* c
   }
 }
 
+// LARS, first half: one block per chunk of an adapted segment, its squared norms.
+__global__ void lars_norms_kernel(const float* p, const float* g, const LarsChunk* chunks,
+                                  float grad_scale, const int* skip, double* partial) {
+  __shared__ double sd[32];
+  if (skip && *skip) return;
+  const LarsChunk ck = chunks[blockIdx.x];
+  if (!ck.adapt) return;  // the whole block alike
+  double ws = 0, gs = 0;
+  for (int j = threadIdx.x; j < ck.count; j += blockDim.x)
+    lars_norm_terms(p[ck.offset + j], g[ck.offset + j], grad_scale, ws, gs);
+  auto add = [](double a, double b) { return a + b; };
+  ws = block_reduce(ws, add, sd);
+  gs = block_reduce(gs, add, sd);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = ws;
+    partial[2 * blockIdx.x + 1] = gs;
+  }
+}
+
+// LARS, second half: one block per chunk; its segment's trust ratio from the chunks' sums (in
+// chunk order), then the update.
+__global__ void lars_kernel(float* p, const float* g, float* m, const LarsChunk* chunks,
+                            const double* partial, float lr, float momentum, bool nesterov,
+                            float grad_scale, float eeta, float epsilon, const int* skip,
+                            const float* lr_dev) {
+  __shared__ float scaled;
+  if (skip && *skip) return;
+  if (lr_dev) lr = *lr_dev;
+  const LarsChunk ck = chunks[blockIdx.x];
+  if (threadIdx.x == 0) {
+    float s = lr;
+    if (ck.adapt) {
+      double ws = 0, gs = 0;
+      for (int c = ck.first; c < ck.first + ck.chunks; ++c) {
+        ws += partial[2 * c];
+        gs += partial[2 * c + 1];
+      }
+      s = lr * lars_trust_ratio(ws, gs, eeta, ck.weight_decay, epsilon);
+    }
+    scaled = s;
+  }
+  __syncthreads();
+  const float scaled_lr = scaled;
+  for (int j = threadIdx.x; j < ck.count; j += blockDim.x) {
+    const int64_t i = ck.offset + j;
+    float pi = p[i], mi = m[i];
+    lars_update(pi, g[i], mi, scaled_lr, momentum, ck.weight_decay, nesterov, grad_scale);
+    p[i] = pi;
+    m[i] = mi;
+  }
+}
+
 __global__ void unscale_check_kernel(float* g, int64_t n, float inv_scale, const float* inv_dev,
                                      int* flag) {
   if (inv_dev) inv_scale = *inv_dev;
@@ -702,6 +754,18 @@ void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int6
   if (nchunks > 0)
     sgd_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, m, chunks, lr, momentum, nesterov,
                                                       grad_scale, skip, lr_dev);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_lars(float* p, const float* g, float* m, const LarsChunk* chunks, int64_t nchunks,
+                 double* partial, float lr, float momentum, bool nesterov, float grad_scale,
+                 float eeta, float epsilon, const int* skip, const float* lr_dev, cudaStream_t s) {
+  if (nchunks <= 0) return;
+  lars_norms_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, chunks, grad_scale, skip, partial);
+  CUDA_CHECK_LAUNCH();
+  lars_kernel<<<unsigned(nchunks), kThreads, 0, s>>>(p, g, m, chunks, partial, lr, momentum,
+                                                     nesterov, grad_scale, eeta, epsilon, skip,
+                                                     lr_dev);
   CUDA_CHECK_LAUNCH();
 }
 

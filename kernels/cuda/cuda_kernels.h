@@ -18,6 +18,19 @@ struct SgdChunk {
   float weight_decay;
 };
 constexpr int kSgdChunk = 8192;
+// One block of work of the LARS update: `count` elements from `offset`, of a segment whose
+// chunks are [first, first + chunks) of the table; `adapt`: the segment has a trust ratio,
+// from the squared norms its chunks' blocks summed (added up in chunk order, so every block
+// of a segment, and every run, gets the same ratio).
+struct LarsChunk {
+  int64_t offset;
+  int32_t count;
+  float weight_decay;
+  int32_t first;
+  int32_t chunks;
+  int32_t adapt;
+  int32_t unused;
+};
 
 void launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s);
 // upload_pixels: dst[i] = fma(src[i], scale[c], shift[c]) in dt, c = i % channels (NHWC).
@@ -93,6 +106,12 @@ void launch_softmax_xent(const float* z, const int32_t* labels, const int32_t* l
 void launch_sgd(float* p, const float* g, float* m, const SgdChunk* chunks, int64_t nchunks,
                 float lr, float momentum, bool nesterov, float grad_scale, const int* skip,
                 const float* lr_dev, cudaStream_t s);
+// LARS (kernels/elementwise.h: lars_norm_terms, lars_trust_ratio, lars_update): one kernel
+// writes each adapted chunk's squared norms of p and g * grad_scale into `partial` ((nchunks,
+// 2) doubles), a second sums each segment's and updates; skip and lr_dev as launch_sgd's.
+void launch_lars(float* p, const float* g, float* m, const LarsChunk* chunks, int64_t nchunks,
+                 double* partial, float lr, float momentum, bool nesterov, float grad_scale,
+                 float eeta, float epsilon, const int* skip, const float* lr_dev, cudaStream_t s);
 // g *= inv_scale; *flag = 1 if any result is inf or NaN (flag is not cleared here).
 void launch_unscale_check(float* g, int64_t n, float inv_scale, const float* inv_dev, int* flag,
                           cudaStream_t s);

@@ -65,12 +65,15 @@ struct BenchOptions {
 
 // The settings of the table bench takes (train's flags, help and choices).
 const std::vector<std::string> kBenchSettings = {
-    "--model",  "--batch-size", "--image-size", "--threads",  "--precision",        "--grad-checkpoint", "--fusion",
+    "--model",  "--batch-size", "--accum-steps", "--image-size", "--threads",  "--precision",        "--grad-checkpoint", "--fusion",
     "--device", "--data",       "--workers",    "--prefetch", "--max-bad-fraction", "--seed",            "--cuda-graph,!--no-cuda-graph",
-    "--autotune,!--no-autotune", "--kernel-cache"};
+    "--autotune,!--no-autotune", "--kernel-cache", "--optimizer", "--lars-trust", "--lars-epsilon"};
 
 // The training settings bench's options stand for.
 const RunConfig& run_config_of(const BenchOptions& o) { return o.run; }
+
+// Images a step trains on each rank: every micro-batch's (--accum-steps).
+int64_t step_images(const BenchOptions& o) { return o.run.batch_size * o.run.accum_steps; }
 
 // --fusion auto's chains that run fused (null where nothing was chosen: none, bn, the CPU).
 nlohmann::json fused_chains(const StepRunner& runner) {
@@ -138,6 +141,24 @@ BenchInput make_input(const BenchOptions& o, const RunConfig& cfg, Session& sess
   return in;
 }
 
+// The loader's next batch (the next epoch's first after the last), returning the seconds waited.
+double next_batch(BenchInput& in, io::Batch& batch, int64_t& epoch) {
+  const double t0 = now_seconds();
+  if (!in.loader->next(batch)) {
+    in.loader->start_epoch(++epoch);
+    SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
+  }
+  return now_seconds() - t0;
+}
+
+// Queues one micro-batch of a step (--accum-steps), the last of which run() or queue() takes.
+void queue_micro_batch(BenchInput& in, const io::Batch& batch, StepRunner& runner, StepTimes* t) {
+  if (in.loader)
+    runner.queue(batch.images, batch.labels.data(), 0.01f, 0.f, t, nullptr, &batch.norm);
+  else
+    runner.queue_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f, t);
+}
+
 // Warm-up, then the timed steps, each logged.
 Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, StepRunner& runner,
                    Telemetry& telemetry) {
@@ -154,16 +175,16 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
     const size_t peak_before = be.allocator().stats().peak_bytes;
     be.allocator().reset_peak();
     double wait = 0;
-    if (in.loader) {  // the time the step waits for its batch is the data phase
-      const double t0 = now_seconds();
-      if (!in.loader->next(batch)) {
-        in.loader->start_epoch(++epoch);
-        SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
+    StepResult r;
+    for (int j = 0; j < o.run.accum_steps; ++j) {  // the step's micro-batches (one by default)
+      if (in.loader) wait += next_batch(in, batch, epoch);  // waiting for its batches is the data phase
+      if (j + 1 < o.run.accum_steps) {
+        queue_micro_batch(in, batch, runner, &t);
+        continue;
       }
-      wait = now_seconds() - t0;
+      r = in.loader ? runner.run(batch.images, batch.labels.data(), 0.01f, 0.f, &t, nullptr, &batch.norm)
+                    : runner.run_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f, &t);
     }
-    StepResult r = in.loader ? runner.run(batch.images, batch.labels.data(), 0.01f, 0.f, &t, nullptr, &batch.norm)
-                             : runner.run_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f, &t);
     t.data += wait;
     const auto after = be.allocator().stats();
     // What the step needed beyond what was alive before it: activations, their gradients
@@ -175,7 +196,7 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
     if (prof) prof->collect(timed);
     log_info(str(timed ? "step " : "warm-up ", timed ? s - o.warmup + 1 : s + 1, ": ",
                  fmt_fixed(total, 3), " s, loss ", fmt_fixed(r.loss.loss, 4), ", ",
-                 fmt_fixed(double(o.run.batch_size * session.world()) / total, 2), " img/s",
+                 fmt_fixed(double(step_images(o) * session.world()) / total, 2), " img/s",
                  r.overflow ? " (overflow: step skipped)" : ""));
     if (!timed) continue;
     tm.step.push_back(total);
@@ -199,22 +220,16 @@ double time_end_to_end(const BenchOptions& o, BenchInput& in, Session& session, 
   if (session.world() > 1)
     session.worker().run("the end-to-end timing's start", [&] { session.comm().barrier(); });
   const double t0 = now_seconds();
-  for (int s = 0; s < o.steps; ++s) {
-    if (in.loader) {
-      if (!in.loader->next(batch)) {
-        in.loader->start_epoch(++epoch);
-        SPOTRAIN_CHECK(in.loader->next(batch), "bench: the data set yields no batch");
-      }
-      runner.queue(batch.images, batch.labels.data(), 0.01f, 0.f, nullptr, nullptr, &batch.norm);
-    } else {
-      runner.queue_uploaded(in.device_images, in.labels.data(), 0.01f, 0.f);
+  for (int s = 0; s < o.steps; ++s)
+    for (int j = 0; j < o.run.accum_steps; ++j) {  // each step's micro-batches
+      if (in.loader) next_batch(in, batch, epoch);
+      queue_micro_batch(in, batch, runner, nullptr);
     }
-  }
   runner.settle();
   be.synchronize();
   const double seconds = now_seconds() - t0;
   runner.take_results();
-  return double(o.steps) * double(o.run.batch_size * session.world()) / seconds;
+  return double(o.steps) * double(step_images(o) * session.world()) / seconds;
 }
 
 // Each rank's own rate (its batch over its median step), gathered from every rank.
@@ -247,13 +262,13 @@ Summary summarize(const BenchOptions& o, const Timings& tm, Session& session, Te
   Summary s;
   s.telemetry = telemetry.sample();
   std::vector<double> ips;
-  for (double t : tm.step) ips.push_back(double(o.run.batch_size * session.world()) / t);
+  for (double t : tm.step) ips.push_back(double(step_images(o) * session.world()) / t);
   s.median = percentile(ips, 0.5);
   s.p10 = percentile(ips, 0.1);
   s.p90 = percentile(ips, 0.9);
   s.data = tm.median(tm.data);
   s.step = tm.median(tm.step);
-  s.rank_ips = per_rank_rates(session, o.run.batch_size, s.step);
+  s.rank_ips = per_rank_rates(session, step_images(o), s.step);
   s.input_bound = InputWatch::input_bound(s.data / s.step, telemetry.sm_util());
   s.machine_cpu = str(cpu_model(), " (", std::thread::hardware_concurrency(), " threads)");
   s.memory = be.allocator().stats();
@@ -312,6 +327,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
   const bool captured = runner.captured();
   nlohmann::json j{{"model", o.run.model},
                    {"batch_size", o.run.batch_size},
+                   {"accum_steps", o.run.accum_steps},
                    {"image_size", o.run.image_size},
                    {"precision", o.run.precision},
                    {"data", o.run.data},
@@ -320,6 +336,7 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                    {"input_bound", s.input_bound},
                    {"grad_checkpoint", o.run.grad_checkpoint},
                    {"fusion", o.run.fusion},
+                   {"optimizer", o.run.optimizer},
                    {"fusion_chains_fused", fused_chains(runner)},
                    {"ranks", session.world()},
                    {"steps", o.steps},
@@ -402,6 +419,7 @@ static int run_bench(BenchOptions o) {
     o.warmup = StepRunner::kEagerBeforeCapture + 1;
   }
   log_info(str("bench ", o.run.model, " batch ", o.run.batch_size,
+               o.run.accum_steps > 1 ? str(" x ", o.run.accum_steps, " micro-batches per step") : "",
                session.world() > 1 ? str(" per rank x ", session.world(), " ranks") : "", " ",
                o.run.image_size, "x", o.run.image_size, "x", in.channels, " ", o.run.precision, " on ", be.name(),
                "; data ", o.run.data, in.loader ? str(" (", o.run.workers, " loader threads)") : std::string(),

@@ -71,18 +71,6 @@ int64_t drop_superseded(std::vector<json>& records) {
   return n;
 }
 
-// "2026-12-01T07:59:12.825Z" -> seconds since 1970 (NaN when it does not parse).
-double iso_seconds(const std::string& s) {
-  std::tm tm{};
-  int ms = 0;
-  if (std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) < 6)
-    return NAN;
-  tm.tm_year -= 1900;
-  tm.tm_mon -= 1;
-  return double(timegm(&tm)) + ms / 1000.0;
-}
-
 Run load_run(const std::string& arg) {
   Run r;
   fs::path p(arg);
@@ -93,16 +81,9 @@ Run load_run(const std::string& arg) {
   fs::path named = fs::is_directory(p) ? p : p.parent_path();
   r.name = fs::absolute(named).lexically_normal().filename().string();
   if (r.name.empty()) r.name = fs::absolute(named).lexically_normal().parent_path().filename().string();
-  std::ifstream in(r.metrics_path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !spotrain::metrics_record_well_formed(j)) {
-      ++r.torn;
-      continue;
-    }
-    r.records.push_back(std::move(j));
-  }
+  MetricsFile file = read_metrics_file(r.metrics_path);
+  r.records = std::move(file.records);
+  r.torn = file.torn;
   SPOTRAIN_CHECK(!r.records.empty(), "report: ", r.metrics_path, " holds no metrics records");
   r.superseded = drop_superseded(r.records);
   std::vector<fs::path> evals;
@@ -129,11 +110,6 @@ Run load_run(const std::string& arg) {
   return r;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // A record's field, or `fallback` when it is missing or of another type: a record that an
 // importer or a hand edit got wrong never stops the page.
@@ -247,7 +223,7 @@ json page_data(const Run& r, double price_per_hour) {
     // windows, many fast ones), and the steps at that pace then seem to outlast the wall time
     // (1.21 once on a loaded 2-core CI machine).
     const double measured_goodput =
-        step_secs.empty() || !(wall_s > 0) ? NAN : std::min(1.0, double(last_step) * median(step_secs) / wall_s);
+        step_secs.empty() || !(wall_s > 0) ? NAN : std::min(1.0, double(last_step) * median_of(step_secs) / wall_s);
     // Like for like: the share of the planned wall time that is training at full speed (the
     // model's goodput less the start-up).
     const double planned_wall = field(p, "wall_seconds", 0.0);
@@ -266,7 +242,7 @@ json page_data(const Run& r, double price_per_hour) {
   const json& first_start = starts.empty() ? json::object() : starts.front();
   const json& latest_start = starts.empty() ? json::object() : starts.back();
   json phase_means = json::object();
-  for (auto& [k, v] : phases) phase_means[k] = median(v);
+  for (auto& [k, v] : phases) phase_means[k] = median_of(v);
   const double wall = iso_seconds(field(r.records.back(), "time", std::string())) - t0;
   const json& end = r.records.back();
   json summary = {
@@ -281,8 +257,8 @@ json page_data(const Run& r, double price_per_hour) {
       {"input_bound_warnings", warnings},
       {"final_test_top1", num_or_null(last_epoch, "test_top1", 100.0)},
       {"best_test_top1", num_or_null(best_epoch, "test_top1", 100.0)},
-      {"median_images_per_sec", ips.empty() ? json(nullptr) : json(median(ips))},
-      {"median_data_wait_pct", wait.empty() ? json(nullptr) : json(100 * median(wait))},
+      {"median_images_per_sec", ips.empty() ? json(nullptr) : json(median_of(ips))},
+      {"median_data_wait_pct", wait.empty() ? json(nullptr) : json(100 * median_of(wait))},
       {"wall_hours", std::isnan(wall) ? json(nullptr) : json(wall / 3600.0)},
       {"busy_hours", busy_s / 3600.0},
       {"price_per_hour", price_per_hour > 0 ? json(price_per_hour) : json(nullptr)},

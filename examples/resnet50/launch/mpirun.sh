@@ -33,8 +33,14 @@
 #                     answer; a start that cannot reach one it listed (mpirun's 255) counts as a
 #                     lost peer (76) and restarts, and so does one whose daemon there cannot
 #                     connect back (a host listed before its network is up), after
-#                     RESTART_DELAY. The job's global batch must divide over every rank count
-#                     it may get (spotrain refuses one that does not).
+#                     RESTART_DELAY. The job's global batch (ranks x --batch-size x
+#                     --accum-steps at its first start) is kept on every rank count it gets:
+#                     pass the same arguments every time and spotrain picks the micro-batches
+#                     per step on resume: fewer ranks keep --batch-size and take more (4 ranks
+#                     x B shrunk to 2: 2 x B x 2, the same memory per GPU), more ranks take
+#                     fewer, then a smaller per-rank batch. A rank count where neither divides
+#                     is refused, naming those that work; this script warns at the start when
+#                     one it may get (a multiple of RANKS_PER_NODE up to NP) would be.
 #   MIN_HOSTS         with HOST_DISCOVERY: fewer hosts up than this (default 1) and the script
 #                     waits, asking again after RESTART_DELAY, doubled up to RESTART_DELAY_MAX,
 #                     for at most HOST_WAIT_MAX seconds (default 3600; then it exits 76)
@@ -219,6 +225,36 @@ pick_hosts() {
   NP_NOW=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
 }
 launch_cmd() { full=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP_NOW" "${cmd[@]}"); }
+
+# With HOST_DISCOVERY: warn now of the rank counts the job may shrink or grow to on which
+# spotrain would refuse to resume (run/resume.h's split_global_batch: the global batch of NP
+# ranks divides into at most --batch-size per rank, or into micro-batches of --batch-size).
+# Settings given in a --config file are not read here.
+if [[ -n "$HOST_DISCOVERY" ]]; then
+  batch=128 accum=1 read_all=1
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[i]} in
+      --batch-size) batch=${args[i + 1]:-} ;;
+      --batch-size=*) batch=${args[i]#*=} ;;
+      --accum-steps) accum=${args[i + 1]:-} ;;
+      --accum-steps=*) accum=${args[i]#*=} ;;
+      --config | --config=*) read_all=0 ;;
+    esac
+  done
+  if ((read_all)) && [[ "$batch" =~ ^[1-9][0-9]*$ && "$accum" =~ ^[1-9][0-9]*$ ]]; then
+    global=$((NP * batch * accum))
+    refused=()
+    for ((n = MIN_HOSTS; (n - 1) * RANKS_PER_NODE < NP; n++)); do
+      w=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
+      (((global % w == 0 && global / w <= batch) || global % (w * batch) == 0)) || refused+=("$w")
+    done
+    ((${#refused[@]} == 0)) ||
+      echo "mpirun.sh: warning: the global batch of $global ($NP ranks x --batch-size $batch x" \
+           "--accum-steps $accum) does not split over ${refused[*]} rank(s) (ranks x --batch-size x" \
+           "micro-batches per step): spotrain would refuse to resume on so many; pick NP," \
+           "RANKS_PER_NODE and --batch-size so that it does" >&2
+  fi
+fi
 
 stop_asked=0
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
