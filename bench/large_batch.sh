@@ -4,9 +4,11 @@
 #   ref       batch 128, SGD (the recipe's settings: lr 0.2 per 256, Nesterov, cosine)
 #   sgd-4k    global batch 4,096, SGD with the linear rule (lr 0.2 per 256 = 3.2) and warm-up
 #   lars-4k   global batch 4,096, LARS (trust 0.001), poly decay power 2, warm-up
-#   ranks-4   the LARS run as 4 MPI ranks x 1,024
-#   accum-4   the LARS run as 1 rank x 1,024 x --accum-steps 4 (the same images per micro-batch
-#             as per rank above: the same weights up to the all-reduce's summation order)
+#   ranks-4   the LARS run as 4 MPI ranks x 1,024, 1 thread each
+#   accum-4   the LARS run as 1 rank x 1,024 x --accum-steps 4, 1 thread (the same images in
+#             each micro-batch as on each rank above, batch norm per micro-batch, the running
+#             statistics of the first as of rank 0: the same result up to the all-reduce's
+#             summation order)
 # Prints a markdown table. Usage: [EPOCHS=6] [LARS_LR=10] bench/large_batch.sh [OUT=bench-out/large-batch]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ run sgd-4k "$bin" train "${common[@]}" --threads 2 --batch-size 4096 --lr-per-25
 run lars-4k "$bin" train "${common[@]}" --threads 2 --batch-size 4096 "${lars[@]}"
 run ranks-4 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4 \
   "$bin" train "${common[@]}" --threads 1 --batch-size 1024 "${lars[@]}"
-run accum-4 "$bin" train "${common[@]}" --threads 2 --batch-size 1024 --accum-steps 4 "${lars[@]}"
+run accum-4 "$bin" train "${common[@]}" --threads 1 --batch-size 1024 --accum-steps 4 "${lars[@]}"
 /usr/bin/python3 - "$out" "$epochs" <<'PY'
 import json, sys
 out, epochs = sys.argv[1], sys.argv[2]

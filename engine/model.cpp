@@ -113,8 +113,9 @@ void Model::initialize(uint64_t seed) {
   be_.copy(dev, flat_params_);
 }
 
-Tensor Model::forward(const Tensor& x, bool training) {
+Tensor Model::forward(const Tensor& x, bool training, bool update_running) {
   Context ctx{be_, training, false};
+  ctx.update_running = update_running;
   return net_->forward(x, ctx);
 }
 

@@ -24,7 +24,8 @@ class Model {
   // +-1/sqrt(fan_in) for Linear, ones/zeros for BN), drawn from Philox(seed, param index).
   void initialize(uint64_t seed);
 
-  Tensor forward(const Tensor& x, bool training);
+  // update_running false: batch norm keeps its running statistics (Context::update_running).
+  Tensor forward(const Tensor& x, bool training, bool update_running = true);
   // A training forward whose results are thrown away (Context::scratch: the running
   // statistics stay as they were, and the stash is dropped at its end, a throw included) that
   // tells `probe` each layer and its input before the layer runs: the activations a training

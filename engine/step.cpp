@@ -191,8 +191,10 @@ void StepRunner::queue_micro_batch(const Tensor& x, const int32_t* labels, float
                                    float label_smoothing, StepTimes* times, const LabelMix* mix,
                                    double t0) {
   Backend& be = model_.backend();
-  // As an eager step: the forward is queued before anything is read back.
-  Tensor logits = model_.forward(x, /*training=*/true);
+  // As an eager step: the forward is queued before anything is read back. Only the first
+  // micro-batch updates the batch-norm running statistics, as only rank 0's are kept of K
+  // ranks (each updating once a step): the run's statistics are those of rank 0 of K ranks.
+  Tensor logits = model_.forward(x, /*training=*/true, /*update_running=*/micro_ == 0);
   if (micro_ == 0) {
     read_back();  // the step before: its verdict sets the loss scale of all this step's micro-batches
     micro_scale_ = scaler_.scale();

@@ -5,7 +5,8 @@
 // forward is queued, so the GPU never waits for the host inside a step. With use_captured_steps()
 // (train's and bench's default, --cuda-graph) a GPU records one step as a CUDA Graph and replays
 // it. With gradient accumulation (set_accum_steps(K)) a step is K micro-batches, each queued by
-// its own queue(): each its own forward (batch norm on its own statistics) and backward, the
+// its own queue(): each its own forward (batch norm on its own statistics; the first alone
+// updates the running statistics, as rank 0 of K ranks) and backward, the
 // gradients summed (engine/model.h's rule), the all-reduce overlapping the last one's backward,
 // one overflow verdict and one update. The Trainer and `spotrain bench` both run steps through
 // here.

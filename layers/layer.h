@@ -62,6 +62,10 @@ struct Context {
   void grad_ready(const Param& p) {
     if (listener) listener->grad_ready(p);
   }
+  // false: batch norm leaves its running statistics alone (a step's micro-batches after its
+  // first: K ranks evaluate with rank 0's statistics, updated once a step from its batch, and
+  // micro-batch 0 of a rank with --accum-steps K is what rank 0 of K ranks would see).
+  bool update_running = true;
 };
 
 class Layer {

@@ -182,7 +182,7 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
     SPOTRAIN_CHECK(given_.mean.defined() && !z_.defined(), "internal: ", name_,
                    " runs fused without its convolution's statistics");
     saved_ = std::exchange(given_, BnSaved());
-    if (!ctx.replay && !ctx.scratch)
+    if (!ctx.replay && !ctx.scratch && ctx.update_running)
       ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                       x.dim(0) * x.dim(2) * x.dim(3));
     return x;
@@ -197,7 +197,7 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
   z_ = Tensor();
   // A checkpoint replay recomputes the same batch statistics; it must not count them twice
   // (and a scratch pass changes nothing of the model).
-  if (!ctx.replay && !ctx.scratch)
+  if (!ctx.replay && !ctx.scratch && ctx.update_running)
     ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                     x.dim(0) * x.dim(2) * x.dim(3));
   return y;

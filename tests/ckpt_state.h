@@ -12,7 +12,7 @@
 #include "layers/resnet.h"
 
 struct CkptState {
-  std::vector<float> params, momentum;
+  std::vector<float> params, momentum, buffers;  // buffers: the batch-norm running statistics
 };
 
 inline CkptState load_ckpt_state(const std::string& path, const std::string& arch = "resnet20") {
@@ -28,6 +28,8 @@ inline CkptState load_ckpt_state(const std::string& path, const std::string& arc
   const float* m = sgd.momentum().data<float>();
   s.params.assign(p, p + model.num_params());
   s.momentum.assign(m, m + model.num_params());
+  const Tensor& b = model.flat_buffers();
+  if (b.defined()) s.buffers.assign(b.data<float>(), b.data<float>() + b.numel());
   return s;
 }
 

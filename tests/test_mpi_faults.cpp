@@ -266,6 +266,11 @@ TEST(Accumulation, OneRankWithTwoMicroBatchesTrainsAsTwoRanks) {
   EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0)
       << "largest weight difference " << worst;
   EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
+  // The running statistics too: the accumulated run keeps those of its first micro-batch, as
+  // the two-rank run keeps rank 0's.
+  ASSERT_EQ(a.buffers.size(), b.buffers.size());
+  ASSERT_FALSE(a.buffers.empty());
+  EXPECT_EQ(std::memcmp(a.buffers.data(), b.buffers.data(), a.buffers.size() * 4), 0);
 }
 
 // A scheduler's stop reaches the launcher, not the ranks: SIGTERM to examples/resnet50/launch/
