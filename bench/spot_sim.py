@@ -31,6 +31,11 @@ as a table and one JSON line (--json FILE appends it there too).
   bench/spot_sim.py --mtbf 60 --steps 400 --ckpt-every 50 --reference
   bench/spot_sim.py --mtbf 60 --steps 400 --ckpt-every auto          (auto: --mtbf is passed on)
   bench/spot_sim.py --recovery survivors --grace 0 --mtbf 60 --replace 20 --ckpt-every auto
+
+--mtbf-steps runs the failure clock on the job's training steps instead of seconds: a test's
+preemptions then land at the same steps on a fast machine and a slow one (in seconds, a fast
+machine can finish the job before a drawn failure). What is measured stays in seconds; mtbf_s
+is then the step MTBF at the full-size job's median step time.
 """
 import argparse
 import datetime
@@ -56,6 +61,10 @@ def parse_args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=2, help="hosts (one rank each)")
     p.add_argument("--mtbf", type=float, default=60, help="mean seconds between failures of one host")
+    p.add_argument("--mtbf-steps", type=float,
+                   help="instead of --mtbf: mean training steps between failures of one host (steps "
+                        "the job's current attempt has logged), so the failures do not depend on the "
+                        "machine's speed")
     p.add_argument("--grace", type=float, default=5,
                    help="seconds from the notice to the hard kill (0: no notice, a hard kill at once)")
     p.add_argument("--replace", type=float, default=2, help="seconds until a powered-off host is back")
@@ -152,7 +161,8 @@ def count_steps_logged(log_path):
 
 
 def preempt(a, hosts, job, log_path, events):
-    """The spot market: while the job trains, hosts fail at rate hosts/mtbf."""
+    """The spot market: while the job trains, hosts fail at rate hosts/mtbf (per second, or per
+    step logged with --mtbf-steps)."""
     rng = random.Random(a.seed)
     attempt_seen = -1
     while job.poll() is None and len(events) < a.max_preemptions:
@@ -162,9 +172,14 @@ def preempt(a, hosts, job, log_path, events):
             continue
         # The attempt trains: draw the next failure (memoryless, so per attempt is exact).
         attempt_seen = attempt
-        fire_at = time.time() + rng.expovariate(hosts.n / a.mtbf)
-        while time.time() < fire_at and job.poll() is None:
-            time.sleep(0.05)
+        if a.mtbf_steps:  # due once the attempt has logged that many more steps
+            fire_at = steps + rng.expovariate(hosts.n / a.mtbf_steps)
+            now, poll = (lambda: count_steps_logged(log_path)[0]), 0.01  # a step can be short
+        else:
+            fire_at = time.time() + rng.expovariate(hosts.n / a.mtbf)
+            now, poll = time.time, 0.05
+        while now() < fire_at and job.poll() is None:
+            time.sleep(poll)
             if count_steps_logged(log_path)[1] != attempt:  # the job restarted by itself
                 break
         if job.poll() is not None or count_steps_logged(log_path)[1] != attempt:
@@ -321,6 +336,8 @@ def main():
     a = parse_args()
     if os.geteuid() != 0:
         sys.exit("spot_sim: needs root (network namespaces)")
+    if a.mtbf_steps is not None and (a.mtbf_steps <= 0 or a.ckpt_every == "auto"):
+        sys.exit("spot_sim: --mtbf-steps must be positive, and --ckpt-every auto needs --mtbf (seconds)")
     if not os.access(a.spotrain, os.X_OK):
         sys.exit("spot_sim: no spotrain binary at %s (build first, or --spotrain)" % a.spotrain)
     work = tempfile.mkdtemp(prefix="spot_sim.")
@@ -334,8 +351,9 @@ def main():
         base = hosts.disk or work
         run_dir, log_path = os.path.join(base, "run"), os.path.join(work, "launch.log")
         metrics = os.path.join(work, "metrics.jsonl")
-        print("spot_sim: %d hosts, MTBF %g s each, grace %g s, replace %g s; %s on %s, %d steps, "
-              "--ckpt-every %s, recovery %s; log %s" % (a.hosts, a.mtbf, a.grace, a.replace, a.model,
+        print("spot_sim: %d hosts, MTBF %s each, grace %g s, replace %g s; %s on %s, %d steps, "
+              "--ckpt-every %s, recovery %s; log %s" % (a.hosts, "%g steps" % a.mtbf_steps if a.mtbf_steps
+                                                        else "%g s" % a.mtbf, a.grace, a.replace, a.model,
                                                         a.data, a.steps, a.ckpt_every, a.recovery,
                                                         log_path), flush=True)
         events = []
@@ -350,8 +368,10 @@ def main():
             a.keep = True  # the log it names must still be there
             sys.exit("spot_sim: the job failed (exit %d); see %s" % (rc, log_path))
         res = analyse(metrics, log_path, wall, events)
-        res.update({"hosts": a.hosts, "mtbf_s": a.mtbf, "grace_s": a.grace, "replace_s": a.replace,
-                    "ckpt_every": a.ckpt_every, "model": a.model, "data": a.data,
+        # (--mtbf-steps: in seconds at the full-size step time, as plan --check-sweep reads it)
+        mtbf_s = a.mtbf_steps * res["full_step_s"] if a.mtbf_steps else a.mtbf
+        res.update({"hosts": a.hosts, "mtbf_s": mtbf_s, "mtbf_steps": a.mtbf_steps, "grace_s": a.grace,
+                    "replace_s": a.replace, "ckpt_every": a.ckpt_every, "model": a.model, "data": a.data,
                     "preemptions": len(events), "hard_kills": sum(e["hard_kill"] for e in events),
                     "seed": a.seed, "recovery": a.recovery})
         res["lost_per_preemption_s"] = res["lost_s"] / len(events) if events else 0.0

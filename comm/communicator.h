@@ -29,6 +29,10 @@ class Communicator {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
   virtual std::vector<uint64_t> allgather(uint64_t value) = 0;
+  // Point to point: sends `bytes` of `send` to rank `peer` while receiving as many from it
+  // into `recv` (both ranks call it, naming each other); host buffers. For measuring links
+  // (health/links.h), not for training: MPI offers it, the others throw.
+  virtual void exchange(int peer, const void* send, void* recv, size_t bytes);
   // Ends every rank of the job with `code` (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
   // Seconds the launcher's runtime takes to notice a node that stopped answering and end the

@@ -21,6 +21,10 @@ class LocalComm final : public Communicator {
 };
 }  // namespace
 
+void Communicator::exchange(int, const void*, void*, size_t) {
+  SPOTRAIN_THROW("the ", name(), " communicator offers no point-to-point exchange; the link check needs MPI");
+}
+
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalComm>(); }
 
 bool launched_by_mpi() {

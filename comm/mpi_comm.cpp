@@ -164,6 +164,16 @@ class MpiComm final : public Communicator {
                           MPI_BYTE, root, MPI_COMM_WORLD));
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void exchange(int peer, const void* send, void* recv, size_t bytes) override {
+    SPOTRAIN_CHECK(peer >= 0 && peer < size_ && peer != rank_, "exchange: no rank ", peer, " to exchange with");
+    const size_t chunk = size_t(1) << 30;
+    for (size_t off = 0; off < bytes; off += chunk) {
+      const int n = int(std::min(chunk, bytes - off));
+      MPI_CHECK(MPI_Sendrecv(static_cast<const char*>(send) + off, n, MPI_BYTE, peer, kExchangeTag,
+                             static_cast<char*>(recv) + off, n, MPI_BYTE, peer, kExchangeTag,
+                             MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+    }
+  }
   std::vector<uint64_t> allgather(uint64_t v) override {
     std::vector<uint64_t> all(size_t(size_), 0);
     MPI_CHECK(MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
@@ -198,6 +208,7 @@ class MpiComm final : public Communicator {
     std::_Exit(code);
   }
   static constexpr int kAbortExitSeconds = 5;
+  static constexpr int kExchangeTag = 0x5107;
 
  private:
   bool owns_ = false;

@@ -36,6 +36,9 @@ TestHooks read_hooks() {
       h.ckpt_write_delay_from_step = from;
     }
   }
+  if (const char* v = std::getenv("SPOTRAIN_STEP_DELAY")) h.step_delay = std::atof(v);
+  if (const char* v = std::getenv("SPOTRAIN_RUN_LOCK_DELAY")) h.run_lock_delay = std::atof(v);
+  if (const char* v = std::getenv("SPOTRAIN_NO_RANK_WATCH")) h.no_rank_watch = std::string(v) == "1";
   if (const char* v = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD"))
     h.no_fused_bn_add = *v && std::string(v) != "0";
   if (const char* v = std::getenv("SPOTRAIN_WRONG_OP")) {
@@ -64,6 +67,8 @@ bool wrong_op_planted(const char* op) {
 }
 
 void inject_fault(int rank, int64_t step) {
+  if (test_hooks().step_delay > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(test_hooks().step_delay));
   for (const TestHooks::Fault& f : test_hooks().faults) {
     if (f.rank != rank || f.step != step) continue;
     std::fprintf(stderr, "rank %d: SPOTRAIN_FAULT %s at step %lld\n", rank, f.kind.c_str(),

@@ -1,6 +1,9 @@
-// Every environment variable that changes how spotrain behaves, in one place. Most are test
-// hooks the fault-tolerance tests use to make a failure happen at a chosen moment; one is a
-// diagnostic. Each is read once, at first use; none is meant for production runs.
+// The environment variables that change how spotrain behaves, in one place: test hooks the
+// fault-tolerance tests use to make a failure happen at a chosen moment, and diagnostics. Each
+// is read once, at first use; none is meant for production runs. (The launcher's words to the
+// ranks are read where they are used: SPOTRAIN_STOP_EXIT_CODE by core/exit_codes.h,
+// SPOTRAIN_HOSTS by observe/rank_times, SPOTRAIN_LEAVE_HOSTS and SPOTRAIN_MIN_HOSTS by
+// run/leave_rule.)
 //
 //   SPOTRAIN_FAULT=KIND:RANK:STEP[,...] die (SIGKILL, as a lost node), hang (sleep forever) or
 //                                      term (SIGTERM, as a spot notice) that rank at that step
@@ -9,6 +12,14 @@
 //   SPOTRAIN_FREE_BYTES=N              pretend the checkpoint folder has N bytes free
 //   SPOTRAIN_CKPT_WRITE_DELAY=S[:STEP] pause checkpoint writes (from global step STEP on) half
 //                                      way, the .tmp file written, so a test can kill the run
+//   SPOTRAIN_STEP_DELAY=S              sleep S seconds before each training step: a floor on the
+//                                      step time, so what a test does on seeing a step line lands
+//                                      before the run's end on a machine of any speed
+//   SPOTRAIN_RUN_LOCK_DELAY=S          pause S seconds between taking the run folder's lock and
+//                                      writing the holder's record in it, so a test can start a
+//                                      second process then (it must still name the holder)
+//   SPOTRAIN_NO_RANK_WATCH=1           diagnostic: no per-rank times or stragglers (to measure
+//                                      what watching them costs: bench/straggler_overhead.sh)
 //   SPOTRAIN_NO_FUSED_BN_ADD=1         GPU diagnostic: a residual block's last BN, Add and ReLU
 //                                      as separate ops (to measure or rule out the fusion)
 //   SPOTRAIN_WRONG_OP=OP[,OP...]       plant a wrong op: the backend doubles the output of each
@@ -34,7 +45,10 @@ struct TestHooks {
   int64_t free_bytes = -1;       // -1 = ask the filesystem
   double ckpt_write_delay = 0;   // seconds (0 = none)
   int64_t ckpt_write_delay_from_step = 0;
+  double step_delay = 0;         // seconds (0 = none)
+  double run_lock_delay = 0;     // seconds (0 = none)
   bool no_fused_bn_add = false;
+  bool no_rank_watch = false;
   std::vector<std::string> wrong_ops;  // SPOTRAIN_WRONG_OP
 };
 
@@ -46,7 +60,8 @@ TestHooks& test_hooks_for_test();
 // Whether SPOTRAIN_WRONG_OP names `op`.
 bool wrong_op_planted(const char* op);
 
-// SPOTRAIN_FAULT: does what it says when `rank` reaches `step` (1-based); else nothing.
+// SPOTRAIN_FAULT: does what it says when `rank` reaches `step` (1-based); else nothing. And
+// SPOTRAIN_STEP_DELAY's sleep, at every step.
 void inject_fault(int rank, int64_t step);
 
 }  // namespace spotrain

@@ -72,7 +72,10 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
   // while the host waits. A recording or replay cannot start before: the read-back's verdict
   // decides this step's loss scale, which goes into them.
   Tensor logits;
-  if (route == Route::eager) logits = model_.forward(x, /*training=*/true);
+  if (route == Route::eager) {
+    if (sync_) model_.backend().mark_step_begin();  // several ranks: never captured
+    logits = model_.forward(x, /*training=*/true);
+  }
   read_back();
   const double scale = scaler_.scale();
   if (route == Route::record && !fast_path_checks().checked(kFastPathCapture)) {
@@ -112,10 +115,12 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
   if (times) be.synchronize();
   double t2 = now_seconds();
   model_.backward(dlogits, sync_);
+  if (sync_) be.mark_step_backward_done();
   if (times) be.synchronize();
   double t3 = now_seconds();
   // Gradients summed over ranks: every rank then reaches the same overflow verdict.
   double waited = sync_ ? sync_->finish() : 0.0;
+  queued_wait_ = waited;
   double t3b = now_seconds();
   queue_update(lr, scale);
   if (times) be.synchronize();
@@ -194,6 +199,7 @@ void StepRunner::queue_micro_batch(const Tensor& x, const int32_t* labels, float
   // As an eager step: the forward is queued before anything is read back. Only the first
   // micro-batch updates the batch-norm running statistics, as only rank 0's are kept of K
   // ranks (each updating once a step): the run's statistics are those of rank 0 of K ranks.
+  if (micro_ == 0 && sync_) be.mark_step_begin();
   Tensor logits = model_.forward(x, /*training=*/true, /*update_running=*/micro_ == 0);
   if (micro_ == 0) {
     read_back();  // the step before: its verdict sets the loss scale of all this step's micro-batches
@@ -229,9 +235,11 @@ void StepRunner::queue_micro_batch(const Tensor& x, const int32_t* labels, float
     model_.backward(dlogits, &listener);
     listener.add_rest();
   }
+  if (sync_) be.mark_step_backward_done();
   if (times) be.synchronize();
   const double t3 = now_seconds();
   const double waited = sync_ ? sync_->finish() : 0.0;
+  queued_wait_ = waited;
   const double t3b = now_seconds();
   queue_update(lr, micro_scale_);  // one overflow verdict over the sum of all micro-batches
   micro_ = 0;
@@ -462,6 +470,8 @@ void StepRunner::read_back() {
   Backend& be = model_.backend();
   StepResult r;
   r.loss_scale = queued_scale_;
+  r.comm_wait = queued_wait_;
+  if (sync_) r.device_compute = be.step_span_seconds();
   r.loss = be.queued_loss();
   if (micro_loss_.rows > 0) {  // a step of several micro-batches: the figures of all of them
     add_micro_loss(r.loss, micro_rows_);

@@ -41,6 +41,13 @@ struct StepResult {
   // When the step's figures were read back (now_seconds()): the end of its queue() on the CPU,
   // about when the device finished it on a GPU.
   double done_at = 0;
+  // Seconds the host waited for the ranks' gradient sum in this step: the time a faster rank
+  // spends waiting for the slowest (observe/rank_times.h takes it out of the rank's own time).
+  double comm_wait = 0;
+  // With several ranks on a device that runs ahead of the host: the step's forward and
+  // backward on the device's clock (Backend::step_span_seconds), in place of what the host's
+  // clock sees; -1 elsewhere.
+  double device_compute = -1;
 };
 
 class StepRunner {
@@ -194,6 +201,7 @@ class StepRunner {
   int world_;
   bool queued_ = false;      // a step whose figures are not read yet
   double queued_scale_ = 1;  // its loss scale
+  double queued_wait_ = 0;   // its wait for the gradient sum (StepResult::comm_wait)
   std::vector<StepResult> results_;
   bool defer_;              // defer_read_back()
   bool capture_ = false;    // use_captured_steps()

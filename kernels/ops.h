@@ -296,6 +296,15 @@ class Backend {
   virtual LossResult queued_loss() { return queued_loss_; }
   virtual bool queued_overflow() { return queued_overflow_; }
   virtual void synchronize() {}
+  // A rank's own compute on a device that runs ahead of the host (observe/rank_times.h): marks
+  // on the compute stream before a step's forward and after its backward (the all-reduce waits
+  // for other ranks on a stream of its own, so the span holds no such wait). Two pairs
+  // alternate, so a step's span is read while the next is queued. step_span_seconds(): the
+  // span of the step last marked done, waiting for its end; -1 where the backend marks nothing
+  // (the CPU, whose host clock sees its compute already).
+  virtual void mark_step_begin() {}
+  virtual void mark_step_backward_done() {}
+  virtual double step_span_seconds() { return -1; }
   // Whether ops are queued to run later (a GPU's stream) rather than computed before they
   // return (the CPU): whether waiting to read a step's figures gains anything.
   virtual bool queues_ops() const { return false; }

@@ -19,9 +19,11 @@ void Tally::add(const LossResult& l, int64_t batch) {
   n += batch;
 }
 
-void Tally::sum_over(CommWorker& w, const std::string& what) {
-  double v[5] = {loss, double(correct), double(n), double(images), data_wait};
-  sum_across_ranks(w, v, 5, what);
+void Tally::sum_over(CommWorker& w, const std::string& what, std::vector<double>* extra) {
+  std::vector<double> v{loss, double(correct), double(n), double(images), data_wait};
+  if (extra) v.insert(v.end(), extra->begin(), extra->end());
+  sum_across_ranks(w, v.data(), int(v.size()), what);
+  if (extra) std::copy(v.begin() + 5, v.end(), extra->begin());
   loss = v[0];
   correct = int64_t(v[1]);
   n = int64_t(v[2]);
@@ -57,6 +59,14 @@ void Progress::start_epoch() {
   win_t0_ = epoch_t0_ = now_seconds();
   win_steps_ = 0;
   steady_.restart();  // the epoch's first step holds the loader's restart (and an evaluation)
+  if (ranks_) ranks_->skip_next();  // and so for the ranks' own times
+}
+
+bool Progress::take_rank_window(RankWatch::Window* out) {
+  if (!rank_window_new_) return false;
+  rank_window_new_ = false;
+  *out = rank_window_;
+  return true;
 }
 
 namespace {
@@ -74,6 +84,7 @@ void Progress::step(const StepFacts& s) {
   epoch_.add(s.loss, s.batch);
   // The first step of a process waits for the loader to start: not counted as data wait.
   if (s.step > first_step_ + 1) window_.data_wait += s.data_wait;
+  if (ranks_) ranks_->add_step(done - last_step_end_, s.data_wait, s.comm_wait, s.device_compute);
   ++win_steps_;
   if (s.phases) {
     phases_ = {{"data", s.data_wait}, {"forward", s.phases->forward}, {"backward", s.phases->backward},
@@ -81,7 +92,10 @@ void Progress::step(const StepFacts& s) {
     if (s.phases->captured > 0) phases_["captured_step"] = s.phases->captured;
   }
   if (s.step % log_every_ == 0 || s.step == total_steps_ || s.epoch_end) {
-    window_.sum_over(worker_, "the logged loss");  // the global batch's figures
+    // The global batch's figures, and each rank's own times in the same all-reduce.
+    std::vector<double> rank_slots;
+    if (ranks_) rank_slots = ranks_->slots();
+    window_.sum_over(worker_, "the logged loss", ranks_ ? &rank_slots : nullptr);
     const double t = done, secs = std::max(1e-9, t - win_t0_);
     const double ranks = double(worker_.comm().size());
     const double ips = double(window_.images) / secs;
@@ -119,8 +133,23 @@ void Progress::step(const StepFacts& s) {
       record["loss_scale"] = scaler_.scale();
       record["skipped_steps"] = scaler_.state().skipped_steps;
     }
+    if (ranks_) {
+      rank_window_ = ranks_->take(rank_slots.data());
+      rank_window_new_ = !rank_window_.ranks.empty();
+      if (rank_window_new_) record["ranks"] = ranks_->ranks_json(rank_window_);
+      if (!rank_window_.stragglers.empty()) record["stragglers"] = ranks_->stragglers_json(rank_window_);
+    }
     metrics_.write("step", record);
     if (prometheus_) prometheus_->progress(record);
+    for (const Straggler& st : rank_window_new_ ? rank_window_.stragglers : std::vector<Straggler>{}) {
+      const int windows = ranks_->streak(st.rank);
+      const std::string line = str("straggler: ", ranks_->describe(st), " over steps ", s.step - win_steps_ + 1,
+                                   "-", s.step, windows > 1 ? str(" (", windows, " windows in a row)") : std::string());
+      log_info(line);
+      metrics_.write("warning", {{"kind", "straggler"}, {"step", s.step}, {"rank", st.rank},
+                                 {"host", ranks_->hosts()[size_t(st.rank)]}, {"what", st.what},
+                                 {"ratio", st.ratio()}, {"windows", windows}, {"message", line}});
+    }
     const std::string warning = input_watch_.add(s.step - win_steps_ + 1, s.step,
                                                  window_.data_wait / ranks, secs, telemetry_.sm_util());
     if (!warning.empty()) {

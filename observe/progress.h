@@ -1,7 +1,8 @@
 // Progress of a training run: the loss and accuracy tallied per progress window and per
 // epoch (summed over ranks when reported); the progress line every --log-every steps and at
 // epoch ends (wall-clock time, step time, the share of it spent waiting for data, images/s,
-// memory in use, the ETA from the steady-state step time (steady_steps.h), fp16's loss scale);
+// memory in use, the ETA from the steady-state step time (steady_steps.h), fp16's loss scale)
+// and, with several ranks, the stragglers among them (rank_times.h);
 // its record with the machine's telemetry and one step's phase times, written to the metrics and handed to the --prometheus file; the
 // input-bound check; and the step time the stop policy needs.
 #pragma once
@@ -19,6 +20,7 @@
 #include "engine/loss_scaler.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
+#include "observe/rank_times.h"
 #include "engine/step.h"
 #include "observe/telemetry.h"
 #include "kernels/ops.h"
@@ -36,7 +38,8 @@ struct Tally {
   double data_wait = 0;  // seconds spent waiting for batches (summed over ranks when reported)
   void add(const LossResult& l, int64_t batch);
   // The whole job's figures (sums over ranks).
-  void sum_over(CommWorker& w, const std::string& what);
+  // `extra`, when given, is summed in the same all-reduce (RankWatch's slots).
+  void sum_over(CommWorker& w, const std::string& what, std::vector<double>* extra = nullptr);
   double mean_loss() const;
   double accuracy() const { return n ? double(correct) / double(n) : 0; }
 };
@@ -49,6 +52,8 @@ struct StepFacts {
   int64_t batch = 0;
   bool epoch_end = false;         // the epoch's last batch
   double data_wait = 0;           // seconds this rank waited for the batch
+  double comm_wait = 0;           // seconds it waited for the ranks' gradient sum (StepResult)
+  double device_compute = -1;     // its forward and backward on the device's clock (-1: none)
   const StepTimes* phases = nullptr;  // the step's phases, when it was timed (due_for_phases)
   double done_at = 0;  // when the step was done (StepResult::done_at; 0: now)
 };
@@ -75,6 +80,12 @@ class Progress {
   double steady_step_seconds() const { return steady_.seconds(); }
   // The epoch's figures over all ranks, and its seconds.
   Tally end_epoch(double* seconds);
+  // With several ranks: each rank's times per step gathered at every progress line, the
+  // stragglers named there (observe/rank_times.h). `w` outlives the Progress.
+  void watch_ranks(RankWatch* w) { ranks_ = w; }
+  // The window the latest progress line gathered, once (false when none came since the last
+  // call): where the trainer weighs leaving a straggler behind.
+  bool take_rank_window(RankWatch::Window* out);
 
  private:
   CommWorker& worker_;
@@ -91,6 +102,9 @@ class Progress {
   double t_start_, win_t0_ = 0, epoch_t0_ = 0, last_step_end_, step_seconds_ = 0;
   nlohmann::json phases_;  // the latest timed step's phases
   SteadySteps steady_;
+  RankWatch* ranks_ = nullptr;
+  RankWatch::Window rank_window_;
+  bool rank_window_new_ = false;
 };
 
 }  // namespace spotrain

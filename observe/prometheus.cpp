@@ -67,6 +67,32 @@ std::vector<PromSample> prom_samples_of_record(const nlohmann::json& r) {
   add(h, "rss_bytes", "spotrain_process_resident_bytes", "resident memory of the process");
   add(h, "storage_read_mb_s", "spotrain_storage_read_bytes_per_second",
       "bytes/s read from storage (page-cache misses)", 1e6);
+  // Each rank's own times over the window and whether it is a straggler (several ranks): the
+  // series carry the rank they describe as of_rank and its host, beside the file's own labels.
+  if (r.contains("ranks") && r["ranks"].is_array()) {
+    std::set<int64_t> named;
+    if (r.contains("stragglers") && r["stragglers"].is_array())
+      for (const nlohmann::json& s : r["stragglers"])
+        if (s.contains("rank") && s["rank"].is_number_integer()) named.insert(s["rank"].get<int64_t>());
+    // One family at a time: the format wants a family's samples together.
+    const char* families[][3] = {
+        {"compute_s", "spotrain_rank_compute_seconds", "a rank's compute per step over the window (without its waits)"},
+        {"input_s", "spotrain_rank_input_seconds", "a rank's wait for its batch per step over the window"},
+        {"wait_s", "spotrain_rank_wait_seconds", "a rank's wait for the other ranks' gradients per step"},
+        {"", "spotrain_rank_straggler", "1 when the rank is named a straggler in the window"}};
+    for (const auto& f : families) {
+      for (const nlohmann::json& k : r["ranks"]) {
+        if (!k.is_object() || !k.contains("rank") || !k["rank"].is_number_integer()) continue;
+        const int64_t rank = k["rank"].get<int64_t>();
+        labels = str("of_rank=\"", rank, "\",host=\"", prom_escape(k.value("host", std::string())), "\"");
+        if (*f[0])
+          add(k, f[0], f[1], f[2]);
+        else
+          out.push_back({f[1], f[2], "gauge", labels, named.count(rank) ? 1.0 : 0.0});
+      }
+    }
+    labels.clear();
+  }
   return out;
 }
 

@@ -43,6 +43,9 @@ void RunConfig::validate() const {
   check_data_spec(data);
   SPOTRAIN_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   SPOTRAIN_CHECK(accum_steps >= 1, "--accum-steps must be at least 1, got ", accum_steps);
+  SPOTRAIN_CHECK(std::isfinite(straggler_threshold) && straggler_threshold > 1,
+                 "--straggler-threshold must be above 1 (a ratio to the median rank), got ", straggler_threshold);
+  SPOTRAIN_CHECK(straggler_windows >= 1, "--straggler-windows must be at least 1, got ", straggler_windows);
   SPOTRAIN_CHECK(epochs > 0 || steps > 0, "--epochs or --steps must be positive");
   SPOTRAIN_CHECK(epochs >= 0 && steps >= 0, "--epochs and --steps must not be negative");
   SPOTRAIN_CHECK(std::isfinite(lr) && lr >= 0.f, "--lr must not be negative, got ", lr);

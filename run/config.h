@@ -146,6 +146,18 @@ enum SettingFlags : unsigned {
   X(std::string, device_comm, "auto", "--device-comm",                                            \
     "GPU ranks: nccl, host (gradients through host memory over MPI, for ranks sharing a GPU) or " \
     "auto (nccl unless ranks share a GPU)", kShowDefault, "auto|nccl|host")                       \
+  X(double, straggler_threshold, 1.2, "--straggler-threshold",                                   \
+    "several ranks: a rank whose compute or input per step over a progress window takes at "     \
+    "least this many times the median over ranks is named a straggler, with its host",           \
+    kShowDefault, "")                                                                             \
+  X(std::string, straggler_action, "warn", "--straggler-action",                                \
+    "warn (name stragglers in the log, metrics and --prometheus) or leave (also: under "         \
+    "mpirun.sh with HOST_DISCOVERY, stop with a checkpoint to restart without a host that was "   \
+    "a straggler for --straggler-windows windows in a row when the goodput model says the rest " \
+    "of the run ends sooner without it)", kShowDefault, "warn|leave")                             \
+  X(int, straggler_windows, 3, "--straggler-windows",                                             \
+    "--straggler-action leave: progress windows in a row a host must be a straggler before "    \
+    "leaving it is weighed", kShowDefault, "")                                                    \
   /* output */                                                                                    \
   X(int, log_every, 50, "--log-every", "progress line every N steps", kShowDefault, "")               \
   X(std::string, metrics, "auto", "--metrics",                                                  \

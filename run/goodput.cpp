@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 namespace spotrain {
 
@@ -73,6 +75,21 @@ double expected_goodput(const MeasuredSpotRun& r) {
   const double g = r.recovery == "survivors" ? M / (M + 2 * r.restart_s)
                                              : daly_failure_goodput(T, C, r.restart_s, M, /*fail_in_restart=*/false);
   return r.step_time_s / (r.startup_s + r.step_time_s / g);
+}
+
+LeaveDecision decide_leave(const LeaveCase& c) {
+  LeaveDecision d;
+  const int rest = c.ranks - c.leaving;
+  const double steps = double(std::max<int64_t>(0, c.steps_left));
+  d.with_s = steps * c.step_s;
+  if (rest < 1) {
+    d.without_s = std::numeric_limits<double>::infinity();
+    return d;
+  }
+  d.step_without_s = c.others_busy_s * double(c.ranks) / double(rest) + c.exposed_s;
+  d.without_s = c.restart_s + steps * d.step_without_s;
+  d.pays = d.without_s < d.with_s;
+  return d;
 }
 
 }  // namespace spotrain

@@ -1,7 +1,8 @@
 // The goodput model of a data-parallel job on hosts that may be reclaimed (docs/SCALING.md), in
 // one place: `spotrain plan` prices offers with it, --ckpt-every auto takes its checkpoint
-// interval from it (run/ckpt_interval.h), and `plan --check-sweep` holds it against the
-// preempted runs bench/spot_sim.py measured. Goodput: the share of paid host time that becomes
+// interval from it (run/ckpt_interval.h), `plan --check-sweep` holds it against the
+// preempted runs bench/spot_sim.py measured, and --straggler-action leave weighs a slow host
+// with it (decide_leave). Goodput: the share of paid host time that becomes
 // training progress that survives.
 #pragma once
 #include <string>
@@ -75,5 +76,25 @@ double predicted_goodput(const MeasuredSpotRun& run);
 // job MTBF = host MTBF / hosts, failures only while training as the simulator preempts): what
 // a plan predicts before the run; single runs scatter around it as their count of failures does.
 double expected_goodput(const MeasuredSpotRun& run);
+
+// Whether a job ends sooner without a slow host (--straggler-action leave): the rest of the
+// run at today's step time, against a restart plus the rest on the other ranks, each then
+// taking ranks / (ranks - leaving) of the work (the global batch is kept): the slowest
+// remaining rank's compute and input scaled so, plus what the step spends beyond its slowest
+// rank (the all-reduce's exposed part: the least any rank waited).
+struct LeaveCase {
+  int ranks = 2, leaving = 1;   // ranks in the job, and on the host that would leave
+  double step_s = 0;            // the job's step now (its slowest rank's compute, input and wait)
+  double others_busy_s = 0;     // the slowest remaining rank's compute and input per step
+  double exposed_s = 0;         // per step beyond the slowest rank: the least wait of any rank
+  int64_t steps_left = 0;
+  double restart_s = 0;         // a stop with a checkpoint and a start on the others
+};
+struct LeaveDecision {
+  double with_s = 0, without_s = 0;  // the rest of the run: with the host, and leaving it
+  double step_without_s = 0;         // a step on the others
+  bool pays = false;                 // without_s < with_s
+};
+LeaveDecision decide_leave(const LeaveCase& c);
 
 }  // namespace spotrain

@@ -279,9 +279,16 @@ RunCosts costs_from(const std::string& dir) {
                  " (a run folder of spotrain train)");
   // Every record, those a resume marked superseded too: their times and costs were real.
   const std::vector<json> recs = read_metrics_file(path).records;
-  std::vector<double> held, written, restarts, startups;
+  std::vector<double> held, written, restarts, startups, spreads;
   for (size_t i = 0; i < recs.size(); ++i) {
     const json& r = recs[i];
+    if (r["type"] == "step" && r.contains("ranks") && r["ranks"].is_array() && r["ranks"].size() > 1) {
+      std::vector<double> busy;
+      for (const json& k : r["ranks"])
+        if (k.is_object() && k.value("compute_s", -1.0) >= 0) busy.push_back(k.value("compute_s", 0.0) + k.value("input_s", 0.0));
+      std::sort(busy.begin(), busy.end());
+      if (busy.size() > 1 && busy[(busy.size() - 1) / 2] > 0) spreads.push_back(busy.back() / busy[(busy.size() - 1) / 2]);
+    }
     if (r["type"] == "checkpoint") {
       if (r.contains("held_seconds") && r["held_seconds"].is_number()) held.push_back(r["held_seconds"]);
       if (r.contains("write_seconds") && r["write_seconds"].is_number() && r["write_seconds"] > 0)
@@ -323,6 +330,11 @@ RunCosts costs_from(const std::string& dir) {
     c.startup_s = median_of(startups);
     c.startup_source = str("the median of ", startups.size(), " start(s) in ", path,
                            " (to the first step record, less the steps it timed)");
+  }
+  if (!spreads.empty()) {
+    c.rank_spread = std::max(1.0, median_of(spreads));
+    c.spread_source = str("the median of ", spreads.size(), " progress window(s) in ", path,
+                          " (the slowest rank's compute and input against the median rank's)");
   }
   if (!restarts.empty()) {
     c.restart_s = median_of(restarts);
@@ -390,7 +402,8 @@ Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const
       const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
       // A step: accum micro-batches of `micro` images each, at the measured images/s (the
       // per-micro-batch cost of accumulation beyond its images is not measured: none counted).
-      const double step_s = double(fit.micro) * fit.accum / per_gpu;
+      // Several GPUs wait for the slowest each step: the spread a run of several ranks measured.
+      const double step_s = double(fit.micro) * fit.accum / per_gpu * (gpus > 1 ? costs.rank_spread : 1.0);
       for (bool spot : {true, false}) {
         PlanRow r;
         r.offer = &of;

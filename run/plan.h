@@ -99,9 +99,15 @@ struct RunCosts {
   std::string write_source = "default (docs/SCALING.md)";
   std::string restart_source = "default: noticing the loss, a replacement host, start-up (docs/SCALING.md)";
   std::string startup_source = "default: loading the model and the data, the first steps";
+  // How much longer a step of several ranks takes than the bench's rank alone: a synchronous
+  // step waits for its slowest rank. From a run of several ranks, the median over its progress
+  // windows of the slowest rank's compute and input against the median rank's (1: none known).
+  double rank_spread = 1;
+  std::string spread_source = "none measured: every rank as fast as the bench's";
 };
 // From a run folder (or its metrics.jsonl): the medians of its checkpoints' state copies and
-// writes, its starts and its restarts; the defaults for what it did not measure ("": all).
+// writes, its starts and its restarts, and its ranks' spread; the defaults for what it did not
+// measure ("": all).
 RunCosts costs_from(const std::string& dir);
 
 // ---- the rows and the choice ----

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +22,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace spotrain {
 
@@ -61,6 +65,39 @@ std::string settings_file(RunConfig cfg) {
     cfg.data = cfg.data.substr(0, colon + 1) + absolute(cfg.data.substr(colon + 1));
   return "# the settings of this run; restart it with: spotrain train --config FILE\n" + cfg.to_toml();
 }
+
+// The longest wait for the run folder's guard (RunFolder::lock): a live process holds it for
+// microseconds.
+constexpr double kGuardWaitSeconds = 10;
+
+// An exclusive flock on `path` for as long as it lives, waited for up to kGuardWaitSeconds;
+// without it (no locks on this filesystem, or a process stuck holding it) the caller goes on.
+class Guard {
+ public:
+  explicit Guard(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    const double deadline = now_seconds() + kGuardWaitSeconds;
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if ((err == EWOULDBLOCK || err == EINTR) && now_seconds() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
+      if (err == EWOULDBLOCK)
+        log_info(str("warning: ", path, " stayed locked for ", fmt_fixed(kGuardWaitSeconds, 0),
+                     " s (a process stuck while taking the run folder); going on without it"));
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~Guard() {
+    if (fd_ >= 0) ::close(fd_);  // closing drops the flock
+  }
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+
+ private:
+  int fd_;
+};
 
 }  // namespace
 
@@ -105,8 +142,14 @@ void RunFolder::open_log() {
   log_to_file(str("spotrain train, settings in ", path("config.toml")));
 }
 
+// The holder's record in .lock is written, and read by a refused process, only under a second
+// lock, .lock.guard, taken before the folder's own: a holder takes the guard, then the folder's
+// lock, writes its record and lets the guard go; a refused process reads the record under the
+// guard. So a process that finds the folder held reads its live holder's whole record, never an
+// empty file or the record a dead holder left (the lock and the record come as one).
 void RunFolder::lock() {
   const std::string lock_path = path(".lock");
+  Guard guard(lock_path + ".guard");
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   SPOTRAIN_CHECK(lock_fd_ >= 0, "run folder ", dir_, " is not writable (", std::strerror(errno),
                  "); pass a writable --ckpt-dir");
@@ -123,6 +166,12 @@ void RunFolder::lock() {
     SPOTRAIN_THROW("run folder ", dir_, " is in use by another spotrain process (",
                    holder.empty() ? std::string("holder unknown") : holder + " as " + lock_path + " says",
                    "); wait for it to end, stop it, or pass another --ckpt-dir");
+  }
+  if (test_hooks().run_lock_delay > 0) {  // the moment between the lock and the record, held open
+    std::fprintf(stderr, "SPOTRAIN_RUN_LOCK_DELAY: pid %d holds %s, its record in %g s\n", int(::getpid()),
+                 lock_path.c_str(), test_hooks().run_lock_delay);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(test_hooks().run_lock_delay));
   }
   std::string me = str("pid ", ::getpid(), " on ", host_name(), ", since ", utc_time_iso(), "\n");
   if (::ftruncate(lock_fd_, 0) == 0 && ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {

@@ -86,6 +86,8 @@ class PendingFigures {
       steps_.pop_front();
       s.facts.loss = r.loss;
       s.facts.done_at = r.done_at;
+      s.facts.comm_wait = r.comm_wait;
+      s.facts.device_compute = r.device_compute;
       s.facts.phases = s.timed ? &s.phases : nullptr;
       progress_.step(s.facts);
     }
@@ -285,6 +287,7 @@ TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_
 
 TrainResult Trainer::run() {
   const Resumed& resumed = resumed_;
+  max_batch_ = cfg_.batch_size;
   // A checkpoint of another world keeps its global batch: per-rank batch x micro-batches.
   cfg_.batch_size = resumed.per_rank_batch;
   if (resumed.accum_steps != cfg_.accum_steps) {
@@ -311,6 +314,12 @@ TrainResult Trainer::run() {
   TrainPosition at = resumed.at;
   if (at.batch_in_epoch >= p.per_epoch) at = TrainPosition{at.step, at.epoch + 1, 0};
   Loop loop(*this, p, at.step);
+  if (session_->world() > 1 && !test_hooks().no_rank_watch) {  // each rank's times, at every progress line
+    rank_watch_ = std::make_unique<RankWatch>(session_->world(), session_->rank(), cfg_.straggler_threshold,
+                                              RankWatch::host_labels(session_->worker()));
+    loop.progress.watch_ranks(rank_watch_.get());
+    leave_ = std::make_unique<LeaveRule>(cfg_, session_->worker());
+  }
   TrainResult res;
   const int64_t first_epoch = at.epoch;
   for (int64_t epoch = first_epoch; epoch < p.epochs && at.step < p.total_steps; ++epoch) {
@@ -321,9 +330,11 @@ TrainResult Trainer::run() {
       const double wait_t0 = now_seconds();  // the time this step waits for its batch
       if (!loader.next(b)) break;
       at = step(loop, loader, b, epoch, now_seconds() - wait_t0, at);
+      if (first_step_at_ == 0) first_step_at_ = now_seconds();
       const double step_s = loop.progress.last_step_seconds();
       const double steady_s = loop.progress.steady_step_seconds();
-      const std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());
+      std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());
+      if (why.empty()) why = weigh_stragglers(loop, at.step);
       if (!why.empty() && at.step < p.total_steps)
         return stop_early(loop, settled(at, p.per_epoch), why, res);
       const bool epoch_end = at.batch_in_epoch == p.per_epoch;
@@ -396,6 +407,23 @@ void Trainer::end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step
     rec["ema_test_top5"] = res.ema_test.top5;
   }
   metrics_->write("epoch", rec);
+}
+
+std::string Trainer::weigh_stragglers(Loop& loop, int64_t step) {
+  RankWatch::Window w;
+  if (!leave_ || !loop.progress.take_rank_window(&w)) return "";
+  LeaveInputs in;
+  in.step = step;
+  in.steps_left = loop.p.total_steps - step;
+  in.global_batch = global_batch_of(cfg_, session_->world());
+  in.max_batch = max_batch_;
+  in.startup_s = first_step_at_ - created_;
+  in.checkpoint_s = checkpoints_->seconds();
+  if (metrics_->enabled()) in.metrics_path = cfg_.metrics_path();
+  const std::string why = leave_->weigh(*rank_watch_, w, in);
+  if (!why.empty())
+    metrics_->write("leave", {{"step", step}, {"message", leave_->last_line()}});
+  return why;
 }
 
 void Trainer::report_bad_images(io::Loader& loader, TrainResult& res) {

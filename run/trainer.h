@@ -16,8 +16,10 @@
 #include "io/loader.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
+#include "observe/rank_times.h"
 #include "observe/telemetry.h"
 #include "run/config.h"
+#include "run/leave_rule.h"
 #include "run/resume.h"
 #include "run/run_checkpoints.h"
 #include "run/run_folder.h"
@@ -73,6 +75,9 @@ class Trainer {
   // A stop (signal, notice, --max-wall-time) after `at`: a checkpoint, then exit 75.
   TrainResult stop_early(Loop& loop, const TrainPosition& at, const std::string& why, TrainResult res);
   void report_bad_images(io::Loader& loader, TrainResult& res);
+  // After a step whose progress line gathered the ranks' times: the reason to stop and leave
+  // a straggler's host behind ("" = train on; run/leave_rule.h).
+  std::string weigh_stragglers(Loop& loop, int64_t step);
 
   RunConfig cfg_;
   double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
@@ -89,6 +94,10 @@ class Trainer {
   std::unique_ptr<PrometheusExport> prom_;    // --prometheus, the first rank of each node
   std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
   FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
+  std::unique_ptr<RankWatch> rank_watch_;  // several ranks: each one's times, the stragglers
+  std::unique_ptr<LeaveRule> leave_;       // --straggler-action leave
+  int64_t max_batch_ = 0;     // --batch-size as given: what a rank may take on a restart
+  double first_step_at_ = 0;  // when this process's first step was done (its start-up)
 };
 
 }  // namespace spotrain

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "health/op_cases.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -163,6 +164,35 @@ TEST_P(BackendOpsTarget, KernelChoicesNameWhatEachShapeRan) {
   EXPECT_NE(c.find("forward algo"), std::string::npos) << c;
   EXPECT_NE(c.find("data unused"), std::string::npos) << "no backward ran: " << c;
   EXPECT_EQ(c.find(" graph: "), std::string::npos) << "no fusion graph was planned: " << c;
+}
+
+// A step's span on the device's clock (stragglers on GPU ranks): the CPU marks nothing (-1:
+// its host clock sees the compute); a GPU gives each marked span, the latest completed, no
+// longer than the host saw from before the first mark to after reading it, and two spans
+// alternate so the one before is read while the next is marked.
+TEST_P(BackendOpsTarget, AStepSpanIsTheDevicesTimeBetweenItsMarks) {
+  EXPECT_EQ(be->step_span_seconds(), -1.0) << "nothing marked yet";
+  Tensor x = be->upload_activation(host_nhwc({4, 16, 12, 12}, 311), GetParam().dt);
+  Tensor w = be->from_host(host_plain({16, 16, 3, 3}, 312, 0.1f));
+  const double t0 = now_seconds();
+  be->mark_step_begin();
+  for (int i = 0; i < 4; ++i) x = be->conv2d_forward(x, w, ConvParams{3, 3, 1, 1});
+  be->mark_step_backward_done();
+  be->mark_step_begin();  // the next step's begin: the span read is still the first one's
+  Tensor y = be->conv2d_forward(x, w, ConvParams{3, 3, 1, 1});
+  const double span = be->step_span_seconds();
+  const double host = now_seconds() - t0;
+  be->mark_step_backward_done();
+  if (be->device() != Device::cuda) {
+    EXPECT_EQ(span, -1.0);
+    EXPECT_EQ(be->step_span_seconds(), -1.0);
+    return;
+  }
+  EXPECT_GT(span, 0.0);
+  EXPECT_LE(span, host);
+  const double second = be->step_span_seconds();
+  EXPECT_GT(second, 0.0);
+  EXPECT_LE(second, now_seconds() - t0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendOpsTarget, ::testing::ValuesIn(cpu_op_targets()), target_name);

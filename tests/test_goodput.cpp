@@ -154,3 +154,36 @@ TEST(Goodput, APredictionFromARunsOwnCosts) {
               r.step_time_s / (r.startup_s + r.step_time_s / daly_failure_goodput(T, C, r.restart_s, r.mtbf_s / r.hosts, false)),
               1e-12);
 }
+
+// --straggler-action leave's rule: a host at a quarter of the others' speed leaves when the
+// rest of the run is long enough to repay the restart; one 1.1x slower never does (the others
+// would each take ranks / (ranks - 1) of the work: slower than waiting for it).
+TEST(Goodput, LeavingAQuarterSpeedHostPaysOnlyWhenTheRestOfTheRunRepaysTheRestart) {
+  LeaveCase c;
+  c.ranks = 3;
+  c.leaving = 1;
+  c.others_busy_s = 0.1;
+  c.exposed_s = 0.01;
+  c.step_s = 0.41;  // the slow rank: 4x the others' 0.1 s, plus the exposed all-reduce
+  c.restart_s = 20;
+  c.steps_left = 1000;
+  LeaveDecision d = decide_leave(c);
+  EXPECT_NEAR(d.step_without_s, 0.1 * 1.5 + 0.01, 1e-12);
+  EXPECT_NEAR(d.with_s, 410, 1e-9);
+  EXPECT_NEAR(d.without_s, 20 + 160, 1e-9);
+  EXPECT_TRUE(d.pays);
+  c.steps_left = 50;  // 20.5 s with it against 20 + 8 s without
+  EXPECT_FALSE(decide_leave(c).pays);
+  c.steps_left = 1000000;
+  c.step_s = 0.11 + 0.01;  // 1.1x slower
+  EXPECT_FALSE(decide_leave(c).pays);
+}
+
+TEST(Goodput, NoRankLeftMeansNoLeaving) {
+  LeaveCase c;
+  c.ranks = 2;
+  c.leaving = 2;  // both ranks on the one host
+  c.step_s = 1;
+  c.steps_left = 100;
+  EXPECT_FALSE(decide_leave(c).pays);
+}

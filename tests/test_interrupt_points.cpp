@@ -1,9 +1,10 @@
 // Interruptions at random points: a deterministic run is started again and again with
-// --resume auto and each time SIGTERMed or SIGKILLed at a random moment (seeded): during
-// start-up and resume, mid-step, and, with checkpoint writes slowed half-way by a test hook,
-// during background writes. After every interruption each checkpoint left verifies; at the end
-// a last resume finishes and its weights equal an uninterrupted run's, bit for bit. On one
-// rank, and on two under mpirun (the signal to one rank).
+// --resume auto and each time SIGTERMed or SIGKILLed at a random moment (seeded, counted from
+// when the rank can take a stop signal): during start-up and resume, mid-step, and, with
+// checkpoint writes slowed half-way by a test hook, during background writes. After every
+// interruption each checkpoint left verifies; at the end a last resume finishes and its weights
+// equal an uninterrupted run's, bit for bit. On one rank, and on two under mpirun (the signal
+// to one rank).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -47,9 +48,16 @@ void interrupt_at_random_points(int ranks) {
     const std::string pick = "$(pgrep -f -- '^" + std::string(SPOTRAIN_BIN) + " train .*--ckpt-dir " +
                              run.string() + "$' | sort -n | sed -n '" +
                              std::to_string(rank + 1) + "p')";
+    // The moment counts from when the rank catches SIGTERM (SigCgt, bit 14: its stop handler is
+    // installed; before that a SIGTERM kills it, 143), not from the command's start: on a slow
+    // machine, or under mpirun's slower start, a moment counted from there could come before the
+    // rank exists (no signal sent, the run trains to its end) or can stop.
+    const std::string ready = "while kill -0 $job 2>/dev/null; do p=" + pick + "; m=$([ -n \"$p\" ] && "
+                              "sed -n 's/^SigCgt:[[:space:]]*//p' /proc/$p/status 2>/dev/null); "
+                              "[ -n \"$m\" ] && [ $(( (0x$m >> 14) & 1 )) = 1 ] && break; p=; sleep 0.01; done\n";
     CommandResult r = run_command(
         "export SPOTRAIN_CKPT_WRITE_DELAY=0.2; (" + train_cmd(ranks, run) + ") > " + (d / "log").string() +
-        " 2>&1 &\njob=$!\nsleep " + std::to_string(at) + "\np=" + pick + "\n[ -n \"$p\" ] && kill -" +
+        " 2>&1 &\njob=$!\n" + ready + "sleep " + std::to_string(at) + "\n[ -n \"$p\" ] && kill -" +
         (kill ? "KILL" : "TERM") + " $p\nwait $job\necho \"exit $?\"");
     // Interrupted (not finished): a SIGTERM, whenever it comes, is a stop (75); a SIGKILL
     // kills, or aborts the job.

@@ -237,6 +237,33 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
   EXPECT_TRUE(contains(r3.out, "Resume on 1, 2, 4, 8, 16 or 32 ranks")) << r3.out;
 }
 
+// A fleet shrunk by half keeps each rank's memory: a checkpoint of 4 ranks x 8 resumes on 2
+// ranks at --batch-size 8 with 2 micro-batches per step (K doubled, not the per-rank batch), the
+// global batches in the uninterrupted job's order.
+TEST(MpiResume, FourRanksShrunkToTwoKeepTheirBatchAndDoubleTheMicroBatches) {
+  fs::path d = fresh_dir("spotrain_mpi_shrink");
+  Launch a = run(mpirun(4, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
+                 resume_args(d / "a", "--batch-size 8"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  Launch s = run(mpirun(4, "SPOTRAIN_FAULT=term:0:4") + " " + resume_args(d / "s", "--batch-size 8"));
+  ASSERT_EQ(s.code, 75) << s.out;
+  Launch r = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "r.ids").string()) + " " +
+                 resume_args(d / "s", "--batch-size 8 --resume auto"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "per-rank batch 8 x 2 micro-batches keeps its global batch of 32 with --accum-steps 2"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "batch 8 x 2 micro-batches per step")) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 16/16")) << r.out;
+  auto ids_a = read_sample_log(rank_files(d / "a.ids", 4));
+  auto ids_r = read_sample_log(rank_files(d / "r.ids", 2));
+  ASSERT_EQ(ids_r.size(), 12u) << "steps 5..16 after the stop after step 4";
+  for (auto& [step, runs] : ids_r) {
+    ASSERT_EQ(runs.size(), 1u);
+    ASSERT_EQ(runs[0].size(), 32u);
+    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
+  }
+}
+
 // Gradient accumulation: one rank with 2 micro-batches of 8 per step trains as 2 ranks with
 // batches of 8 do: each micro-batch holds the samples of one of the two ranks, and the weights
 // and momentum end the same bit for bit (the two-rank all-reduce adds two gradients, which one
@@ -339,7 +366,10 @@ void expect_resumes_bitwise(const fs::path& d, const fs::path& stopped, const La
 
 TEST(LauncherStop, SigtermToTheLauncherMidStepGivesTheAgreedStop) {
   fs::path d = fresh_dir("spotrain_launcher_stop");
-  LauncherStop s = stop_launcher(d, launcher(d) + launcher_args(d / "b"), "step 2/6");
+  // Each step 1 s or more (SPOTRAIN_STEP_DELAY), however fast the machine: the signal, passed on
+  // by the launcher and mpirun, reaches the ranks within step 3 or 4.
+  LauncherStop s = stop_launcher(d, launcher(d, "SPOTRAIN_STEP_DELAY=1 EXTRA_ENV=SPOTRAIN_STEP_DELAY") +
+                                        launcher_args(d / "b"), "step 2/6");
   // Sent as step 3 began: the ranks agree on it with step 3's all-reduce (step 4's, if the
   // signal reached a rank after that one on a slow machine).
   EXPECT_GE(s.stopped_after, 3) << s.launch.out;

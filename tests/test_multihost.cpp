@@ -78,6 +78,11 @@ class MultiHost : public ::testing::Test {
            "/examples/resnet50/launch/mpirun.sh " +
            (hostfile.empty() ? (dir_ / "hosts").string() : hostfile) + " 2 " + args;
   }
+  // Each step at least 0.05 s (SPOTRAIN_STEP_DELAY, passed to the ranks by the launcher's
+  // EXTRA_ENV), for the environment of launcher(): what a scenario does on seeing a step line
+  // then lands long before the run's end on a machine of any speed.
+  static constexpr const char* kStepFloor = "SPOTRAIN_STEP_DELAY=0.05 EXTRA_ENV=SPOTRAIN_STEP_DELAY";
+
   std::string hosts(const std::string& what, int host) const {
     return kHosts + " " + what + " " + prefix_ + " " + std::to_string(host);
   }
@@ -101,13 +106,14 @@ class MultiHost : public ::testing::Test {
     return run_command("timeout -k 10 400 bash " + script.string() + " 2>&1");
   }
 
-  // Loses host 2 at step 6 (`how`: cut or poweroff) of a 30-step run with --comm-timeout 5, and
-  // asserts what that must give: 76 within the bound, nothing left running on either host,
-  // then (the host back) a restart that resumes and finishes.
+  // Loses host 2 at step 6 (`how`: cut or poweroff) of a 30-step run with --comm-timeout 5 (its
+  // 24 steps left take 1.2 s or more: kStepFloor), and asserts what that must give: 76 within
+  // the bound, nothing left running on either host, then (the host back) a restart that resumes
+  // and finishes.
   void lose_host_2(const std::string& how) {
     const double comm_timeout = 5;
     const std::string args = train_args(dir_ / "run", "--steps 30 --ckpt-every 2 --comm-timeout 5");
-    CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=12", args),
+    CommandResult r = scenario(launcher(std::string("MAX_RESTARTS=1 RESTART_DELAY=12 ") + kStepFloor, args),
                                "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts(how, 2) + "\n" +
                                    after_loss(2));
     EXPECT_EQ(r.code, 0) << r.out;
@@ -158,10 +164,11 @@ TEST_F(MultiHost, ANoticeOnOneHostStopsEveryRankAndTheRestartEndsBitExact) {
   fs::create_directories(www);
   const std::string server = "ip netns exec " + prefix_ + "-2 python3 -m http.server 8808 --bind 127.0.0.1 --directory " +
                              www.string() + " > /dev/null 2>&1 &\nsrv=$!\n";
-  // 48 steps: a notice polled every 0.2 s reaches a run of 0.03 s steps some 10 steps after it
-  // was written, and one seen only at the last step ends the job as finished (0, not 75).
+  // 48 steps of 0.05 s or more (kStepFloor): a notice polled every 0.2 s reaches the run some 5
+  // steps after it was written, long before the last step on any machine (one seen only at the
+  // last step ends the job as finished: 0, not 75).
   const std::string args = train_args(dir_ / "run", "--steps 48 --preempt-notice http://127.0.0.1:8808/notice --preempt-poll 0.2");
-  CommandResult r = scenario(launcher("MAX_RESTARTS=1 RESTART_DELAY=2", args),
+  CommandResult r = scenario(launcher(std::string("MAX_RESTARTS=1 RESTART_DELAY=2 ") + kStepFloor, args),
                              server +
                              "wait_for 'step 3/' || exit 1\n"
                              // Written whole, as a metadata service serves it (a poll may
@@ -265,7 +272,8 @@ class MultiHostLocalDisks : public MultiHost {
 TEST_F(MultiHostLocalDisks, APoweredOffHostsSurvivorSavesTheJobGoesOnWithoutItAndGrowsBack) {
   const fs::path run = dir_ / "disk" / "run";
   const std::string env = "HOST_DISCOVERY='" + kHosts + " hosts " + prefix_ +
-                          "' MIN_HOSTS=1 DISCOVERY_INTERVAL=1 MAX_RESTARTS=2 SURVIVOR_WAIT=3";
+                          "' MIN_HOSTS=1 DISCOVERY_INTERVAL=1 MAX_RESTARTS=2 SURVIVOR_WAIT=3 " +
+                          kStepFloor;  // the host must be back, and the job grown, before step 120
   CommandResult r = scenario(
       launcher(env, train_args(run, "--steps 120 --comm-timeout 60"), "-"),
       "wait_for 'step 6/' || exit 1\nt0=$(now); " + hosts("poweroff", 2) + "\n"

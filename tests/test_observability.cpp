@@ -26,6 +26,7 @@
 #include "core/clock.h"
 #include "engine/loss_scaler.h"
 #include "observe/input_watch.h"
+#include "observe/rank_times.h"
 #include "observe/progress.h"
 #include "run/stop_policy.h"
 #include "observe/prometheus.h"
@@ -482,4 +483,69 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
   EXPECT_GT(blue, 3000u) << "curves";
   EXPECT_GT(green, 500u) << "checkpoint markers";
   EXPECT_GT(ink, size_t(w) * size_t(h) / 200) << "text and axes";
+}
+
+namespace {
+using spotrain::find_stragglers;
+using spotrain::RankTimes;
+using spotrain::RankWatch;
+}  // namespace
+
+// Stragglers: a rank at least the threshold x the median over ranks (the lower middle for an
+// even count) in compute, or in input when that wait is also a real share of the step.
+TEST(RankTimes, NamesTheSlowRankAgainstTheMedianAndNoOneInAnEvenRun) {
+  std::vector<RankTimes> even{{0.10, 0.001, 0.02}, {0.11, 0.002, 0.01}, {0.105, 0.001, 0.015}};
+  EXPECT_TRUE(find_stragglers(even, 1.2).empty());
+  std::vector<RankTimes> one_slow{{0.10, 0.001, 0.30}, {0.40, 0.001, 0.0}, {0.105, 0.001, 0.29}};
+  auto s = find_stragglers(one_slow, 1.2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 1);
+  EXPECT_EQ(s[0].what, "compute");
+  EXPECT_NEAR(s[0].ratio(), 0.40 / 0.105, 1e-12);
+  // Two ranks: the slower is held against the faster.
+  std::vector<RankTimes> two{{0.10, 0, 0.2}, {0.30, 0, 0}};
+  s = find_stragglers(two, 1.2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 1);
+  // Input: a rank starved of data, named for its input; a few milliseconds more is nobody.
+  std::vector<RankTimes> starved{{0.10, 0.001, 0.2}, {0.10, 0.20, 0.0}, {0.10, 0.002, 0.2}};
+  s = find_stragglers(starved, 1.2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 1);
+  EXPECT_EQ(s[0].what, "input");
+  std::vector<RankTimes> jitter{{0.10, 0.001, 0.01}, {0.10, 0.004, 0.01}, {0.10, 0.002, 0.01}};
+  EXPECT_TRUE(find_stragglers(jitter, 1.2).empty());
+}
+
+TEST(RankTimes, SlotsCarryOnlyThisRanksTimesAndStreaksCountWindowsInARow) {
+  RankWatch w(3, 1, 1.2, {"a", "b", "c"});
+  w.add_step(1.0, 0.1, 0.1);  // the first step is not counted
+  w.add_step(0.5, 0.05, 0.05);
+  w.add_step(0.7, 0.05, 0.05);
+  std::vector<double> v = w.slots();
+  ASSERT_EQ(v.size(), 9u);
+  EXPECT_EQ(v[0], 0.0);
+  EXPECT_NEAR(v[3], 0.5, 1e-12);  // (0.4 + 0.6) / 2
+  EXPECT_NEAR(v[4], 0.05, 1e-12);
+  EXPECT_EQ(v[6], 0.0);
+  // A window of fewer than kMinSteps steps names no one.
+  const double uneven[9] = {0.1, 0, 0.4, 0.5, 0, 0, 0.1, 0, 0.4};
+  EXPECT_TRUE(w.take(uneven).ranks.empty());
+  EXPECT_EQ(w.streak(1), 0);
+  // The sums every rank gets: rank 1 slow in two windows, then even.
+  for (int window = 1; window <= 3; ++window) {
+    for (int k = 0; k < RankWatch::kMinSteps; ++k) w.add_step(0.5, 0.0, 0.0);
+    const double slow = window < 3 ? 0.5 : 0.1;
+    const double summed[9] = {0.1, 0, 0.4, slow, 0, 0, 0.1, 0, 0.4};
+    RankWatch::Window got = w.take(summed);
+    ASSERT_EQ(got.ranks.size(), 3u);
+    if (window < 3) {
+      ASSERT_EQ(got.stragglers.size(), 1u);
+      EXPECT_EQ(w.streak(1), window);
+      EXPECT_NE(w.describe(got.stragglers[0]).find("rank 1 on b: compute"), std::string::npos);
+    } else {
+      EXPECT_TRUE(got.stragglers.empty());
+      EXPECT_EQ(w.streak(1), 0);
+    }
+  }
 }

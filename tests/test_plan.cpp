@@ -524,3 +524,26 @@ TEST(MetricsReader, TornLinesAreCountedAndMissingTimesAreNaN) {
   EXPECT_EQ(spotrain::median_of({3, 1, 2}), 2);
   EXPECT_THROW(spotrain::read_metrics_file(dir + "/none.jsonl"), spotrain::Error);
 }
+
+// --from-run: a run of several ranks gives the plan its ranks' spread (a synchronous step
+// waits for the slowest rank), the median over its windows; the plan's multi-GPU steps take it.
+TEST(Plan, AMeasuredSpreadOfRankSpeedsSlowsTheStepsOfSeveralGpus) {
+  const std::string d = scratch("spread");
+  const std::string metrics = d + "/metrics.jsonl";
+  {
+    std::ofstream f(metrics);
+    auto ranks = [](double slow) {
+      return nlohmann::json::array({{{"rank", 0}, {"compute_s", 0.10}, {"input_s", 0.0}, {"wait_s", 0.1}},
+                                    {{"rank", 1}, {"compute_s", 0.11}, {"input_s", 0.0}, {"wait_s", 0.1}},
+                                    {{"rank", 2}, {"compute_s", slow}, {"input_s", 0.0}, {"wait_s", 0.0}}});
+    };
+    f << nlohmann::json{{"type", "start"}, {"time", "2026-12-01T00:00:00.000Z"}, {"ranks", 3}}.dump() << "\n";
+    for (int i = 1; i <= 3; ++i)
+      f << nlohmann::json{{"type", "step"}, {"step", 10 * i}, {"time", "2026-12-01T00:00:10.000Z"},
+                          {"step_seconds", 0.2}, {"ranks", ranks(i == 3 ? 0.5 : 0.165)}}.dump() << "\n";
+  }
+  const spotrain::RunCosts c = spotrain::costs_from(d);
+  EXPECT_NEAR(c.rank_spread, 1.5, 1e-9);  // 0.165 / 0.11 twice, 0.5 / 0.11 once: the median
+  EXPECT_NE(c.spread_source.find("3 progress window(s)"), std::string::npos) << c.spread_source;
+  EXPECT_EQ(spotrain::costs_from("").rank_spread, 1.0);
+}

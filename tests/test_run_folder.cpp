@@ -1,9 +1,10 @@
-// The run folder is the job: one lock per folder (a second process is refused, a lock left by
-// a killed process is not), another run's folder is refused unless resumed or moved aside
-// with --new-run, the newest good checkpoint is resumed from (past a corrupt one; a resume
-// from a named one sets the newer ones aside), --resume latest never starts over, the metrics
-// history stays whole and continuous across three restarts (and the folder's config.toml
-// restarts the run), and config files and choices are checked strictly.
+// The run folder is the job: one lock per folder (a second process is refused, naming the
+// holder even in the moment it takes the lock; a lock left by a killed process is not),
+// another run's folder is refused unless resumed or moved aside with --new-run, the newest good
+// checkpoint is resumed from (past a corrupt one; a resume from a named one sets the newer ones
+// aside), --resume latest never starts over, the metrics history stays whole and continuous
+// across three restarts (and the folder's config.toml restarts the run), and config files and
+// choices are checked strictly.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -89,6 +91,33 @@ TEST(RunFolder, ASecondProcessIsRefusedAndAKilledHoldersLockDoesNot) {
   r = spotrain(train(d, "--steps 2"));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(d / "ckpt-00000002.h5")) << r.out;
+}
+
+// A process refused while the holder has taken the lock but not yet written its record (the
+// hook holds it there for far longer than a start-up) still names the holder: never "holder
+// unknown", nor the record a dead holder left in the file.
+TEST(RunFolder, ARefusedProcessNamesAHolderThatHasNotWrittenItsRecordYet) {
+  fs::path d = fresh_dir("spotrain_run_lock_record");
+  fs::create_directories(d);
+  std::ofstream(d / ".lock") << "pid 1 on gone-host, since long ago\n";
+  FILE* first = popen(("SPOTRAIN_RUN_LOCK_DELAY=5 " + std::string(SPOTRAIN_BIN) + " " +
+                       train(d, "--steps 2") + " 2>&1").c_str(), "r");
+  ASSERT_NE(first, nullptr);
+  std::string first_out, holder;  // "pid N on ", as the hook names the first process
+  char line[4096];
+  while (holder.empty() && std::fgets(line, sizeof line, first)) {
+    first_out += line;
+    int pid = 0;
+    if (std::sscanf(line, "SPOTRAIN_RUN_LOCK_DELAY: pid %d", &pid) == 1)
+      holder = "pid " + std::to_string(pid) + " on ";
+  }
+  CommandResult second = spotrain(train(d, "--steps 2"));
+  while (std::fgets(line, sizeof line, first)) first_out += line;
+  const int st = pclose(first);
+  ASSERT_FALSE(holder.empty()) << first_out;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << first_out;
+  EXPECT_EQ(second.code, 1) << second.out;
+  EXPECT_TRUE(contains(second.out, "is in use by another spotrain process (" + holder)) << second.out;
 }
 
 TEST(RunFolder, AnotherRunsFolderIsRefusedUnlessResumedOrMovedAside) {

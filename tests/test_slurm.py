@@ -19,7 +19,9 @@ interrupted four times:
   d. rank 1 killed with SIGKILL: rank 0 saves the last step both finished (76), the script starts
      srun again inside the same allocation at once (no requeue), and the job finishes.
 The final checkpoint must hold the same model and optimizer state, bit for bit (h5diff), as the
-same job run under the same script without interruption. Printed: each requeue's hold (the job's
+same job run under the same script without interruption. Two short jobs check HEALTH_CHECK=1:
+the health gate passes the node and the job trains; with the node's doctor broken (the gate's
+test hook) the gate names it and the job ends with 1 before any rank starts. Printed: each requeue's hold (the job's
 EligibleTime - SubmitTime, SubmitTime being the requeue), each downtime (the stop record to the
 first step after the restart) and the in-place restart's downtime.
 Exit 77 (skipped) when not root, or when Slurm cannot be installed or its daemons cannot start.
@@ -392,14 +394,14 @@ def main():
             "cred_expire=%d" % (cluster.host, cluster.cpus, CRED_EXPIRE))
         env = dict(cluster.env, SPOTRAIN=spotrain)
 
-        def submit(name, run_dir):
+        def submit(name, run_dir, extra_env=None, steps=STEPS):
             out = subprocess.run(
                 ["sbatch", "--parsable", "--partition=spot", "--job-name=" + name, "--nodes=1",
                  "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
                  "--output=" + os.path.join(work, name + "-%j.out"), SBATCH_SCRIPT,
-                 "--model", "resnet20", "--data", "synthetic", "--steps", str(STEPS), "--batch-size", "8",
+                 "--model", "resnet20", "--data", "synthetic", "--steps", str(steps), "--batch-size", "8",
                  "--deterministic", "--log-every", "1", "--keep", "50", "--ckpt-dir", run_dir],
-                cwd=work, env=env, capture_output=True, text=True, timeout=30)
+                cwd=work, env=dict(env, **(extra_env or {})), capture_output=True, text=True, timeout=30)
             if out.returncode != 0:
                 raise Fail("sbatch exited %d: %s" % (out.returncode, out.stderr.strip()))
             job_id = out.stdout.strip().split(";")[0]
@@ -433,8 +435,32 @@ def main():
                 j["JobState"], j["ExitCode"], j["Restarts"], output(ref)))
         log("uninterrupted job %s: %d steps in %.1f s" % (ref, STEPS, time.time() - t0))
 
+        # HEALTH_CHECK=1: the health gate through srun on the allocation's one node (its doctor; no
+        # links to measure on one node), then the job trains; with that node's doctor broken (the
+        # gate's test hook) the gate names it and the job ends with 1 before any rank starts.
+        gate_env = {"HEALTH_CHECK": "1", "HEALTH_DOCTOR_ARGS": "--model resnet20 --steps 1 --precision fp32",
+                    "HEALTH_GATE": os.path.join(REPO, "examples", "resnet50", "launch", "health_gate.sh")}
+        t_gate = time.time()
+        gated = submit("gated", os.path.join(work, "run-gated"), gate_env, steps=4)
+        j = finished(gated, 120)
+        if j["JobState"] != "COMPLETED" or "health gate: 1 of 1 host(s) passed" not in output(gated):
+            fail("HEALTH_CHECK=1: the job ended %s without the gate passing its node\n%s" % (
+                j["JobState"], output(gated)))
+        broken = submit("gated-broken", os.path.join(work, "run-broken"),
+                        dict(gate_env, HEALTH_TEST_BREAK_HOST=cluster.host), steps=4)
+        j = finished(broken, 120)
+        out_broken = output(broken)
+        if (j["JobState"] != "FAILED" or "left out %s: doctor: fail ops cpu nhwc_fp32" % cluster.host not in out_broken
+                or "fewer than MIN_HOSTS=1; not starting" not in out_broken or "step 1/" in out_broken):
+            fail("HEALTH_CHECK=1 with the node's doctor broken: the job ended %s\n%s" % (j["JobState"], out_broken))
+        log("health gate under Slurm: a healthy node trained, a broken one was named and the job ended 1 "
+            "(both jobs %.1f s)" % (time.time() - t_gate))
+
         run_dir = os.path.join(work, "run")
-        job = submit("interrupted", run_dir)
+        # Each step 0.05 s or more (SPOTRAIN_STEP_DELAY): the four interruptions, each MARGIN steps
+        # into a start and then as late as Slurm acts, come long before step STEPS on a machine of
+        # any speed (on a loaded 2-core one, after steps 17, 40, 58 and 74).
+        job = submit("interrupted", run_dir, {"SPOTRAIN_STEP_DELAY": "0.05"})
 
         def steps_in(start_index):
             parts = starts(records(run_dir))

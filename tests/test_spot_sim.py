@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""The spot simulator (bench/spot_sim.py) at a small size: two hosts, two hard preemptions
-(seed 3 draws the first 1.4 s into training), a restart after each; the job must finish on the
-same weights as an uninterrupted run, bit for bit, and report a goodput between 0 and 1.
-Exit 77 (skipped) where network namespaces cannot be made.
+"""The spot simulator (bench/spot_sim.py) at a small size: two hosts, two hard preemptions, a
+restart after each; the job must finish on the same weights as an uninterrupted run, bit for
+bit, and report a goodput between 0 and 1. The failures are drawn in steps (--mtbf-steps; seed
+3 draws them 14 and 23 steps into each attempt, host 1 then host 2), so both land well before
+the job's 150 steps on a fast machine as on a slow one; in seconds, a fast machine finished
+before the second. Exit 77 (skipped) where network namespaces cannot be made.
 
   tests/test_spot_sim.py SPOTRAIN_BINARY
 """
@@ -29,7 +31,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.jsonl")
         r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "spot_sim.py"),
-                            "--spotrain", spotrain, "--hosts", "2", "--mtbf", "10", "--grace", "0",
+                            "--spotrain", spotrain, "--hosts", "2", "--mtbf-steps", "100", "--grace", "0",
                             "--seed", "3", "--max-preemptions", "2", "--model", "resnet20",
                             "--data", "synthetic", "--batch-size", "16", "--steps", "150",
                             "--ckpt-every", "10", "--reference", "--json", out],

@@ -61,6 +61,9 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::function<void()> copy_to_host_async(const Tensor& src, Tensor& host_dst) override;
 
   LossResult queued_loss() override;
+  void mark_step_begin() override;
+  void mark_step_backward_done() override;
+  double step_span_seconds() override;
   bool queued_overflow() override;
   void synchronize() override;
   bool queues_ops() const override { return true; }
@@ -201,6 +204,10 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   int device_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;
+  // mark_step_begin / mark_step_backward_done: two pairs of (begin, end), the one being marked,
+  // and the one whose end was marked last (-1: none).
+  cudaEvent_t span_[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  int span_marking_ = 1, span_done_ = -1;
   // upload_images: a ring of two pinned staging buffers; `copied` marks the end of the last
   // host-to-device copy out of each, so it is refilled only once that copy is done.
   struct Staging {

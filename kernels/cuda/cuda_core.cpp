@@ -662,6 +662,29 @@ void CudaBackend::softmax_xent_queue_impl(const Tensor& logits, const int32_t* l
   if (!capturing_) CUDA_CHECK(cudaEventRecord(loss_ready_, compute_));  // replays record it
 }
 
+void CudaBackend::mark_step_begin() {
+  if (capturing_) return;
+  span_marking_ = 1 - span_marking_;
+  for (cudaEvent_t& e : span_[span_marking_])
+    if (!e) CUDA_CHECK(cudaEventCreate(&e));
+  CUDA_CHECK(cudaEventRecord(span_[span_marking_][0], compute_));
+}
+
+void CudaBackend::mark_step_backward_done() {
+  if (capturing_ || !span_[span_marking_][0]) return;
+  CUDA_CHECK(cudaEventRecord(span_[span_marking_][1], compute_));
+  span_done_ = span_marking_;
+}
+
+double CudaBackend::step_span_seconds() {
+  if (span_done_ < 0) return -1;
+  cudaEvent_t* pair = span_[span_done_];
+  float ms = 0.f;
+  CUDA_CHECK(cudaEventSynchronize(pair[1]));
+  CUDA_CHECK(cudaEventElapsedTime(&ms, pair[0], pair[1]));
+  return double(ms) / 1000.0;
+}
+
 LossResult CudaBackend::queued_loss() {
   SPOTRAIN_CHECK(loss_rows_ >= 0, "internal: queued_loss without softmax_xent_queue");
   LossResult r;
@@ -839,6 +862,9 @@ CudaBackend::~CudaBackend() {
     if (st.copied) CUDA_WARN(cudaEventDestroy(st.copied));
   }
   if (compute_mark_) CUDA_WARN(cudaEventDestroy(compute_mark_));
+  for (auto& pair : span_)
+    for (cudaEvent_t e : pair)
+      if (e) CUDA_WARN(cudaEventDestroy(e));
   if (copy_) CUDA_WARN(cudaStreamDestroy(copy_));
   if (compute_) CUDA_WARN(cudaStreamDestroy(compute_));
   // Nothing of this backend runs any more: its pools let go of their cache, and of every

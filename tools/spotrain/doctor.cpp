@@ -1,6 +1,7 @@
 // `spotrain doctor`: checks this node before a run pays for it (health/doctor.h): one line
 // per check, ok, warn or fail with its figure and limit, exit 0 when healthy and 1 when not;
-// --json FILE writes the same checks for a launcher or a fleet's health gate.
+// --json FILE writes the same checks for a launcher or a fleet's health gate. --links, under
+// mpirun with one rank per host, checks the network between the hosts instead (health/links.h).
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,7 +10,9 @@
 #include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "comm/communicator.h"
 #include "health/doctor.h"
+#include "health/links.h"
 #include "run/config.h"
 #include "tools/spotrain/commands.h"
 
@@ -20,9 +23,50 @@ namespace {
 struct DoctorArgs {
   health::DoctorOptions opt;
   std::string json;
+  bool links = false;
+  health::LinkOptions link;
+  double link_mb = 4;
 };
 
+// --links: the link check across the ranks of this MPI job; rank 0 prints and writes the JSON.
+int run_links_command(const DoctorArgs& a) {
+  health::LinkOptions opt = a.link;
+  opt.bytes = opt.allreduce_bytes = size_t(a.link_mb * double(1 << 20));
+  std::unique_ptr<Communicator> comm = make_communicator("auto");
+  const bool root = comm->rank() == 0;
+  if (root && comm->size() >= 2) {
+    std::printf("spotrain doctor --links: the network between %d hosts (one line a host)\n", comm->size());
+    std::fflush(stdout);
+  }
+  const health::LinkReport rep = health::run_link_check(*comm, opt, [](const health::DoctorCheck& c) {
+    std::printf("%s\n", c.line().c_str());
+    std::fflush(stdout);
+  });
+  const bool ok = health::healthy(rep.checks);
+  if (!root) return 0;
+  int failed = 0;
+  for (const auto& c : rep.checks) failed += c.verdict == health::Verdict::fail;
+  std::printf("doctor --links: %s: %zu hosts, %d failed, in %.1f s\n", ok ? "healthy" : "NOT healthy",
+              rep.hosts.size(), failed, rep.seconds);
+  if (!a.json.empty()) {
+    nlohmann::json j;
+    j["healthy"] = ok;
+    j["seconds"] = rep.seconds;
+    j["allreduce_bus_bytes_per_sec"] = rep.allreduce_bus_bytes_per_sec;
+    for (size_t i = 0; i < rep.hosts.size(); ++i)
+      j["hosts"].push_back({{"name", rep.hosts[i].name}, {"bytes_per_sec", rep.hosts[i].bytes_per_sec},
+                            {"best_peer", rep.hosts[i].best_peer},
+                            {"verdict", health::verdict_name(rep.checks[i].verdict)}});
+    for (const auto& c : rep.checks)
+      j["checks"].push_back({{"name", c.name}, {"verdict", health::verdict_name(c.verdict)},
+                             {"figure", c.figure}, {"limit", c.limit}});
+    write_file_atomic(a.json, j.dump(2) + "\n", "the --json file");
+  }
+  return ok ? 0 : 1;
+}
+
 int run_doctor_command(const DoctorArgs& a) {
+  if (a.links) return run_links_command(a);
   if (a.opt.threads > 0) check_thread_counts(a.opt.threads, 1);
   const double t0 = now_seconds();
   std::printf("spotrain doctor: is this node fit to train? (one line a check)\n");
@@ -74,6 +118,18 @@ Command add_doctor(CLI::App& app) {
   d->add_option("--steps", a->opt.steps, "timed training steps")->capture_default_str();
   d->add_option("--threads", a->opt.threads, "CPU threads (0 = all cores)")->capture_default_str();
   d->add_option("--json", a->json, "also write the checks as JSON to FILE");
+  d->add_flag("--links", a->links,
+              "check the network instead, under mpirun with one rank per host: every pair of hosts "
+              "point to point, each host's best pair against the median, and one all-reduce");
+  d->add_option("--link-mb", a->link_mb, "--links: MiB each message carries")
+      ->check(CLI::Range(0.001, 1024.0))->capture_default_str();
+  d->add_option("--link-min-share", a->link.min_share,
+                "--links: a host fails below this share of the median host's rate")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  d->add_option("--link-min-gbps", a->link.min_gbps, "--links: a host fails below this many Gbit/s (0: no floor)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  d->add_option("--names", a->link.names, "--links: the hosts' names in rank order (default: host names)")
+      ->delimiter(',');
   return {d, [a] { return run_doctor_command(*a); }};
 }
 

@@ -358,7 +358,8 @@ int run_plan(const PlanOptions& o) {
   log_info(str("checkpoint cost ", fmt_fixed(costs.ckpt_cost_s, 3), " s (", costs.ckpt_source, "), write ",
                fmt_fixed(costs.ckpt_write_s, 2), " s (", costs.write_source, "), restart ",
                secs(costs.restart_s), " s (", costs.restart_source, "), start-up ", secs(costs.startup_s),
-               " s (", costs.startup_source, "); the goodput model: docs/SCALING.md"));
+               " s (", costs.startup_source, "), ranks' spread ", fmt_fixed(costs.rank_spread, 2), "x (",
+               costs.spread_source, "); the goodput model: docs/SCALING.md"));
   if (cheapest) log_info("cheapest" + (deadline_s > 0 ? " within " + o.deadline : std::string()) + ": " + describe(*cheapest));
   if (fastest) log_info("fastest" + (o.budget > 0 ? " within $" + fmt_fixed(o.budget, 2) : std::string()) + ": " + describe(*fastest));
 
@@ -384,7 +385,8 @@ int run_plan(const PlanOptions& o) {
             {"costs", {{"checkpoint_cost_seconds", costs.ckpt_cost_s}, {"checkpoint_cost_source", costs.ckpt_source},
                        {"checkpoint_write_seconds", costs.ckpt_write_s}, {"checkpoint_write_source", costs.write_source},
                        {"restart_seconds", costs.restart_s}, {"restart_source", costs.restart_source},
-                       {"startup_seconds", costs.startup_s}, {"startup_source", costs.startup_source}}},
+                       {"startup_seconds", costs.startup_s}, {"startup_source", costs.startup_source},
+                       {"rank_spread", costs.rank_spread}, {"rank_spread_source", costs.spread_source}}},
             {"rows", json::array()},
             {"cheapest", cheapest ? row_json(*cheapest, o) : json(nullptr)},
             {"fastest", fastest ? row_json(*fastest, o) : json(nullptr)},

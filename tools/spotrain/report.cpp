@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -127,6 +128,61 @@ json num_or_null(const json& obj, const char* key, double scale = 1.0) {
   return nullptr;
 }
 
+// Each rank's times over the run (the step records' "ranks", several ranks only): per rank and
+// host its median compute, input and wait per step and their shares of its step, how many
+// windows named it a straggler, which is the slowest (compute and input); and each rank's
+// compute per window over steps for the chart. Null for a one-rank run.
+json rank_times(const std::vector<json>& records, const std::function<json(const json&)>& wall_h) {
+  struct Acc {
+    std::string host;
+    std::vector<double> compute, input, wait;
+    int64_t named = 0;
+  };
+  std::map<std::pair<int64_t, std::string>, Acc> acc;  // by rank and host: a restart may move ranks
+  json series = {{"step", json::array()}, {"wall_h", json::array()}, {"compute", json::object()}};
+  for (const json& rec : records) {
+    if (field(rec, "type", std::string()) != "step" || !rec.contains("ranks") || !rec["ranks"].is_array()) continue;
+    std::set<int64_t> named;
+    if (rec.contains("stragglers") && rec["stragglers"].is_array())
+      for (const json& s : rec["stragglers"]) named.insert(field(s, "rank", int64_t(-1)));
+    const size_t at = series["step"].size();
+    series["step"].push_back(field(rec, "step", int64_t(0)));
+    series["wall_h"].push_back(wall_h(rec));
+    for (const json& k : rec["ranks"]) {
+      const int64_t rank = field(k, "rank", int64_t(-1));
+      if (rank < 0) continue;
+      Acc& a = acc[{rank, field(k, "host", std::string("?"))}];
+      a.host = field(k, "host", std::string("?"));
+      a.compute.push_back(field(k, "compute_s", 0.0));
+      a.input.push_back(field(k, "input_s", 0.0));
+      a.wait.push_back(field(k, "wait_s", 0.0));
+      a.named += named.count(rank) ? 1 : 0;
+      json& line = series["compute"][std::to_string(rank)];
+      if (line.is_null()) line = json::array();
+      while (line.size() < at) line.push_back(nullptr);
+      line.push_back(field(k, "compute_s", 0.0));
+    }
+  }
+  if (acc.empty()) return nullptr;
+  for (auto& [rank, line] : series["compute"].items())
+    while (line.size() < series["step"].size()) line.push_back(nullptr);
+  json ranks = json::array();
+  double slowest = -1;
+  json slowest_rank = nullptr;
+  for (const auto& [key, a] : acc) {
+    const double c = median_of(a.compute), i = median_of(a.input), w = median_of(a.wait);
+    const double step = std::max(1e-12, c + i + w);
+    ranks.push_back({{"rank", key.first}, {"host", a.host}, {"windows", a.compute.size()},
+                     {"compute_s", c}, {"input_s", i}, {"wait_s", w}, {"compute_share", c / step},
+                     {"input_share", i / step}, {"wait_share", w / step}, {"straggler_windows", a.named}});
+    if (c + i > slowest) {
+      slowest = c + i;
+      slowest_rank = ranks.back();
+    }
+  }
+  return {{"ranks", ranks}, {"slowest", slowest_rank}, {"series", series}};
+}
+
 // What the page draws for one run: series over steps and wall time, events, phases, tables.
 json page_data(const Run& r, double price_per_hour) {
   const double t0 = iso_seconds(field(r.records.front(), "time", std::string()));
@@ -239,6 +295,7 @@ json page_data(const Run& r, double price_per_hour) {
                              {"goodput", std::isnan(measured_goodput) ? json(nullptr) : json(measured_goodput)},
                              {"cost", std::isnan(wall_s) ? json(nullptr) : json(wall_s / 3600.0 * hosts * price)}}}};
   }
+  const json ranks = rank_times(r.records, wall_h);
   const json& first_start = starts.empty() ? json::object() : starts.front();
   const json& latest_start = starts.empty() ? json::object() : starts.back();
   json phase_means = json::object();
@@ -279,6 +336,8 @@ json page_data(const Run& r, double price_per_hour) {
           {"ranks", field(latest_start, "ranks", int64_t(0))},
           {"precision", field(latest_start, "precision", std::string())},
           {"evals", r.evals},
+          {"rank_times", ranks},
+          {"rank_series", ranks.is_object() ? ranks["series"] : json(nullptr)},
           {"plan", plan_vs}};
 }
 
@@ -359,6 +418,16 @@ int run_report(const ReportOptions& o) {
                  {"runs", json::array()}};
     for (const Run& r : runs) {
       data["runs"].push_back(page_data(r, o.price_per_hour));
+      const json& rt = data["runs"].back()["rank_times"];
+      if (rt.is_object()) {
+        const json& s = rt["slowest"];
+        auto pct = [&](const char* k) { return fmt_fixed(100 * s[k].get<double>(), 0); };
+        log_info(str("report: ", r.name, ": ", rt["ranks"].size(), " ranks; the slowest, rank ", s["rank"].get<int64_t>(),
+                     " on ", s["host"].get<std::string>(), ": compute ", fmt_fixed(s["compute_s"].get<double>(), 3),
+                     " s/step (median of ", s["windows"].get<size_t>(), " windows), its step ", pct("compute_share"),
+                     "% compute, ", pct("input_share"), "% input, ", pct("wait_share"), "% wait; named a straggler in ",
+                     s["straggler_windows"].get<int64_t>(), " window(s)"));
+      }
       const json& pv = data["runs"].back()["plan"];
       if (pv.is_object()) {
         auto both = [&](const char* k, int digits, double scale = 1) {

@@ -49,6 +49,12 @@
 #                     runs on, the job is stopped at an agreed step with a checkpoint (as by
 #                     SIGUSR1) and started again on all of them: it grows back. Such a restart
 #                     does not count against MAX_RESTARTS.
+#   LEAVE_FOR         with HOST_DISCOVERY and `--straggler-action leave`: when the job stops
+#                     to leave a straggling host behind (its line "straggler: leaving host H
+#                     behind ..."), it starts again at once on the other hosts up, and H is left
+#                     out of the discovered hosts for this many seconds (default 3600) before it
+#                     may rejoin (the job then grows onto it as onto any host that comes up).
+#                     Such a restart does not count against MAX_RESTARTS.
 #   MAX_RESTARTS      restart the job up to this many times (default 0) when it ends resumably:
 #                     75 (stopped with a checkpoint by spotrain itself, e.g. --max-wall-time or
 #                     a signal to a rank) or 76 (a peer was lost: a rank or node died, a link
@@ -65,6 +71,15 @@
 #                     and the lost node's daemon wait on each other. Such an end exits 76.
 #                     A rank whose --comm-timeout fires first leaves the runtime that long
 #                     (+ 2 s) before it aborts (docs/MULTI_NODE.md, "When a node is lost").
+#   HEALTH_CHECK=1    before each start and restart, the health gate (health_gate.sh, whose
+#                     header lists its settings: HEALTH_DOCTOR_ARGS, HEALTH_TIMEOUT,
+#                     HEALTH_LINK_ARGS, HEALTH_LINK_TIMEOUT) on the hosts of that start:
+#                     `spotrain doctor` on each, then the links between them (each host's
+#                     best pair against the median). The start takes the hosts that pass, each
+#                     left out named with the reason (NP at most their ranks; at a first start
+#                     that sets the job's global batch); fewer than MIN_HOSTS (default 1) pass:
+#                     exit 1. With HOST_DISCOVERY a host left out is not asked again for
+#                     LEAVE_FOR seconds. 13-17 s for 3 CPU hosts here; not with DRY_RUN.
 #   SURVIVOR_WAIT     once a rank has died, Open MPI signals the others SIGCONT, then SIGTERM,
 #                     then SIGKILL, this many seconds apart (odls_base_sigkill_timeout; default
 #                     5, Open MPI's own 1), and mpirun returns after the last. Between the
@@ -125,14 +140,24 @@ HOST_WAIT_MAX=${HOST_WAIT_MAX:-3600}
 DISCOVERY_INTERVAL=${DISCOVERY_INTERVAL:-60}
 [[ "$DISCOVERY_INTERVAL" =~ ^[0-9]+$ ]] || die "DISCOVERY_INTERVAL must be a number of seconds, got '$DISCOVERY_INTERVAL'"
 
-# The hosts HOST_DISCOVERY lists now, one name a line (its slots are RANKS_PER_NODE's).
+# The hosts HOST_DISCOVERY lists now, one name a line (its slots are RANKS_PER_NODE's), less
+# those left out (stragglers left behind, hosts the health gate failed) until their LEAVE_FOR
+# has passed.
 discover() {
-  local out
+  local out now
   out=$(bash -c "$HOST_DISCOVERY" 2>/dev/null) || return 1
-  grep -vE '^[[:space:]]*(#|$)' <<<"$out" | awk '{print $1}' | sort -u
+  now=$(date +%s)
+  grep -vE '^[[:space:]]*(#|$)' <<<"$out" | awk '{print $1}' | sort -u |
+    awk -v now="$now" -v left="$left_out" '
+      BEGIN { while ((getline l < left) > 0) { split(l, f, " "); if (f[2] > now) out[f[1]] = 1 } }
+      !($1 in out)'
 }
 state_dir=$(mktemp -d)  # the discovered hostfile, the job's output pipes, what it showed
 trap 'rm -rf "$state_dir"' EXIT
+left_out="$state_dir/left-out"  # "HOST UNTIL" lines: hosts left out until then
+: >"$left_out"
+LEAVE_FOR=${LEAVE_FOR:-3600}
+[[ "$LEAVE_FOR" =~ ^[0-9]+$ ]] || die "LEAVE_FOR must be a number of seconds, got '$LEAVE_FOR'"
 if [[ -n "$HOST_DISCOVERY" ]]; then
   HOSTFILE="$state_dir/hosts"
   discover >/dev/null || die "HOST_DISCOVERY '$HOST_DISCOVERY' failed; it must print the hosts that are up, one a line"
@@ -187,8 +212,16 @@ if [[ -n "${MPI_IFNAME:-}" ]]; then
   cmd+=(--mca btl_tcp_if_include "$MPI_IFNAME" --mca oob_tcp_if_include "$MPI_IFNAME")
 fi
 export SPOTRAIN_STOP_EXIT_CODE=0  # a finished stop exits 0: see "Preemption" below
+# The hosts of each start, by the names this script knows them by: each rank names its own
+# host so in its straggler lines (set per start by launch_cmd).
+export SPOTRAIN_HOSTS=
+if [[ -n "$HOST_DISCOVERY" ]]; then
+  # --straggler-action leave may stop the job to leave a host behind: this script restarts it.
+  export SPOTRAIN_LEAVE_HOSTS=1 SPOTRAIN_MIN_HOSTS=$MIN_HOSTS
+fi
 for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG OMP_NUM_THREADS LD_LIBRARY_PATH PATH \
-         SPOTRAIN_FAULT SPOTRAIN_STOP_EXIT_CODE ${EXTRA_ENV:-}; do
+         SPOTRAIN_FAULT SPOTRAIN_STOP_EXIT_CODE SPOTRAIN_HOSTS SPOTRAIN_LEAVE_HOSTS SPOTRAIN_MIN_HOSTS \
+         ${EXTRA_ENV:-}; do
   [[ -n "${!v+set}" ]] && cmd+=(-x "$v")
 done
 if [[ -n "${MPIRUN_ARGS:-}" ]]; then
@@ -224,7 +257,44 @@ pick_hosts() {
   HOSTS_NOW=$n
   NP_NOW=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
 }
-launch_cmd() { full=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP_NOW" "${cmd[@]}"); }
+launch_cmd() {
+  full=("$MPIRUN" --hostfile "$HOSTFILE" -np "$NP_NOW" "${cmd[@]}")
+  SPOTRAIN_HOSTS=$(grep -vE '^[[:space:]]*(#|$)' "$HOSTFILE" | awk '{printf "%s%s", sep, $1; sep = " "}')
+}
+
+# With HEALTH_CHECK=1, before each start: health_gate.sh on the hosts of this start (the given
+# hostfile whole, or those HOST_DISCOVERY listed); the start takes those that passed (NP_NOW at
+# most their ranks). Fewer than MIN_HOSTS passed: exit 1 after the gate's error line.
+health_gate() {
+  [[ "${HEALTH_CHECK:-0}" == 1 ]] || return 0
+  if [[ -z "$HOST_DISCOVERY" ]]; then
+    gate_src=${gate_src:-$HOSTFILE}
+    HOSTFILE="$state_dir/hosts-healthy"
+  fi
+  local src=${gate_src:-$HOSTFILE} rc pid
+  SPOTRAIN="$SPOTRAIN" MPIRUN="$MPIRUN" MIN_HOSTS="$MIN_HOSTS" \
+    "$(dirname "$0")/health_gate.sh" "$src" >"$state_dir/passed" &
+  pid=$!
+  while :; do  # (a trapped stop signal ends the wait, not the gate: it is passed on)
+    rc=0
+    wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+    ((stop_asked == 0)) || kill "$pid" 2>/dev/null || true
+  done
+  ((stop_asked == 0)) || exit 75
+  ((rc == 0)) || exit 1
+  awk 'NR == FNR { keep[$1] = 1; next } !/^[[:space:]]*(#|$)/ && keep[$1]' "$state_dir/passed" "$src" \
+    >"$state_dir/hosts-kept"
+  if [[ -n "$HOST_DISCOVERY" ]]; then
+    # Not asked again for LEAVE_FOR s, as a straggler left behind: else the job would grow onto
+    # a host that just failed as soon as the poller saw it listed.
+    awk -v till=$(($(date +%s) + LEAVE_FOR)) 'NR == FNR { keep[$1] = 1; next } !keep[$1] { print $1, till }' \
+      "$state_dir/passed" "$src" >>"$left_out"
+  fi
+  mv "$state_dir/hosts-kept" "$HOSTFILE"
+  HOSTS_NOW=$(grep -c . "$state_dir/passed")
+  NP_NOW=$((HOSTS_NOW * RANKS_PER_NODE < NP ? HOSTS_NOW * RANKS_PER_NODE : NP))
+}
 
 # With HOST_DISCOVERY: warn now of the rank counts the job may shrink or grow to on which
 # spotrain would refuse to resume (run/resume.h's split_global_batch: the global batch of NP
@@ -330,6 +400,8 @@ stop_poller() {
 seen_ckpt="$state_dir/seen-checkpoint"
 # This attempt's rank 0 said it stopped with a checkpoint (its ranks then exit 0: above).
 stopped_mark="$state_dir/stopped"
+# The host this attempt stopped to leave behind (--straggler-action leave).
+leave_mark="$state_dir/leave"
 # The first error line any attempt printed: what the last line says when the restarts run out.
 first_error="$state_dir/first-error"
 # This attempt's mpirun could not start its daemon on every host (Open MPI 4's "ORTE was unable
@@ -345,6 +417,9 @@ watch_output() {
         [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
       *"stopped by "*" after step "*"; resume with --resume auto")
         : >"$stopped_mark" ;;
+      *"straggler: leaving host "*" behind"*)
+        h=${line#*straggler: leaving host }
+        printf '%s\n' "${h%% behind*}" >"$leave_mark" ;;
       *"was unable to reliably start one or more daemons"*)
         : >"$start_failed" ;;
       *"error: "*)
@@ -356,11 +431,12 @@ mkfifo "$state_dir/out" "$state_dir/err"
 restarts=0
 while :; do
   pick_hosts
+  health_gate
   launch_cmd
   printf 'mpirun.sh: %d rank(s) on %d node(s) from %s\n+' "$NP_NOW" "$HOSTS_NOW" "${HOST_DISCOVERY:-$HOSTFILE}"
   printf ' %q' "${full[@]}"
   printf '\n'
-  rm -f "$stopped_mark" "$start_failed"
+  rm -f "$stopped_mark" "$start_failed" "$leave_mark"
   watch_output <"$state_dir/out" &
   watch_out=$!
   watch_output <"$state_dir/err" >&2 &
@@ -399,7 +475,14 @@ while :; do
       unreached=1
     fi
   fi
-  if ((grow && rc == 75 && stop_asked == 0)); then
+  if ((rc == 75 && stop_asked == 0)) && [[ -n "$HOST_DISCOVERY" && -s "$leave_mark" ]]; then
+    # Stopped to leave a straggler behind: at once, on the other hosts, not counted as a restart.
+    grow=0
+    what="without a straggler"
+    h=$(head -n 1 "$leave_mark")
+    echo "$h $(($(date +%s) + LEAVE_FOR))" >>"$left_out"
+    echo "mpirun.sh: the job stopped to leave host $h behind (a straggler); it is left out for ${LEAVE_FOR} s (LEAVE_FOR); starting again on the other hosts up now" >&2
+  elif ((grow && rc == 75 && stop_asked == 0)); then
     # Stopped to grow: at once, on the hosts up now, not counted as a restart.
     grow=0
     what="to grow"
