@@ -861,6 +861,32 @@ void non_finite_logits_count_as_wrong_predictions(OpCaseRun& r) {
   r.expect("softmax_xent loss is NaN", std::isnan(l.loss), str("loss ", l.loss));
 }
 
+// skip_on_overflow, as both optimizers' steps take it: after a queued non-finite verdict
+// (`bad`: inf or NaN) the step leaves the parameters and the momentum as they were, on the
+// device; after a finite verdict it steps as the reference does. `step(skip)` runs the
+// backend's step with skip_on_overflow set, `ref_step()` the reference's plain step.
+template <class Step, class RefStep>
+void skipped_on_a_queued_overflow(OpCaseRun& r, const std::string& op, Tensor& p, Tensor& m, const Tensor& pr,
+                                  float bad, uint64_t seed, Step step, RefStep ref_step) {
+  Backend* be = r.be();
+  const int64_t n = p.numel();
+  const std::vector<float> before = values(*be, p), before_m = values(*be, m);
+  Tensor verdict = be->from_host(host_plain({n}, seed));
+  be->fill(verdict, bad);
+  be->unscale_check_queue(verdict, 1.f);
+  step();
+  r.expect(str("queued_overflow after ", std::isnan(bad) ? "a NaN" : "an inf"), be->queued_overflow(),
+           "no overflow was queued");
+  r.same(op + " skipped after an overflow verdict", values(*be, p), before);
+  r.same(op + " momentum untouched after an overflow verdict", values(*be, m), before_m);
+  Tensor fine = be->from_host(host_plain({n}, seed + 1));
+  be->unscale_check_queue(fine, 1.f);
+  step();
+  ref_step();
+  r.expect("queued_overflow after finite values", !be->queued_overflow(), "an overflow was queued");
+  r.near(op + " after a finite verdict", r.err(p, pr), 1e-6);
+}
+
 void sgd_per_segment_and_skipped_on_a_queued_overflow(OpCaseRun& r) {
   Backend* be = r.be();
   Backend* ref = r.ref();
@@ -878,22 +904,11 @@ void sgd_per_segment_and_skipped_on_a_queued_overflow(OpCaseRun& r) {
     }
     r.near("sgd_step parameters", r.err(p, pr), 1e-6);
     r.near("sgd_step momentum", r.err(m, mr), 1e-6);
-    // skip_on_overflow: the verdict of the last unscale_check_queue decides, on the device.
-    const std::vector<float> before = values(*be, p);
-    Tensor bad = be->from_host(host_plain({n}, 804));
-    be->fill(bad, kInf);
-    be->unscale_check_queue(bad, 1.f);
     SgdHyper skip = h;
     skip.skip_on_overflow = true;
-    be->sgd_step(p, g, m, segs, skip);
-    r.expect("queued_overflow after an inf", be->queued_overflow(), "no overflow was queued");
-    r.same("sgd_step skipped after an overflow verdict", values(*be, p), before);
-    Tensor fine = be->from_host(host_plain({n}, 805));
-    be->unscale_check_queue(fine, 1.f);
-    be->sgd_step(p, g, m, segs, skip);
-    ref->sgd_step(pr, gr, mr, segs, h);
-    r.expect("queued_overflow after finite values", !be->queued_overflow(), "an overflow was queued");
-    r.near("sgd_step after a finite verdict", r.err(p, pr), 1e-6);
+    skipped_on_a_queued_overflow(
+        r, "sgd_step", p, m, pr, kInf, 804, [&] { be->sgd_step(p, g, m, segs, skip); },
+        [&] { ref->sgd_step(pr, gr, mr, segs, h); });
   }
 }
 
@@ -982,23 +997,11 @@ void lars_per_tensor_trust_ratios_and_skipped_on_a_queued_overflow(OpCaseRun& r)
       r.near(str("lars_step tensor ", k, k == 2 ? " (zero gradient)" : " (zero weights)"),
              nerr(gk, as_floats(wk)), 1e-6);
     }
-    // skip_on_overflow: the verdict of the last unscale_check_queue decides, on the device.
-    const std::vector<float> before = values(*be, p), before_m = values(*be, m);
-    Tensor bad = be->from_host(host_plain({n}, 814));
-    be->fill(bad, kNaN);
-    be->unscale_check_queue(bad, 1.f);
     LarsHyper skip = h;
     skip.skip_on_overflow = true;
-    be->lars_step(p, g, m, segs, skip);
-    r.expect("queued_overflow after a NaN", be->queued_overflow(), "no overflow was queued");
-    r.same("lars_step skipped after an overflow verdict", values(*be, p), before);
-    r.same("lars_step momentum untouched after an overflow verdict", values(*be, m), before_m);
-    Tensor fine = be->from_host(host_plain({n}, 815));
-    be->unscale_check_queue(fine, 1.f);
-    be->lars_step(p, g, m, segs, skip);
-    ref->lars_step(pr, gr, mr, segs, h);
-    r.expect("queued_overflow after finite values", !be->queued_overflow(), "an overflow was queued");
-    r.near("lars_step after a finite verdict", r.err(p, pr), 1e-6);
+    skipped_on_a_queued_overflow(
+        r, "lars_step", p, m, pr, kNaN, 814, [&] { be->lars_step(p, g, m, segs, skip); },
+        [&] { ref->lars_step(pr, gr, mr, segs, h); });
   }
 }
 

@@ -400,8 +400,10 @@ Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const
       const double per_gpu = sp.ips_per_gpu * (of.gpus_per_host > 1 ? sp.scaling : 1.0);
       const double global_batch = double(fit.global);
       const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
-      // A step: accum micro-batches of `micro` images each, at the measured images/s (the
-      // per-micro-batch cost of accumulation beyond its images is not measured: none counted).
+      // A step: accum micro-batches of `micro` images each, at the measured images/s. What a
+      // micro-batch costs beyond its images (its gradients added into the sum) was measured on
+      // the CPU within the noise, K = 4 against K = 1 at the same micro-batch (-3.5% to +3.2%,
+      // docs/PERFORMANCE.md, "Gradient accumulation"): none is counted. Not measured on a GPU.
       // Several GPUs wait for the slowest each step: the spread a run of several ranks measured.
       const double step_s = double(fit.micro) * fit.accum / per_gpu * (gpus > 1 ? costs.rank_spread : 1.0);
       for (bool spot : {true, false}) {
