@@ -2,7 +2,7 @@
 # Large global batches on the CPU (docs/RECIPES.md, "Large batches on Fashion-MNIST"): ResNet-20
 # on Fashion-MNIST for EPOCHS epochs (default 6), the test top-1 of each run:
 #   ref       batch 128, SGD (the recipe's settings: lr 0.2 per 256, Nesterov, cosine)
-#   sgd-4k    global batch 4,096, SGD with the linear rule (lr 0.2 per 256 = 3.2) and warm-up
+#   sgd-4k    global batch 4,096, SGD with the linear rule (lr 0.1 per 256 = 1.6, as Goyal et al.) and warm-up
 #   lars-4k   global batch 4,096, LARS (trust 0.001), poly decay power 2, warm-up
 #   ranks-4   the LARS run as 4 MPI ranks x 1,024, 1 thread each
 #   accum-4   the LARS run as 1 rank x 1,024 x --accum-steps 4, 1 thread (the same images in
@@ -32,7 +32,7 @@ run() {  # run NAME ARGS...
 }
 rm -f "$out/seconds.txt"
 run ref "$bin" train "${common[@]}" --threads 2 --batch-size 128 --lr-per-256 0.2 --nesterov --warmup-epochs 1 --lr-schedule cosine
-run sgd-4k "$bin" train "${common[@]}" --threads 2 --batch-size 4096 --lr-per-256 0.2 --nesterov --warmup-epochs 2 --lr-schedule cosine
+run sgd-4k "$bin" train "${common[@]}" --threads 2 --batch-size 4096 --lr-per-256 0.1 --nesterov --warmup-epochs 2 --lr-schedule cosine
 run lars-4k "$bin" train "${common[@]}" --threads 2 --batch-size 4096 "${lars[@]}"
 run ranks-4 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4 \
   "$bin" train "${common[@]}" --threads 1 --batch-size 1024 "${lars[@]}"
