@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 
@@ -11,6 +12,16 @@
 namespace spotrain {
 
 namespace {
+thread_local const char* t_scope = AllocScope::kUnscoped;
+
+// Scope names live to process exit, each once: a scope's name is compared by address.
+const char* intern(const std::string& name) {
+  static std::mutex mu;
+  static std::set<std::string>* names = new std::set<std::string>;
+  std::lock_guard<std::mutex> lock(mu);
+  return names->insert(name).first->c_str();
+}
+
 // Large host blocks come straight from mmap and go back with munmap, so memory the cache
 // gives up really leaves the process (glibc's heap would keep it resident).
 void* host_alloc(size_t bytes) {
@@ -23,6 +34,10 @@ void host_free(void* p, size_t bytes) {
   else munmap(p, bytes);
 }
 }  // namespace
+
+AllocScope::AllocScope(const std::string& what) : prev_(t_scope) { t_scope = intern(what); }
+AllocScope::~AllocScope() { t_scope = prev_; }
+const char* AllocScope::current() { return t_scope; }
 
 Allocator::Allocator(Device device) : Allocator(device, Raw{host_alloc, host_free, true}) {}
 
@@ -103,7 +118,13 @@ void* Allocator::allocate(size_t bytes) {
     stats_.system_allocs++;
   }
   stats_.current_bytes += sz;
-  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  const char* scope = t_scope;
+  scope_of_[p] = scope;
+  live_by_scope_[scope] += sz;
+  if (stats_.current_bytes > stats_.peak_bytes) {
+    stats_.peak_bytes = stats_.current_bytes;
+    peak_by_scope_ = live_by_scope_;
+  }
   return p;
 }
 
@@ -113,6 +134,10 @@ void Allocator::deallocate(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.current_bytes -= sz;
   stats_.cached_bytes += sz;
+  if (auto it = scope_of_.find(p); it != scope_of_.end()) {
+    live_by_scope_[it->second] -= sz;
+    scope_of_.erase(it);
+  }
   if (sz >= kLargeBlock) give_large(static_cast<char*>(p), sz);
   else small_free_.emplace(sz, p);
   if (stats_.cached_bytes > cache_limit_) trim_locked(cache_limit_);
@@ -156,6 +181,16 @@ AllocatorStats Allocator::stats() const {
 void Allocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_bytes = stats_.current_bytes;
+  peak_by_scope_ = live_by_scope_;
+}
+
+std::vector<std::pair<std::string, size_t>> Allocator::peak_by_scope() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, size_t>> out;
+  for (const auto& [scope, bytes] : peak_by_scope_)
+    if (bytes) out.emplace_back(scope, bytes);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
 }
 
 void Allocator::restore_peak(size_t peak) {

@@ -2,13 +2,18 @@
 // first steps a training step asks the system for nothing. Small blocks are reused by exact
 // size; large blocks (>= 1 MiB) come from page-aligned regions that are split best-fit and
 // coalesced with free neighbours on release, so the memory held stays close to the true
-// peak of live tensors. It reports current and peak bytes in use (`bench` prints them).
+// peak of live tensors. It reports current and peak bytes in use (`bench` prints them), and
+// what the live bytes at the peak were allocated for (AllocScope names it).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -20,6 +25,23 @@ struct AllocatorStats {
   size_t reserved_bytes = 0;  // bytes held from the system (in use + cached)
   size_t cached_bytes = 0;    // bytes held but not in use
   size_t system_allocs = 0;   // calls that reached the system allocator
+};
+
+// Names what the allocations made in its lifetime on this thread are for ("Conv2d forward",
+// "weight copies"): the innermost scope names them. Allocator::peak_by_scope() gives the live
+// bytes under each name at the peak. Costs a hash-map entry per live block.
+class AllocScope {
+ public:
+  explicit AllocScope(const std::string& what);
+  ~AllocScope();
+  AllocScope(const AllocScope&) = delete;
+  AllocScope& operator=(const AllocScope&) = delete;
+  // The name allocations made now get (kUnscoped outside every scope).
+  static const char* current();
+  static constexpr const char* kUnscoped = "outside any layer (weights, gradients, optimizer state, data)";
+
+ private:
+  const char* prev_;
 };
 
 class Allocator {
@@ -49,6 +71,9 @@ class Allocator {
   void reset_peak();
   // Puts back a peak measured earlier (after a reset_peak() used for a sub-measurement).
   void restore_peak(size_t peak);
+  // The bytes live at the peak since the last reset_peak(), by the AllocScope they were
+  // allocated under, largest first.
+  std::vector<std::pair<std::string, size_t>> peak_by_scope() const;
   Device device() const { return device_; }
 
   // The process-wide host allocator.
@@ -70,6 +95,9 @@ class Allocator {
   std::set<std::pair<size_t, char*>> large_by_size_;  // (size, address) for best fit
   AllocatorStats stats_;
   size_t cache_limit_ = SIZE_MAX;
+  // Live blocks' scopes, bytes live per scope, and those bytes at the peak.
+  std::unordered_map<void*, const char*> scope_of_;
+  std::unordered_map<const char*, size_t> live_by_scope_, peak_by_scope_;
 };
 
 }  // namespace spotrain

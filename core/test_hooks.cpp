@@ -41,6 +41,9 @@ TestHooks read_hooks() {
   if (const char* v = std::getenv("SPOTRAIN_NO_RANK_WATCH")) h.no_rank_watch = std::string(v) == "1";
   if (const char* v = std::getenv("SPOTRAIN_NO_FUSED_BN_ADD"))
     h.no_fused_bn_add = *v && std::string(v) != "0";
+  if (const char* v = std::getenv("SPOTRAIN_KEEP_BN_RELU_OUTPUTS"))
+    h.keep_bn_relu_outputs = std::string(v) == "1";
+  if (const char* v = std::getenv("SPOTRAIN_CPU_LAYOUT")) h.cpu_layout = v;
   if (const char* v = std::getenv("SPOTRAIN_WRONG_OP")) {
     std::stringstream list(v);
     for (std::string one; std::getline(list, one, ',');)

@@ -22,6 +22,11 @@
 //                                      what watching them costs: bench/straggler_overhead.sh)
 //   SPOTRAIN_NO_FUSED_BN_ADD=1         GPU diagnostic: a residual block's last BN, Add and ReLU
 //                                      as separate ops (to measure or rule out the fusion)
+//   SPOTRAIN_KEEP_BN_RELU_OUTPUTS=1    CPU diagnostic: convolutions keep the batch norm + ReLU
+//                                      output they read until their backward instead of making
+//                                      it again there (to measure what remaking it saves and costs)
+//   SPOTRAIN_CPU_LAYOUT=blocked|nhwc   CPU diagnostic: the activations' layout, in place of the
+//                                      one preferred_cpu_activations picks (to compare them)
 //   SPOTRAIN_WRONG_OP=OP[,OP...]       plant a wrong op: the backend doubles the output of each
 //                                      op named (as the op profiler names it: conv2d_forward,
 //                                      upload_pixels, bn_relu+conv2d_forward+stats, ...), so a
@@ -49,6 +54,8 @@ struct TestHooks {
   double run_lock_delay = 0;     // seconds (0 = none)
   bool no_fused_bn_add = false;
   bool no_rank_watch = false;
+  bool keep_bn_relu_outputs = false;
+  std::string cpu_layout;              // "" = the backend's choice
   std::vector<std::string> wrong_ops;  // SPOTRAIN_WRONG_OP
 };
 

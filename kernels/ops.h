@@ -323,6 +323,11 @@ class Backend {
   // compute dtype, rather than composed of the separate ops (the default): where timing the
   // fusion can find a win (--fusion auto).
   virtual bool fuses_conv_bn(DType compute) const { return false; }
+  // Whether a convolution reading a batch norm + ReLU's output (not fused) has that output
+  // made again in its backward, from the batch norm's own stash (batchnorm_forward_infer with
+  // the batch statistics), rather than keeping it from forward to backward: one activation
+  // less per such convolution for one elementwise pass (the CPU, where memory is the limit).
+  virtual bool remakes_bn_relu_inputs() const { return false; }
   // A clock on the device that marks points in its queue, for OpProfiler (the CPU runs its ops
   // as they are called: the host clock serves).
   virtual DeviceClock* device_clock() { return nullptr; }
@@ -453,7 +458,7 @@ struct BackendOptions {
   // CPU: the layout activations keep between layers: Layout::blocked (oneDNN's nChw16c or
   // nChw8c, its fast one) or Layout::nhwc (the GPU's; the op suite runs the CPU in it against
   // the blocked CPU, so the suite's own logic meets a second layout on every commit).
-  Layout cpu_activations = Layout::blocked;
+  Layout cpu_activations = Layout::blocked;  // preferred_cpu_activations says which for a run
   // GPU: time the candidates of each convolution direction and fused graph at their first
   // use on the real shape and keep the fastest (--autotune); false takes cuDNN's heuristics'
   // first choice (--no-autotune). --deterministic always takes the heuristics'.
@@ -462,6 +467,10 @@ struct BackendOptions {
   // so a restarted job runs its chosen kernels from the first step.
   std::string kernel_cache = "";
 };
+
+// The CPU backend's faster activation layout on this processor for a compute dtype: NHWC
+// for bf16 where oneDNN has AMX (its AMX kernels take no other), else blocked.
+Layout preferred_cpu_activations(DType compute);
 
 // Creates the backend for "cpu", "cuda" or "auto" (cuda when built with it and a GPU is
 // present, else cpu). Throws Error for "cuda" when unavailable.

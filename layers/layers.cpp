@@ -10,11 +10,13 @@ namespace spotrain {
 Tensor Layer::forward(const Tensor& x, Context& ctx) {
   validate(x);
   if (ctx.probe) ctx.probe(*this, x);
+  AllocScope scope(kind() + " forward");
   return forward_impl(x, ctx);
 }
 
 Tensor Layer::backward(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(dy.defined(), "internal: ", name_, " backward got no gradient");
+  AllocScope scope(kind() + " backward");
   return backward_impl(dy, ctx);
 }
 
@@ -57,9 +59,12 @@ void Conv2d::validate(const Tensor& x) const {
 
 Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
   if (!ctx.training) return ctx.be.conv2d_forward(x, weight_.value, p_);
-  x_ = x;
   BatchNorm2d* const stats_for = this->stats_for();
   const BatchNorm2d* const applies = this->applies();
+  // x is the output of the batch norm + ReLU before (not fused): where the backend says so,
+  // backward makes it again from that layer's stash instead of keeping it.
+  remake_x_ = !applies && takes_ && ctx.be.remakes_bn_relu_inputs();
+  x_ = remake_x_ ? Tensor() : x;
   // Fused: x is the un-normalized input of `applies`, whose statistics its forward took.
   if (applies) {
     const BatchNorm2d& bn = *applies;
@@ -92,6 +97,14 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
 }
 
 Tensor Conv2d::backward_impl(const Tensor& dy, Context& ctx) {
+  if (remake_x_) {
+    const BatchNorm2d& bn = takes_->bn();
+    SPOTRAIN_CHECK(bn.x_.defined() && bn.saved_.mean.defined(), "internal: ", name_,
+                   " backward after ", bn.name(), "'s");
+    x_ = ctx.be.batchnorm_forward_infer(bn.x_, bn.gamma_.value, bn.beta_.value, bn.saved_.mean,
+                                        bn.saved_.var, bn.eps_, true);
+    remake_x_ = false;
+  }
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward stash");
   if (pro_.mean.defined()) {
     // Fused: backward through this convolution and the batch norm + ReLU it applied at once;

@@ -46,6 +46,7 @@ class Conv2d final : public Layer {
   }
   void clear_stash_for_replay() override {
     x_ = Tensor();
+    remake_x_ = false;
     acc_ = Tensor();
     pro_ = BnApply();
   }
@@ -82,11 +83,16 @@ class Conv2d final : public Layer {
   BatchNorm2d* stats_for() const { return makes_ && makes_->fused() ? &makes_->bn() : nullptr; }
   BatchNorm2d* applies() const { return takes_ && takes_->fused() ? &takes_->bn() : nullptr; }
   // Whether a forward's stash waits for its backward.
-  bool busy() const { return x_.defined() || pro_.mean.defined() || kept_y_.defined(); }
+  bool busy() const {
+    return x_.defined() || remake_x_ || pro_.mean.defined() || kept_y_.defined();
+  }
   int in_, out_;
   ConvParams p_;
   Param weight_;  // (out, in, k, k)
   Tensor x_;      // stash: the input
+  // Instead: the input is made again in backward from the batch norm + ReLU before
+  // (Backend::remakes_bn_relu_inputs), which still holds its input and statistics then.
+  bool remake_x_ = false;
   Tensor acc_;    // gradient the next backward adds its input gradient to
   // Conv + batch-norm fusion (fuse_conv_bn_conv): the link in which this convolution is `a`
   // (it makes the statistics) and the one in which it is `b` (it applies); each owned by its

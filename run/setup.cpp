@@ -18,6 +18,7 @@ SessionOptions session_options(const RunConfig& cfg) {
   so.backend.deterministic = cfg.deterministic;
   so.backend.tf32 = cfg.precision == "tf32";  // fp32 storage, TF32 tensor-core math on GPUs
   so.backend.autotune = cfg.autotune;
+  so.backend.cpu_activations = preferred_cpu_activations(compute_dtype(parse_precision(cfg.precision)));
   // --deterministic and --no-autotune take the heuristics' choices: nothing to read or write.
   so.backend.kernel_cache = cfg.deterministic || !cfg.autotune
                                 ? ""

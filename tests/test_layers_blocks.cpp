@@ -84,10 +84,9 @@ std::unique_ptr<Layer> bottleneck(int in, int planes, int stride, bool fused = f
   main->emplace<BatchNorm2d>("b.bn3", planes * 4, false);
   auto conv = [&](size_t i) -> Conv2d& { return dynamic_cast<Conv2d&>(main->at(i)); };
   auto bn = [&](size_t i) -> BatchNorm2d& { return dynamic_cast<BatchNorm2d&>(main->at(i)); };
-  if (fused) {
-    fuse_conv_bn_conv(conv(0), bn(1), conv(2));
-    fuse_conv_bn_conv(conv(2), bn(3), conv(4));
-  }
+  // Linked as the model links them, switched on or not.
+  fuse_conv_bn_conv(conv(0), bn(1), conv(2), fused);
+  fuse_conv_bn_conv(conv(2), bn(3), conv(4), fused);
   auto sc = std::make_unique<Sequential>("b.downsample");
   sc->emplace<Conv2d>("b.downsample.0", in, planes * 4, 1, stride, 0);
   sc->emplace<BatchNorm2d>("b.downsample.1", planes * 4, false);
@@ -273,6 +272,55 @@ TEST(ConvBnFusion, BottleneckMatchesThePlainBlockThroughTheFusedOps) {
   EXPECT_EQ(fused.calls["conv2d_backward_weights"], 2);  // conv1, the shortcut's
   EXPECT_EQ(fused.calls.count("batchnorm_backward"), 1u);  // only the shortcut's own
   EXPECT_EQ(plain.calls["batchnorm_backward+relu"], 2);
+}
+
+// The CPU makes a batch norm + ReLU's output again in the backward of the convolution that
+// read it (Backend::remakes_bn_relu_inputs) instead of keeping it: the same output and
+// gradients as keeping it (SPOTRAIN_KEEP_BN_RELU_OUTPUTS=1), with conv2's and conv3's inputs
+// (bn1's and bn2's outputs) no longer alive at the end of the forward.
+TEST(RemadeBnReluInputs, GiveTheKeptGradientsWithTwoActivationsLessAlive) {
+  struct Outcome {
+    Vec y;
+    std::vector<Vec> grads;
+    size_t held_after_forward = 0;
+    double infer_calls = 0;
+  };
+  auto run = [](bool keep) {
+    test_hooks_for_test().keep_bn_relu_outputs = keep;
+    auto be = cpu_backend();
+    test_hooks_for_test().keep_bn_relu_outputs = false;
+    EXPECT_EQ(be->remakes_bn_relu_inputs(), !keep);
+    std::unique_ptr<Layer> block = bottleneck(32, 32, 1, false);
+    randomize_params(*block, 160);
+    Shape s{4, 32, 14, 14};
+    Tensor x = make_tensor(normals(shape_numel(s), 161), s, Layout::blocked);
+    Outcome o;
+    OpProfiler prof(*be);
+    Context ctx = train_ctx(*be);
+    const size_t before = Allocator::host().stats().current_bytes;
+    Tensor y = block->forward(x, ctx);
+    o.held_after_forward = Allocator::host().stats().current_bytes - before;
+    Tensor dx = block->backward(make_like(normals(y.numel(), 162), y), ctx);
+    prof.collect(true);
+    for (const auto& r : prof.by_op())
+      if (r.name == "batchnorm_infer") o.infer_calls = r.calls_per_step;
+    o.y = values(*be, y);
+    std::vector<Param*> ps;
+    block->collect_params(ps);
+    for (Param* p : ps) o.grads.push_back(to_vec(p->grad));
+    o.grads.push_back(values(*be, dx));
+    return o;
+  };
+  Outcome kept = run(true), remade = run(false);
+  EXPECT_EQ(remade.y, kept.y);
+  ASSERT_EQ(remade.grads.size(), kept.grads.size());
+  for (size_t i = 0; i < kept.grads.size(); ++i)
+    EXPECT_LT(rel_diff(remade.grads[i], kept.grads[i]), 1e-5) << "gradient " << i;
+  EXPECT_EQ(kept.infer_calls, 0);
+  EXPECT_EQ(remade.infer_calls, 2);  // conv2's and conv3's inputs, made again
+  // bn1's and bn2's outputs: 32 channels of 4x14x14 each (fp32), no longer held.
+  const size_t act = size_t(4) * 32 * 14 * 14 * sizeof(float);
+  EXPECT_GE(kept.held_after_forward, remade.held_after_forward + 2 * act);
 }
 
 // ============================================================================================

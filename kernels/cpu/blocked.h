@@ -10,6 +10,8 @@ namespace spotrain {
 
 // Whether oneDNN's effective instruction set has AVX-512 (decided once per process).
 bool cpu_avx512();
+// Whether oneDNN's effective instruction set has AMX with bf16 (Sapphire Rapids and later).
+bool cpu_amx_bf16();
 // 16 or 8.
 inline int cpu_block_channels() { return cpu_avx512() ? 16 : 8; }
 inline int64_t cpu_padded_channels(int64_t c) {

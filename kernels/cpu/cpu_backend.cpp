@@ -12,8 +12,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <thread>
 
+#include "core/test_hooks.h"
+#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/elementwise.h"
 
 namespace spotrain {
@@ -27,9 +32,43 @@ bool cpu_avx512() {
   return yes;
 }
 
+bool cpu_amx_bf16() {
+  static const bool yes = [] {
+    const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+    const unsigned amx = unsigned(dnnl_cpu_isa_avx512_core_amx);
+    return (isa & amx) == amx;
+  }();
+  return yes;
+}
+
+// oneDNN's AMX convolutions (brgemm) take NHWC only: on the blocked layout bf16 runs its
+// AVX-512 kernels at 0.4x the speed (ResNet-50, docs/PERFORMANCE.md); fp32 and every other
+// processor keep the blocked layout, the faster there. SPOTRAIN_CPU_LAYOUT=blocked|nhwc
+// overrides it (to compare).
+Layout preferred_cpu_activations(DType compute) {
+  if (const std::string& v = test_hooks().cpu_layout; !v.empty()) {
+    SPOTRAIN_CHECK(v == "blocked" || v == "nhwc", "SPOTRAIN_CPU_LAYOUT must be blocked or nhwc, not '", v, "'");
+    return v == "nhwc" ? Layout::nhwc : Layout::blocked;
+  }
+  return compute == DType::bf16 && cpu_amx_bf16() ? Layout::nhwc : Layout::blocked;
+}
+
 }  // namespace spotrain
 
 namespace spotrain::cpu {
+
+dnnl::engine make_cpu_engine() {
+#if defined(DNNL_RUNTIME_SYCL) && DNNL_CPU_RUNTIME == DNNL_RUNTIME_SYCL
+  Dl_info info;
+  if (!std::getenv("OCL_ICD_FILENAMES") && dladdr(reinterpret_cast<void*>(&dnnl_version), &info) &&
+      info.dli_fname) {
+    std::string icd = info.dli_fname;
+    icd = icd.substr(0, icd.find_last_of('/') + 1) + "libintelocl.so";
+    if (access(icd.c_str(), R_OK) == 0) setenv("OCL_ICD_FILENAMES", icd.c_str(), 0);
+  }
+#endif
+  return dnnl::engine(dnnl::engine::kind::cpu, 0);
+}
 
 using namespace dnnl;
 
@@ -49,6 +88,7 @@ CpuBackend::CpuBackend(const BackendOptions& opt) : act_(opt.cpu_activations) {
   }
   threads_ = std::max(1, threads_);
   omp_set_num_threads(threads_);
+  remake_bn_relu_ = !test_hooks().keep_bn_relu_outputs;
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -153,7 +193,7 @@ Tensor CpuBackend::upload_activation(const Tensor& host_nhwc, DType compute) {
   if (act_ == Layout::blocked) {   // reordered in fp32 (oneDNN 2.6 has no fp16 reorders here)
     Tensor b = alloc_blocked(allocator(), x.shape(), DType::f32);
     memory src = mem_of(ctx_, x), dst = mem_of(ctx_, b);
-    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+    DNNL_EXEC(reorder(src, dst).execute(ctx_.strm, src, dst));
     x = b;
   }
   return compute == DType::f32 ? x : cast(x, compute);
@@ -169,7 +209,7 @@ Tensor CpuBackend::to_host(const Tensor& t0) {
   Tensor out(t.shape(), DType::f32, Allocator::host(), Layout::plain);
   if (t.ndim() == 4 && t.layout() != Layout::plain) {
     memory src = mem_of(ctx_, t), dst = mem_of(ctx_, out);
-    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+    DNNL_EXEC(reorder(src, dst).execute(ctx_.strm, src, dst));
   } else {
     SPOTRAIN_CHECK(t.dtype() == DType::f32, "to_host: only fp32 is supported, got ", t.describe());
     std::memcpy(out.raw(), t.raw(), size_t(t.numel()) * 4);
@@ -247,6 +287,51 @@ void for_dtype(DType dt, F&& f) {
 }
 }  // namespace
 
+namespace {
+// bf16 elementwise with AVX-512 (bf16 activations are computed by oneDNN only there): 16
+// values a vector, the same results as the scalar loops below (fp32 arithmetic, round to
+// nearest even, NaN quieted as float_to_bf16 does; ReLU gives 0 for NaN, as relu_fwd does).
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector helpers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+bool have_avx512bw() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+// y = a + b, then max(y, 0) with relu (vmaxps returns its second operand for NaN and for
+// zeros of either sign: relu_fwd's 0).
+SPOTRAIN_AVX512 void add_bf16_avx512(const uint16_t* a, const uint16_t* b,
+                                                                 uint16_t* y, int64_t n, bool relu) {
+  const int64_t vecs = n / 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t v = 0; v < vecs; ++v) {
+    __m512 s = _mm512_add_ps(bf16x16_load(a + 16 * v), bf16x16_load(b + 16 * v));
+    if (relu) s = _mm512_max_ps(s, _mm512_setzero_ps());
+    bf16x16_store(y + 16 * v, s);
+  }
+  for (int64_t i = vecs * 16; i < n; ++i) {
+    const float s = bf16_to_float(a[i]) + bf16_to_float(b[i]);
+    y[i] = float_to_bf16(relu ? relu_fwd(s) : s);
+  }
+}
+// dx = dy where y > 0, else 0, on the 16-bit words: y > 0 is a positive sign-less word up to
+// +inf (0x7f80); above it lie NaNs.
+SPOTRAIN_AVX512 void relu_bwd_bf16_avx512(const uint16_t* dy, const uint16_t* y,
+                                                                      uint16_t* dx, int64_t n) {
+  const int64_t vecs = n / 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t v = 0; v < vecs; ++v) {
+    const __m512i yv = _mm512_loadu_si512(y + 32 * v);
+    const __mmask32 keep = _mm512_cmpgt_epi16_mask(yv, _mm512_setzero_si512()) &
+                           _mm512_cmple_epu16_mask(yv, _mm512_set1_epi16(0x7f80));
+    _mm512_storeu_si512(dx + 32 * v, _mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(dy + 32 * v)));
+  }
+  for (int64_t i = vecs * 32; i < n; ++i)
+    dx[i] = float_to_bf16(relu_bwd(bf16_to_float(dy[i]), bf16_to_float(y[i])));
+}
+#pragma GCC diagnostic pop
+}  // namespace
+
 Tensor CpuBackend::relu_forward_impl(const Tensor& x) {
   Tensor y = alloc_same(allocator(), x);
   int64_t n = x.storage_elems();
@@ -266,6 +351,18 @@ Tensor CpuBackend::relu_backward_impl(const Tensor& dy, const Tensor& y) {
   const void* py = y.raw();
   void* d = dx.raw();
   int64_t n = y.storage_elems();
+  if (y.dtype() == DType::f32) {  // the common case, kept simple enough to vectorize
+    const float* fg = dy.data<float>();
+    const float* fy = y.data<float>();
+    float* fd = dx.data<float>();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) fd[i] = relu_bwd(fg[i], fy[i]);
+    return dx;
+  }
+  if (y.dtype() == DType::bf16 && have_avx512bw()) {
+    relu_bwd_bf16_avx512(dy.data<uint16_t>(), y.data<uint16_t>(), dx.data<uint16_t>(), n);
+    return dx;
+  }
   for_dtype(y.dtype(), [&](auto ld, auto st) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) st(d, i, relu_bwd(ld(g, i), ld(py, i)));
@@ -293,6 +390,10 @@ Tensor CpuBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu)
     }
     return y;
   }
+  if (a.dtype() == DType::bf16 && have_avx512bw()) {
+    add_bf16_avx512(a.data<uint16_t>(), b.data<uint16_t>(), y.data<uint16_t>(), n, relu);
+    return y;
+  }
   for_dtype(a.dtype(), [&](auto ld, auto st) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -301,6 +402,28 @@ Tensor CpuBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu)
     }
   });
   return y;
+}
+
+// acc += t over every stored element (same shape, layout and dtype).
+void CpuBackend::add_into(Tensor& acc, const Tensor& t) {
+  check_same(acc, t, "add");
+  const int64_t n = acc.storage_elems();
+  if (acc.dtype() == DType::f32) {
+    float* fa = acc.data<float>();
+    const float* ft = t.data<float>();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) fa[i] += ft[i];
+  } else if (acc.dtype() == DType::bf16 && have_avx512bw()) {
+    add_bf16_avx512(acc.data<uint16_t>(), t.data<uint16_t>(), acc.data<uint16_t>(), n, false);
+  } else {
+    void* pa = acc.raw();
+    const void* pt = t.raw();
+    for_dtype(acc.dtype(), [&](auto ld, auto st) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) st(pa, i, ld(pa, i) + ld(pt, i));
+    });
+  }
+  acc.mark_written();
 }
 
 Tensor CpuBackend::add_backward_impl(const Tensor& dy, const Tensor& y, bool relu) {
@@ -337,6 +460,21 @@ Tensor CpuBackend::global_avgpool_forward_impl(const Tensor& x) {
   const void* px = x.raw();
   float* py = y.data<float>();
   float inv = 1.f / float(ix.hw);
+  if (x.dtype() == DType::f32 && x.layout() == Layout::blocked) {  // in memory order
+    const float* f = x.data<float>();
+    const int64_t b = ix.b, blocks = ix.cpad / ix.b;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < blocks; ++k) {
+        float s[16] = {0.f};
+        const float* base = f + (i * blocks + k) * ix.hw * b;
+        for (int64_t p = 0; p < ix.hw; ++p)
+#pragma omp simd
+          for (int64_t j = 0; j < b; ++j) s[j] += base[p * b + j];
+        for (int64_t j = 0; j < b && k * b + j < c; ++j) py[i * c + k * b + j] = s[j] * inv;
+      }
+    return y;
+  }
   for_dtype(x.dtype(), [&](auto ld, auto) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < n; ++i)
@@ -357,6 +495,21 @@ Tensor CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& 
   const float* g = dy.data<float>();
   void* d = dx.raw();
   float inv = 1.f / float(ix.hw);
+  if (x.dtype() == DType::f32 && x.layout() == Layout::blocked) {  // in memory order
+    float* f = dx.data<float>();
+    const int64_t b = ix.b, blocks = ix.cpad / ix.b;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < blocks; ++k) {
+        float v[16] = {0.f};  // padded channels stay zero
+        for (int64_t j = 0; j < b && k * b + j < c; ++j) v[j] = g[i * c + k * b + j] * inv;
+        float* base = f + (i * blocks + k) * ix.hw * b;
+        for (int64_t p = 0; p < ix.hw; ++p)
+#pragma omp simd
+          for (int64_t j = 0; j < b; ++j) base[p * b + j] = v[j];
+      }
+    return dx;
+  }
   for_dtype(x.dtype(), [&](auto, auto st) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < n; ++i)

@@ -29,6 +29,7 @@ class CpuBackend : public Backend {
   Tensor from_host(const Tensor& t) override;
   Tensor upload_activation(const Tensor& host_nhwc, DType compute) override;
   void copy_to_host(const Tensor& src, Tensor& host_dst) override;
+  bool remakes_bn_relu_inputs() const override { return remake_bn_relu_; }
 
  protected:
   // The ops (kernels/ops.h): cpu_backend.cpp (data movement, elementwise, linear, loss,
@@ -43,6 +44,8 @@ class CpuBackend : public Backend {
                                    const ConvParams& p) override;
   void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
                                     Tensor& dw) override;
+  void conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                     const ConvParams& p, Tensor& acc) override;
   Tensor batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       float eps, bool relu, BnSaved& saved) override;
   Tensor batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -51,6 +54,8 @@ class CpuBackend : public Backend {
   Tensor batchnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const BnSaved& saved, float eps, bool relu,
                                  Tensor& dgamma, Tensor& dbeta) override;
+  Tensor batchnorm_add_relu_forward_train_impl(const Tensor& x, const Tensor& z, const Tensor& gamma,
+                                               const Tensor& beta, float eps, BnSaved& saved) override;
   void batchnorm_update_running_impl(Tensor& running_mean, Tensor& running_var,
                                      const BnSaved& saved, float momentum, int64_t n) override;
   Tensor relu_forward_impl(const Tensor& x) override;
@@ -80,11 +85,16 @@ class CpuBackend : public Backend {
   struct PoolEntry;
   ConvEntry& conv_entry(const Tensor& x, const Tensor& w, const ConvParams& p);
   BnEntry& bn_entry(const Tensor& x, bool relu, float eps);
-  // The weights `w` (canonical, plain) reordered into `md`, cached until the weights' version changes.
-  memory weights_as(const Tensor& w, const memory::desc& md);
+  // The weights `w` (canonical, plain) reordered into `md`: into `holder` for this op alone,
+  // or, from a version's kKeepWeightCopyFromUse-th use in that format, kept until the version
+  // changes (cpu_conv.cpp says why).
+  memory weights_as(const Tensor& w, const memory::desc& md, Tensor& holder);
+  static constexpr int kKeepWeightCopyFromUse = 3;
   // `t` as a memory of descriptor `md`, reordering into a temporary when it differs.
   memory as_desc(const Tensor& t, const memory::desc& md, Tensor& holder);
   Tensor alloc_like_desc(const Shape& shape, const memory::desc& md);
+  // acc += t, elementwise in place (same shape, layout and dtype).
+  void add_into(Tensor& acc, const Tensor& t);
   // A tensor of x's shape, layout and dtype (padded like x).
   Tensor alloc_like(const Tensor& x, DType dt);
   // Where oneDNN has no kernels for a dtype (fp16; bf16 without AVX-512: via_f32), ops run in
@@ -97,14 +107,16 @@ class CpuBackend : public Backend {
 
   DnnlContext ctx_;
   Layout act_ = Layout::blocked;  // BackendOptions::cpu_activations
+  bool remake_bn_relu_ = true;    // SPOTRAIN_KEEP_BN_RELU_OUTPUTS=1 keeps them (test_hooks.h)
   int threads_ = 1;
   std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
   std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;
   std::unordered_map<std::string, std::unique_ptr<PoolEntry>> pool_cache_;
   struct WeightCopy {
     memory::desc md;
-    Tensor data;
-    uint64_t version = 0;  // the weights' Tensor::version() copied
+    Tensor data;           // kept copy, or none
+    uint64_t version = 0;  // the weights' Tensor::version() last used
+    int uses = 0;          // uses of that version in this format
   };
   std::unordered_map<const void*, std::vector<WeightCopy>> weight_copies_;
 };

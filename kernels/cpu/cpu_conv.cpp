@@ -11,36 +11,49 @@ using namespace dnnl;
 memory CpuBackend::as_desc(const Tensor& t, const memory::desc& md, Tensor& holder) {
   memory::desc have = md_of(t);
   if (have == md) return memory(md, ctx_.eng, t.raw());
+  AllocScope scope("layout copies for oneDNN");
   holder = alloc_for(allocator(), md);
   memory dst(md, ctx_.eng, holder.raw());
   memory src(have, ctx_.eng, t.raw());
-  DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
+  DNNL_EXEC(reorder(src, dst).execute(ctx_.strm, src, dst));
   return dst;
 }
 
-memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md) {
+// A copy is kept only from the third use of one version of the weights in one format: in
+// training each version meets a format once or twice (forward, backward-data) and a kept
+// copy would outlive its use for the whole step, so it lives in `holder` only for its op and
+// the allocator hands its memory to the next layer; evaluation, gradient accumulation and
+// checkpoint replays reuse a version and keep it.
+memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md, Tensor& holder) {
+  AllocScope scope("weight copies in oneDNN's formats");
   auto& copies = weight_copies_[w.raw()];
   WeightCopy* wc = nullptr;
   for (auto& c : copies)
     if (c.md == md) wc = &c;
   if (!wc) {
-    copies.push_back(WeightCopy{md, alloc_for(allocator(), md), 0});
+    copies.push_back(WeightCopy{md, Tensor(), w.version(), 0});
     wc = &copies.back();
   }
-  memory dst(md, ctx_.eng, wc->data.raw());
   if (wc->version != w.version()) {
-    memory src(md_of(w), ctx_.eng, w.raw());
-    DNNL_CHECK(reorder(src, dst).execute(ctx_.strm, src, dst));
     wc->version = w.version();
+    wc->uses = 0;
+    wc->data = Tensor();
   }
+  ++wc->uses;
+  if (wc->data.defined()) return memory(md, ctx_.eng, wc->data.raw());
+  Tensor& dst_t = wc->uses >= kKeepWeightCopyFromUse ? wc->data : holder;
+  dst_t = alloc_for(allocator(), md);
+  memory dst(md, ctx_.eng, dst_t.raw());
+  memory src(md_of(w), ctx_.eng, w.raw());
+  DNNL_EXEC(reorder(src, dst).execute(ctx_.strm, src, dst));
   return dst;
 }
 
 Tensor CpuBackend::alloc_like_desc(const Shape& shape, const memory::desc& md) {
-  DType dt = md.data_type() == memory::data_type::bf16 ? DType::bf16 : DType::f32;
-  memory::desc blocked(memory::dims(shape.begin(), shape.end()), md.data_type(), blocked_tag());
+  DType dt = dtype_of(md) == memory::data_type::bf16 ? DType::bf16 : DType::f32;
+  memory::desc blocked(memory::dims(shape.begin(), shape.end()), dtype_of(md), blocked_tag());
   if (md == blocked) return alloc_blocked(allocator(), shape, dt);
-  memory::desc nhwc(memory::dims(shape.begin(), shape.end()), md.data_type(), tag::nhwc);
+  memory::desc nhwc(memory::dims(shape.begin(), shape.end()), dtype_of(md), tag::nhwc);
   if (md == nhwc) return Tensor(shape, dt, allocator(), Layout::nhwc);
   SPOTRAIN_THROW("internal: oneDNN chose an unexpected activation format");
 }
@@ -68,9 +81,7 @@ CpuBackend::ConvEntry& CpuBackend::conv_entry(const Tensor& x, const Tensor& w,
   e->strides = {p.stride, p.stride};
   e->pad = {p.pad, p.pad};
   DNNL_CHECK({
-    convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct,
-                                e->src_any, e->w_any, e->dst_md, e->strides, e->pad, e->pad);
-    e->fwd_pd = convolution_forward::primitive_desc(d, ctx_.eng);
+    e->fwd_pd = conv_fwd_pd(ctx_.eng, e->src_any, e->w_any, e->dst_md, e->strides, e->pad);
     e->fwd = convolution_forward(e->fwd_pd);
   });
   auto& ref = *e;
@@ -85,11 +96,12 @@ Tensor CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const C
   auto& e = conv_entry(x, w, p);
   Tensor holder;
   memory src = as_desc(x, e.fwd_pd.src_desc(), holder);
-  memory wm = weights_as(w, e.fwd_pd.weights_desc());
-  auto dd = e.fwd_pd.dst_desc().dims();
+  Tensor wholder;
+  memory wm = weights_as(w, e.fwd_pd.weights_desc(), wholder);
+  auto dd = dims_of(e.fwd_pd.dst_desc());
   Tensor y = alloc_act(Shape(dd.begin(), dd.end()), x.dtype());
   memory dst = mem_of(ctx_, y);
-  DNNL_CHECK(e.fwd.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm},
+  DNNL_EXEC(e.fwd.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wm},
                                        {DNNL_ARG_DST, dst}}));
   return y;
 }
@@ -101,21 +113,32 @@ Tensor CpuBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, 
   auto& e = conv_entry(x, w, p);
   if (!e.have_bd) {
     DNNL_CHECK({
-      convolution_backward_data::desc d(algorithm::convolution_direct, e.src_any, e.w_any,
-                                        e.dst_md, e.strides, e.pad, e.pad);
-      e.bd_pd = convolution_backward_data::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bd_pd = conv_bwd_data_pd(ctx_.eng, e.src_any, e.w_any, e.dst_md, e.strides, e.pad, e.fwd_pd);
       e.bd = convolution_backward_data(e.bd_pd);
     });
     e.have_bd = true;
   }
   Tensor holder;
   memory ddst = as_desc(dy, e.bd_pd.diff_dst_desc(), holder);
-  memory wm = weights_as(w, e.bd_pd.weights_desc());
+  Tensor wholder;
+  memory wm = weights_as(w, e.bd_pd.weights_desc(), wholder);
   Tensor dx = alloc_like_desc(x.shape(), e.bd_pd.diff_src_desc());
   memory dsrc(e.bd_pd.diff_src_desc(), ctx_.eng, dx.raw());
-  DNNL_CHECK(e.bd.execute(ctx_.strm, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wm},
+  DNNL_EXEC(e.bd.execute(ctx_.strm, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wm},
                                       {DNNL_ARG_DIFF_SRC, dsrc}}));
   return dx;
+}
+
+// The input gradient added into the shortcut's in place, where both lie alike (else composed).
+void CpuBackend::conv2d_backward_data_add_impl(const Tensor& dy, const Tensor& w, const Tensor& x,
+                                               const ConvParams& p, Tensor& acc) {
+  Tensor t = conv2d_backward_data_impl(dy, w, x, p);
+  if (t.shape() != acc.shape() || t.layout() != acc.layout() || t.dtype() != acc.dtype() ||
+      t.storage_elems() != acc.storage_elems()) {
+    acc = add_forward(t, acc, false);
+    return;
+  }
+  add_into(acc, t);
 }
 
 void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, const ConvParams& p,
@@ -125,9 +148,8 @@ void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy,
   auto& e = conv_entry(x, dw, p);
   if (!e.have_bw) {
     DNNL_CHECK({
-      convolution_backward_weights::desc d(algorithm::convolution_direct, e.src_any, e.dw_any,
-                                           e.dst_md, e.strides, e.pad, e.pad);
-      e.bw_pd = convolution_backward_weights::primitive_desc(d, ctx_.eng, e.fwd_pd);
+      e.bw_pd = conv_bwd_weights_pd(ctx_.eng, e.src_any, e.dw_any, e.dst_md, e.strides, e.pad,
+                                    e.fwd_pd);
       e.bw = convolution_backward_weights(e.bw_pd);
     });
     e.have_bw = true;
@@ -138,15 +160,15 @@ void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy,
   memory plain = mem_of(ctx_, dw);
   memory::desc want = e.bw_pd.diff_weights_desc();
   if (want == plain.get_desc()) {
-    DNNL_CHECK(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
+    DNNL_EXEC(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
                                         {DNNL_ARG_DIFF_WEIGHTS, plain}}));
     return;
   }
   Tensor tmp = alloc_for(allocator(), want);
   memory dwm(want, ctx_.eng, tmp.raw());
-  DNNL_CHECK(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
+  DNNL_EXEC(e.bw.execute(ctx_.strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst},
                                       {DNNL_ARG_DIFF_WEIGHTS, dwm}}));
-  DNNL_CHECK(reorder(dwm, plain).execute(ctx_.strm, dwm, plain));
+  DNNL_EXEC(reorder(dwm, plain).execute(ctx_.strm, dwm, plain));
 }
 
 }  // namespace spotrain::cpu

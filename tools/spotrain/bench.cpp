@@ -107,6 +107,8 @@ size_t peak_rss_bytes() {
 struct Timings {
   std::vector<double> step, forward, backward, optimizer, data, comm, captured;
   size_t activation_peak = 0;  // bytes a step needed beyond what was alive before it
+  // The live bytes at the highest step's peak by what allocated them (AllocScope).
+  std::vector<std::pair<std::string, size_t>> peak_by_scope;
   double median(const std::vector<double>& v) const { return percentile(v, 0.5); }
 };
 
@@ -189,7 +191,10 @@ Timings time_steps(const BenchOptions& o, BenchInput& in, Session& session, Step
     const auto after = be.allocator().stats();
     // What the step needed beyond what was alive before it: activations, their gradients
     // and temporaries (the resident weights, gradients and momentum excluded).
-    tm.activation_peak = std::max(tm.activation_peak, after.peak_bytes - before);
+    if (after.peak_bytes - before >= tm.activation_peak) {
+      tm.activation_peak = after.peak_bytes - before;
+      tm.peak_by_scope = be.allocator().peak_by_scope();
+    }
     if (peak_before > after.peak_bytes) be.allocator().restore_peak(peak_before);
     const double total = t.total();
     const bool timed = s >= o.warmup;
@@ -309,6 +314,10 @@ void log_summary(const BenchOptions& o, const Timings& tm, const Summary& s, OpP
                " GiB process RSS; ", gib(double(tm.activation_peak)), " GiB of it for activations",
                s.captured_bytes ? str("; ", gib(double(s.captured_bytes)), " GiB held for the captured step")
                                 : std::string()));
+  std::string by;
+  for (const auto& [what, bytes] : tm.peak_by_scope)
+    if (bytes >= (size_t(1) << 20)) by += str(by.empty() ? "" : ", ", what, " ", gib(double(bytes)));
+  if (!by.empty()) log_info(str("at the peak, GiB by what allocated it: ", by));
   log_info(str("machine: ", s.machine_cpu, "; ", gpu_info_line(gpu_info())));
   if (s.input_bound)
     log_info(str("input-bound: the step waits ", fmt_fixed(100 * s.data / s.step, 1),
@@ -359,6 +368,8 @@ nlohmann::json bench_json(const BenchOptions& o, const Timings& tm, const Summar
                    {"images_per_sec_end_to_end", o.end_to_end ? nlohmann::json(end_to_end) : nlohmann::json(nullptr)},
                    {"machine", {{"cpu", s.machine_cpu}, {"backend", session.backend().name()}}}};
   for (auto& [k, v] : gpu_info_fields(gpu_info())) j["machine"][k] = v;
+  j["peak_bytes_by_scope"] = nlohmann::json::object();
+  for (const auto& [what, bytes] : tm.peak_by_scope) j["peak_bytes_by_scope"][what] = bytes;
   j["telemetry"] = s.telemetry;  // GPU (null without one) and host, over the timed steps
   if (OpProfiler* prof = session.profiler()) {
     for (const auto& r : prof->by_op())
