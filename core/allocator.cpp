@@ -35,7 +35,8 @@ void host_free(void* p, size_t bytes) {
 }
 }  // namespace
 
-AllocScope::AllocScope(const std::string& what) : prev_(t_scope) { t_scope = intern(what); }
+AllocScope::Name AllocScope::name(const std::string& what) { return Name{intern(what)}; }
+AllocScope::AllocScope(Name n) : prev_(t_scope) { t_scope = n.text; }
 AllocScope::~AllocScope() { t_scope = prev_; }
 const char* AllocScope::current() { return t_scope; }
 

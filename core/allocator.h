@@ -29,10 +29,16 @@ struct AllocatorStats {
 
 // Names what the allocations made in its lifetime on this thread are for ("Conv2d forward",
 // "weight copies"): the innermost scope names them. Allocator::peak_by_scope() gives the live
-// bytes under each name at the peak. Costs a hash-map entry per live block.
+// bytes under each name at the peak. Costs a hash-map entry per live block. A scope opened
+// often takes a Name made once (name() keeps one copy of each text for the process).
 class AllocScope {
  public:
-  explicit AllocScope(const std::string& what);
+  struct Name {
+    const char* text;
+  };
+  static Name name(const std::string& what);
+  explicit AllocScope(Name n);
+  explicit AllocScope(const std::string& what) : AllocScope(name(what)) {}
   ~AllocScope();
   AllocScope(const AllocScope&) = delete;
   AllocScope& operator=(const AllocScope&) = delete;

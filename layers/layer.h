@@ -99,6 +99,10 @@ class Layer {
   virtual Tensor backward_impl(const Tensor& dy, Context& ctx) = 0;
   std::string name_;
   bool needs_input_grad_ = true;
+
+ private:
+  // What this layer's passes allocate under ("Conv2d forward"), named at the first pass.
+  AllocScope::Name forward_scope_{nullptr}, backward_scope_{nullptr};
 };
 
 // Joins a prefix and a name the torchvision way: "layer1.0" + "conv1".

@@ -10,13 +10,15 @@ namespace spotrain {
 Tensor Layer::forward(const Tensor& x, Context& ctx) {
   validate(x);
   if (ctx.probe) ctx.probe(*this, x);
-  AllocScope scope(kind() + " forward");
+  if (!forward_scope_.text) forward_scope_ = AllocScope::name(kind() + " forward");
+  AllocScope scope(forward_scope_);
   return forward_impl(x, ctx);
 }
 
 Tensor Layer::backward(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(dy.defined(), "internal: ", name_, " backward got no gradient");
-  AllocScope scope(kind() + " backward");
+  if (!backward_scope_.text) backward_scope_ = AllocScope::name(kind() + " backward");
+  AllocScope scope(backward_scope_);
   return backward_impl(dy, ctx);
 }
 

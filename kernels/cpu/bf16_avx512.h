@@ -11,6 +11,12 @@
 
 namespace spotrain::cpu {
 
+// Whether the processor has AVX-512 F and BW, which these functions need (decided once).
+inline bool have_avx512bw() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector helpers.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

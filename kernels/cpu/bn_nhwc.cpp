@@ -15,8 +15,7 @@
 namespace spotrain::cpu {
 
 bool bn_nhwc_bf16_usable(int64_t channels) {
-  static const bool isa = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return isa && channels > 0 && channels % 16 == 0;
+  return have_avx512bw() && channels > 0 && channels % 16 == 0;
 }
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector helpers.
@@ -54,7 +53,11 @@ struct Partials {
   int64_t width;  // floats per thread
   std::vector<float> v;
   Partials(int64_t c, int sums) : nt(omp_get_max_threads()), width(c * sums), v(size_t(nt) * width, 0.f) {}
-  float* of(int t) { return v.data() + size_t(t) * width; }
+  // Inside a parallel region: the calling thread's slot, and its rows [r0, r1) of `rows`.
+  float* mine(int64_t rows, int64_t& r0, int64_t& r1) {
+    my_rows(rows, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
+    return v.data() + size_t(omp_get_thread_num()) * width;
+  }
   // The threads' sums added in thread order.
   std::vector<float> total() const {
     std::vector<float> out(size_t(width), 0.f);
@@ -100,8 +103,7 @@ SPOTRAIN_AVX512 void bn_nhwc_bf16_forward_train(const uint16_t* x, const uint16_
 #pragma omp parallel num_threads(part.nt)
   {
     int64_t r0, r1;
-    my_rows(rows, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-    float* acc = part.of(omp_get_thread_num());
+    float* acc = part.mine(rows, r0, r1);
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b < c; b += 16) {
         const __m512 d = _mm512_sub_ps(bf16x16_load(x + r * c + b), bf16x16_load(pivot + b));
@@ -142,8 +144,7 @@ SPOTRAIN_AVX512 void bn_nhwc_bf16_backward(const uint16_t* dy, const uint16_t* x
 #pragma omp parallel num_threads(part.nt)
   {
     int64_t r0, r1;
-    my_rows(rows, omp_get_thread_num(), omp_get_num_threads(), r0, r1);
-    float* acc = part.of(omp_get_thread_num());
+    float* acc = part.mine(rows, r0, r1);
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b < c; b += 16) {
         const int64_t off = r * c + b;

@@ -294,14 +294,10 @@ namespace {
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector helpers.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-bool have_avx512bw() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return yes;
-}
 // y = a + b, then max(y, 0) with relu (vmaxps returns its second operand for NaN and for
 // zeros of either sign: relu_fwd's 0).
-SPOTRAIN_AVX512 void add_bf16_avx512(const uint16_t* a, const uint16_t* b,
-                                                                 uint16_t* y, int64_t n, bool relu) {
+SPOTRAIN_AVX512 void add_bf16_avx512(const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n,
+                                     bool relu) {
   const int64_t vecs = n / 16;
 #pragma omp parallel for schedule(static)
   for (int64_t v = 0; v < vecs; ++v) {

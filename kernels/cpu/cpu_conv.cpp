@@ -11,7 +11,8 @@ using namespace dnnl;
 memory CpuBackend::as_desc(const Tensor& t, const memory::desc& md, Tensor& holder) {
   memory::desc have = md_of(t);
   if (have == md) return memory(md, ctx_.eng, t.raw());
-  AllocScope scope("layout copies for oneDNN");
+  static const AllocScope::Name kLayoutCopies = AllocScope::name("layout copies for oneDNN");
+  AllocScope scope(kLayoutCopies);
   holder = alloc_for(allocator(), md);
   memory dst(md, ctx_.eng, holder.raw());
   memory src(have, ctx_.eng, t.raw());
@@ -25,7 +26,8 @@ memory CpuBackend::as_desc(const Tensor& t, const memory::desc& md, Tensor& hold
 // the allocator hands its memory to the next layer; evaluation, gradient accumulation and
 // checkpoint replays reuse a version and keep it.
 memory CpuBackend::weights_as(const Tensor& w, const memory::desc& md, Tensor& holder) {
-  AllocScope scope("weight copies in oneDNN's formats");
+  static const AllocScope::Name kWeightCopies = AllocScope::name("weight copies in oneDNN's formats");
+  AllocScope scope(kWeightCopies);
   auto& copies = weight_copies_[w.raw()];
   WeightCopy* wc = nullptr;
   for (auto& c : copies)
