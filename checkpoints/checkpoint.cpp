@@ -25,7 +25,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 
 #define H5_CHECK(call, what)                                                          \
   ([&]() {                                                                            \
@@ -237,7 +237,7 @@ void write_dataset(hid_t group, const std::string& name, const Tensor& host) {
 }  // namespace
 
 namespace {
-// SPOTRAIN_CKPT_WRITE_DELAY (core/test_hooks.h): pauses a write half way.
+// SPOTRAIN_CKPT_WRITE_DELAY (core/environment.h): pauses a write half way.
 void write_delay_hook(int64_t step) {
   const TestHooks& h = test_hooks();
   if (h.ckpt_write_delay <= 0 || step < h.ckpt_write_delay_from_step) return;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -119,6 +120,13 @@ void CommWorker::fail(const std::string& what, const std::string& why, bool runt
   std::fflush(stderr);
   comm_.abort(kExitRetryable);  // a peer or the network failed: retrying is the remedy
   std::abort();                  // not reached: abort() ends the job
+}
+
+void sum_across_ranks(CommWorker& worker, double* values, int n, const std::string& what) {
+  if (worker.comm().size() == 1) return;
+  std::vector<float> f(values, values + n);
+  worker.run("all-reduce of " + what, [&] { worker.comm().allreduce_sum(f.data(), n, DType::f32); });
+  for (int i = 0; i < n; ++i) values[i] = double(f[size_t(i)]);
 }
 
 }  // namespace spotrain

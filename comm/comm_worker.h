@@ -74,4 +74,9 @@ class CommWorker {
   std::thread thread_;
 };
 
+// Sums n values over the worker's ranks (through fp32: counts are exact up to 2^24, and a sum
+// of one rank's value and zeros is that value rounded once, the same on every rank), as one
+// all-reduce; a no-op on one rank.
+void sum_across_ranks(CommWorker& worker, double* values, int n, const std::string& what);
+
 }  // namespace spotrain

@@ -9,13 +9,6 @@
 
 namespace spotrain {
 
-void sum_across_ranks(CommWorker& worker, double* values, int n, const std::string& what) {
-  if (worker.comm().size() == 1) return;
-  std::vector<float> f(values, values + n);
-  worker.run("all-reduce of " + what, [&] { worker.comm().allreduce_sum(f.data(), n, DType::f32); });
-  for (int i = 0; i < n; ++i) values[i] = double(f[size_t(i)]);
-}
-
 EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::string& data_kind,
                           int64_t batch_size, DType compute, CommWorker* worker, int workers,
                           double max_bad_fraction, const EvalBatchHook& on_batch) {

@@ -26,8 +26,4 @@ EvalResult evaluate_model(Model& model, const io::Dataset& data, const std::stri
                           double max_bad_fraction = 0.001,
                           const EvalBatchHook& on_batch = nullptr);
 
-// Sums n values over the worker's ranks (through fp32: counts are exact up to 2^24), as one
-// all-reduce; a no-op on one rank.
-void sum_across_ranks(CommWorker& worker, double* values, int n, const std::string& what);
-
 }  // namespace spotrain

@@ -122,7 +122,7 @@ Tensor Model::forward(const Tensor& x, bool training, bool update_running) {
 Tensor Model::forward_probed(const Tensor& x,
                              const std::function<void(Layer&, const Tensor&)>& probe) {
   Context ctx{be_, /*training=*/true, /*replay=*/false};
-  ctx.scratch = true;
+  ctx.scratch();
   ctx.probe = probe;
   try {
     Tensor y = net_->forward(x, ctx);

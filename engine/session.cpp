@@ -103,7 +103,7 @@ Training Session::make_training(const TrainingSpec& spec) {
       backend_->device() == Device::cuda ? gpu_info_line(gpu_info()) : backend_->name());
   t.runner->set_fast_path_checks(t.checks.get());
   if (fusion.choose) t.runner->choose_fusion_at_first_step();
-  t.runner->set_accum_steps(spec.accum_steps);
+  t.runner->set_accum_steps(spec.accum_steps, spec.step_micro_batches);
   if (spec.cuda_graph) {
     // Where the backend could capture but this run cannot, one line says why (the CPU never
     // captures: nothing to say).

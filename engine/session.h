@@ -46,7 +46,10 @@ struct TrainingSpec {
   LossScalerOptions scaler;
   ReducerOptions reducer;
   bool cuda_graph = false;  // StepRunner::use_captured_steps (--cuda-graph, the CLI's default)
-  int accum_steps = 1;      // StepRunner::set_accum_steps (--accum-steps)
+  // StepRunner::set_accum_steps: this rank's micro-batches per step (--accum-steps, or its
+  // share of the global batch) of step_micro_batches over all ranks (0: world x accum_steps).
+  int accum_steps = 1;
+  int64_t step_micro_batches = 0;
   // false: the model is left uninitialized for the caller, who loads a checkpoint into it or
   // calls Session::initialize_model (a resumed ResNet-50 skips drawing 23.5 M weights it would
   // overwrite).

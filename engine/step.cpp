@@ -19,7 +19,8 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
       dtype_(spotrain::compute_dtype(precision)),
       sync_(sync),
       world_(world),
-      defer_(model.backend().queues_ops()) {}
+      defer_(model.backend().queues_ops()),
+      units_(world) {}
 
 void StepRunner::queue(const Tensor& images, const int32_t* labels, float lr,
                        float label_smoothing, StepTimes* times, const LabelMix* mix,
@@ -93,7 +94,7 @@ void StepRunner::queue_uploaded(const Tensor& x, const int32_t* labels, float lr
     if (!logits.defined()) logits = model_.forward(x, /*training=*/true);
     queue_after_forward(logits, labels, lr, label_smoothing, scale, mix, times, t0);
   } else {
-    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * world_))};
+    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * double(units_)))};
     replay(x, in, /*recorded_now=*/route == Route::record);
     if (times) {
       model_.backend().synchronize();
@@ -129,14 +130,13 @@ void StepRunner::queue_after_forward(const Tensor& logits, const int32_t* labels
 }
 
 void StepRunner::queue_update(float lr, double scale) {
-  // The gradients hold the sum over world_ ranks of accum_ micro-batches each: their mean is
-  // what one rank's batch of world_ x accum_ micro-batches would give.
-  const int ways = world_ * accum_;
+  // The gradients hold the sum over the ranks of the step's units_ micro-batches (each its
+  // own mean): their mean is what one rank's batch of all of them would give.
   if (scaler_.enabled()) {
-    model_.backend().unscale_check_queue(model_.flat_grads(), float(1.0 / (scale * double(ways))));
+    model_.backend().unscale_check_queue(model_.flat_grads(), float(1.0 / (scale * double(units_))));
     sgd_.step(lr, 1.f, /*unless_overflow=*/true);
   } else {
-    sgd_.step(lr, 1.f / float(ways));
+    sgd_.step(lr, 1.f / float(units_));
   }
 }
 
@@ -172,10 +172,12 @@ class StepRunner::AccumulatingListener final : public GradListener {
   std::vector<bool> added_;  // by parameter index
 };
 
-std::string StepRunner::set_accum_steps(int k) {
+std::string StepRunner::set_accum_steps(int k, int64_t units) {
   SPOTRAIN_CHECK(k >= 1, "--accum-steps must be at least 1, got ", k);
+  SPOTRAIN_CHECK(units == 0 || units >= k, "internal: ", k, " micro-batches of a step of ", units);
   SPOTRAIN_CHECK(micro_ == 0, "internal: the micro-batches per step changed inside a step");
   accum_ = k;
+  units_ = units > 0 ? units : int64_t(world_) * k;
   if (k == 1 || !capture_) return "";
   const std::string why = use_captured_steps();  // says why not, as at the start
   if (graph_x_.defined())
@@ -427,7 +429,7 @@ void StepRunner::record_checked(const Tensor& x, const int32_t* labels, float lr
   const StepFigures eager = read_figures(scale);
   restore_state(before);
   if (record(x, labels, lr, label_smoothing, scale, mix)) {
-    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * world_))};
+    const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * double(units_)))};
     replay(x, in, /*recorded_now=*/true);
     const StepFigures cap = read_figures(scale);
     const double tol = fast_path_tolerance(dtype_ != DType::f32);

@@ -42,7 +42,7 @@ struct StepResult {
   // about when the device finished it on a GPU.
   double done_at = 0;
   // Seconds the host waited for the ranks' gradient sum in this step: the time a faster rank
-  // spends waiting for the slowest (observe/rank_times.h takes it out of the rank's own time).
+  // spends waiting for the slowest (observe/rank_watch.h takes it out of the rank's own time).
   double comm_wait = 0;
   // With several ranks on a device that runs ahead of the host: the step's forward and
   // backward on the device's clock (Backend::step_span_seconds), in place of what the host's
@@ -94,13 +94,17 @@ class StepRunner {
   // backend computes at once, so waiting gains nothing and progress lines come a step late).
   void defer_read_back(bool on) { defer_ = on; }
 
-  // Gradient accumulation (--accum-steps): K micro-batches per step, K >= 1 (default 1). The
-  // summed gradient is scaled by 1 / (world x K): K micro-batches on one rank train as K ranks
-  // with those batches do (up to the order of the sum). Set between steps. K > 1 runs steps
-  // as they come (not captured); returns why captured steps, asked for before, now stop ("" when
-  // none were).
-  std::string set_accum_steps(int k);
+  // Gradient accumulation (--accum-steps) and this rank's share of the global batch
+  // (run/global_batch.h): K micro-batches per step on this rank, K >= 1 (default 1), of
+  // `units` micro-batches over all ranks (0: world x K, an even split). The summed gradient is
+  // scaled by 1 / units, so every micro-batch weighs the same whichever rank trains it: K
+  // micro-batches on one rank train as K ranks with those batches do, and ranks with shares of
+  // 5, 5 and 2 as three with 4 each (up to the order of the sum). Set between steps. K > 1 runs
+  // steps as they come (not captured); returns why captured steps, asked for before, now stop
+  // ("" when none were).
+  std::string set_accum_steps(int k, int64_t units = 0);
   int accum_steps() const { return accum_; }
+  int64_t step_micro_batches() const { return units_; }  // units: over all ranks
   // Micro-batches of the current step queued so far (0 between steps).
   int micro_batches_queued() const { return micro_; }
 
@@ -182,7 +186,7 @@ class StepRunner {
   Tensor upload(const Tensor& images, const PixelNorm* norm);
 
   // The update after the step's gradients are summed: unscale (fp16) and the optimizer step,
-  // the sum scaled by 1 / (world x accum_steps).
+  // the sum scaled by 1 / units_.
   void queue_update(float lr, double scale);
   // One micro-batch of a step of accum_ > 1 (queue_uploaded's part for them).
   void queue_micro_batch(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
@@ -218,6 +222,7 @@ class StepRunner {
   std::vector<FusionVerdict> fusion_verdicts_;
   // Gradient accumulation (set_accum_steps).
   int accum_ = 1;            // micro-batches per step
+  int64_t units_;            // micro-batches per step over all ranks (the gradient's divisor)
   int micro_ = 0;            // of the current step, queued so far
   double micro_scale_ = 1;   // the current step's loss scale, for all its micro-batches
   Tensor grad_sum_;          // (P) fp32: the gradients of the step's micro-batches before the last

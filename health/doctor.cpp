@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/philox.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "engine/checkpoint_state.h"
 #include "engine/session.h"
 #include "health/gpu_health.h"
@@ -222,7 +222,7 @@ int64_t check_steps(Run& r, const std::string& device, double gemm_rate) {
     so.comm = "local";
     Session session(so);
     const int classes = small ? 10 : 1000, channels = small ? 1 : 3;
-    Training t = session.make_training(training_spec(cfg, classes, channels));
+    Training t = session.make_training(training_spec(cfg, first_split(1, cfg.batch_size, cfg.accum_steps), 0, classes, channels));
     ckpt = checkpoint_bytes(*t.model, true);
     Backend& be = session.backend();
     Tensor images = Tensor::host({cfg.batch_size, channels, cfg.image_size, cfg.image_size},

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "comm/hosts.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -88,22 +89,6 @@ std::vector<DoctorCheck> judge_links(const std::vector<HostLink>& hosts, const L
 
 namespace {
 
-// Each rank's host name, as every rank sees them (64 characters at most).
-std::vector<std::string> gather_host_names(Communicator& comm) {
-  char mine[64] = {0};
-  const std::string h = host_name();
-  std::memcpy(mine, h.data(), std::min(h.size(), sizeof mine - 1));
-  std::vector<std::string> names(size_t(comm.size()));
-  for (size_t off = 0; off < sizeof mine; off += 8) {
-    uint64_t v = 0;
-    std::memcpy(&v, mine + off, 8);
-    const std::vector<uint64_t> all = comm.allgather(v);
-    for (size_t r = 0; r < all.size(); ++r) names[r].append(reinterpret_cast<const char*>(&all[r]), 8);
-  }
-  for (std::string& s : names) s = s.substr(0, s.find('\0'));
-  return names;
-}
-
 // The number of timed repetitions after a first that took `first` seconds: as many as fit in
 // pair_seconds, at most opt.reps in all.
 int32_t more_reps(const LinkOptions& opt, double first) {
@@ -126,7 +111,7 @@ LinkReport run_link_check(Communicator& comm, const LinkOptions& opt,
   SPOTRAIN_CHECK(opt.names.empty() || int(opt.names.size()) == n, "--names gives ", opt.names.size(),
                  " names for ", n, " ranks; give one per rank, in rank order");
   const double t_start = now_seconds();
-  const std::vector<std::string> names = opt.names.empty() ? gather_host_names(comm) : opt.names;
+  const std::vector<std::string> names = opt.names.empty() ? gather_host_labels(comm) : opt.names;
 
   // Every pair, the pairs of a round at once; a barrier between rounds, so no pair's time
   // includes waiting for a partner still busy in the round before.

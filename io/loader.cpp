@@ -47,10 +47,11 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt)
                  "--max-bad-fraction must be in [0, 1], got ", opt_.max_bad_fraction);
   SPOTRAIN_CHECK(opt_.accum_steps >= 1, "--accum-steps must be at least 1, got ", opt_.accum_steps);
   if (opt_.train) {
-    accum_ = opt_.accum_steps;
-    const int64_t global = opt_.batch_size * opt_.world * accum_;
+    units_ = opt_.units > 0 ? opt_.units : int64_t(opt_.world) * opt_.accum_steps;
+    set_share(opt_.first_unit >= 0 ? opt_.first_unit : int64_t(opt_.rank) * opt_.accum_steps, opt_.accum_steps);
+    const int64_t global = opt_.batch_size * units_;
     SPOTRAIN_CHECK(global <= size, "--batch-size ", opt_.batch_size, " x ", opt_.world, " ranks",
-                   accum_ > 1 ? str(" x --accum-steps ", accum_) : std::string(),
+                   units_ > opt_.world ? str(" x ", units_ / opt_.world, " micro-batches") : std::string(),
                    " is larger than the dataset (", size, " samples)");
     batches_ = Sampler::batches_per_epoch(size, global, /*drop_last=*/true);
     samples_ = batches_ * opt_.batch_size * accum_;
@@ -80,16 +81,16 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
                  " at batch ", first_batch, "; it has ", batches_, " batches");
   auto plan = std::make_shared<Plan>();
   plan->epoch = epoch;
+  plan->accum = accum_;
   if (opt_.train) {
     // This rank's part of each global batch, concatenated: (micro-)batch m is [m*B, (m+1)*B).
-    // Micro-batch j of step b is the part of rank rank*K + j of world*K (io/sampler.h).
+    // Micro-batch j of step b is the part of rank first_unit + j of `units` (io/sampler.h).
     const std::vector<int64_t> perm = sampler_.permutation(epoch);
-    const int64_t global = opt_.batch_size * opt_.world * accum_;
+    const int64_t global = opt_.batch_size * units_;
     plan->order.reserve(size_t(batches_ * accum_ * opt_.batch_size));
     for (int64_t b = 0; b < batches_; ++b)
       for (int j = 0; j < accum_; ++j) {
-        std::vector<int64_t> part =
-            Sampler::rank_slice(perm, b, global, opt_.rank * accum_ + j, opt_.world * accum_);
+        std::vector<int64_t> part = Sampler::rank_slice(perm, b, global, int(first_unit_ + j), int(units_));
         plan->order.insert(plan->order.end(), part.begin(), part.end());
       }
   } else {
@@ -104,6 +105,18 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
     end_batch_ = batches_ * accum_;
   }
   work_cv_.notify_all();
+}
+
+void Loader::set_share(int64_t first_unit, int accum_steps) {
+  SPOTRAIN_CHECK(opt_.train, "internal: a share of the global batch is for training");
+  SPOTRAIN_CHECK(accum_steps >= 1 && first_unit >= 0 && first_unit + accum_steps <= units_,
+                 "internal: micro-batches ", first_unit, " to ", first_unit + accum_steps - 1, " of a step of ",
+                 units_);
+  std::lock_guard<std::mutex> lk(mu_);
+  SPOTRAIN_CHECK(!plan_ || next_out_ % accum_ == 0, "internal: a share changed inside a step");
+  first_unit_ = first_unit;
+  accum_ = accum_steps;
+  plan_.reset();  // start_epoch() makes the next
 }
 
 bool Loader::next(Batch& out) {
@@ -229,8 +242,8 @@ void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scra
   const int64_t n = std::min<int64_t>(B, int64_t(plan.order.size()) - begin);
   const int64_t per_image = shape_.numel();
   out.epoch = plan.epoch;
-  out.batch_index = b / accum_;
-  out.micro = int(b % accum_);
+  out.batch_index = b / plan.accum;
+  out.micro = int(b % plan.accum);
   out.images = Tensor({n, shape_.c, shape_.h, shape_.w}, u8_ ? DType::u8 : DType::f32,
                       opt_.image_allocator ? *opt_.image_allocator : Allocator::host(),
                       Layout::nhwc);

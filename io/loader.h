@@ -45,10 +45,13 @@ struct Batch {
 
 struct LoaderOptions {
   int64_t batch_size = 128;   // per rank and micro-batch
-  // Training: micro-batches per step (--accum-steps K). A step's global batch is then
-  // world x batch_size x K, and next() hands out its K micro-batches one by one, micro-batch j
-  // of rank r holding what rank r x K + j of world x K ranks would hold without accumulation.
+  // Training: this rank's micro-batches per step (--accum-steps K, or its share of the global
+  // batch), of `units` over all ranks (0: world x K, an even split) starting at the step's
+  // micro-batch `first_unit` (-1: rank x K). A step's global batch is batch_size x units, and
+  // next() hands out this rank's K micro-batches one by one, its j-th holding what rank
+  // first_unit + j of `units` ranks would hold without accumulation (io/sampler.h).
   int accum_steps = 1;
+  int64_t units = 0, first_unit = -1;
   int rank = 0, world = 1;
   bool train = true;          // shuffle + drop_last + random transforms; false: eval order, keep the remainder
   uint64_t seed = 0;
@@ -97,6 +100,10 @@ class Loader {
   bool next(Batch& out);
   // Steps per epoch: each one batch, or accum_steps micro-batches.
   int64_t batches_per_epoch() const { return batches_; }
+  // Training: this rank's share from the next start_epoch() on (LoaderOptions::accum_steps and
+  // first_unit; the step's micro-batches, LoaderOptions::units, stay). A share that changes at a
+  // step restarts the epoch there: start_epoch(epoch, that step).
+  void set_share(int64_t first_unit, int accum_steps);
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }
   // Whether batches hold 8-bit pixels (LoaderOptions::pixels_u8 where the data and the
@@ -108,6 +115,7 @@ class Loader {
  private:
   struct Plan {  // one start_epoch(): this rank's samples in order, (micro-)batch m at [m*B, (m+1)*B)
     int64_t epoch = 0;
+    int accum = 1;  // micro-batches per step
     std::vector<int64_t> order;
   };
   struct Slot {
@@ -134,8 +142,9 @@ class Loader {
   bool u8_ = false;  // pixels_u8()
   Sampler sampler_;
   int64_t batches_ = 0;               // steps per epoch
-  int accum_ = 1;                     // micro-batches per step (training), else 1
-  int64_t samples_ = 0;               // this rank's per epoch
+  int accum_ = 1;                     // this rank's micro-batches per step (training), else 1
+  int64_t units_ = 1, first_unit_ = 0;  // training: the step's micro-batches, this rank's first
+  int64_t samples_ = 0;               // this rank's per epoch (at its share when the loader was made)
   int64_t window_ = 1;                // batches in flight or ready, at most
   std::vector<int64_t> base_order_;   // eval: this rank's slice (fixed for every epoch)
 

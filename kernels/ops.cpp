@@ -7,7 +7,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "kernels/op_profiler.h"
 
 namespace spotrain {
@@ -38,7 +38,7 @@ auto Backend::timed(const char* op, Shape&& shape, Run&& run) -> decltype(run())
                  " deep at ", op, " (", name(),
                  "): a fallback calls the public op it implements (see kernels/ops.h)");
   if constexpr (std::is_same_v<decltype(run()), Tensor>) {
-    // SPOTRAIN_WRONG_OP (core/test_hooks.h): a planted wrong kernel, its output doubled.
+    // SPOTRAIN_WRONG_OP (core/environment.h): a planted wrong kernel, its output doubled.
     if (op_depth_ == 1 && planted_faults_ && wrong_op_planted(op)) {
       Tensor r = run();
       return add_forward_impl(r, r, false);

@@ -296,7 +296,7 @@ class Backend {
   virtual LossResult queued_loss() { return queued_loss_; }
   virtual bool queued_overflow() { return queued_overflow_; }
   virtual void synchronize() {}
-  // A rank's own compute on a device that runs ahead of the host (observe/rank_times.h): marks
+  // A rank's own compute on a device that runs ahead of the host (observe/rank_watch.h): marks
   // on the compute stream before a step's forward and after its backward (the all-reduce waits
   // for other ranks on a stream of its own, so the span holds no such wait). Two pairs
   // alternate, so a step's span is read while the next is queued. step_span_seconds(): the
@@ -339,7 +339,7 @@ class Backend {
   // Times every op from now on (nullptr: stop); the profiler must outlive its attachment.
   void set_profiler(OpProfiler* p) { profiler_ = p; }
   OpProfiler* profiler() const { return profiler_; }
-  // Whether SPOTRAIN_WRONG_OP's planted faults reach this backend (core/test_hooks.h): on by
+  // Whether SPOTRAIN_WRONG_OP's planted faults reach this backend (core/environment.h): on by
   // default; off for a reference the faulty backend is compared against.
   void take_planted_faults(bool on) { planted_faults_ = on; }
 

@@ -155,10 +155,12 @@ Tensor Checkpointed::forward_impl(const Tensor& x, Context& ctx) {
 
 Tensor Checkpointed::backward_impl(const Tensor& dy, Context& ctx) {
   SPOTRAIN_CHECK(x_.defined(), "internal: ", name_, " backward without a forward input");
-  bool was = ctx.replay;
-  ctx.replay = true;  // rebuild the stash; BN must not update running statistics again
+  const Context was = ctx;
+  ctx.as_replay();  // rebuild the stash; BN must not update running statistics again
   inner_->forward(x_, ctx);
-  ctx.replay = was;
+  ctx.replay = was.replay;
+  ctx.update_running = was.update_running;
+  ctx.keep_outputs = was.keep_outputs;
   x_ = Tensor();
   return inner_->backward(dy, ctx);
 }

@@ -108,7 +108,7 @@ FusionChain::Result FusionChain::run(Backend& be, const Tensor& x, bool fused, S
                  "internal: ", name(), " run with another chain's scratch gradients");
   RunScope scope(links_, fused, s);
   Context ctx{be, /*training=*/true, /*replay=*/false};
-  ctx.scratch = true;
+  ctx.scratch();
   Result r;
   Tensor h = links_.front()->a().forward(x, ctx);
   for (FusionLink* l : links_) h = l->b().forward(l->bn().forward(h, ctx), ctx);

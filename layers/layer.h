@@ -50,22 +50,37 @@ class Layer;
 struct Context {
   Backend& be;
   bool training = true;
-  bool replay = false;  // re-running forward for gradient checkpointing: no side effects
+  // Re-running forward for gradient checkpointing: a convolution's kept output is taken back.
+  bool replay = false;
   GradListener* listener = nullptr;
-  // A training pass whose results are thrown away (--fusion auto's probe and its timing runs):
-  // it computes as training does, but leaves the model as it was: batch norm does not update
-  // its running statistics, and no convolution keeps its output for a replay.
-  bool scratch = false;
   // Told each layer and its input before the layer's forward (engine/fusion_choice.cpp times
   // the fused chains on the inputs a scratch training forward meets).
   std::function<void(Layer&, const Tensor&)> probe = nullptr;
   void grad_ready(const Param& p) {
     if (listener) listener->grad_ready(p);
   }
-  // false: batch norm leaves its running statistics alone (a step's micro-batches after its
-  // first: K ranks evaluate with rank 0's statistics, updated once a step from its batch, and
-  // micro-batch 0 of a rank with --accum-steps K is what rank 0 of K ranks would see).
+  // The model's state a pass changes besides each layer's stash for backward; each pass that
+  // must leave it alone says so here, and the layers ask nothing else:
+  // - update_running: batch norm updates its running statistics. Not in a replay (counted
+  //   once already), a scratch pass, or a step's micro-batches after its first (K ranks evaluate
+  //   with rank 0's statistics, updated once a step from its batch, and micro-batch 0 of a rank
+  //   with K micro-batches is what rank 0 of K ranks would see).
+  // - keep_outputs: a convolution keeps its output for a replay (selective checkpointing). Not
+  //   in a replay or a scratch pass.
   bool update_running = true;
+  bool keep_outputs = true;
+  // A training pass whose results are thrown away (--fusion auto's probe and its timing runs):
+  // it computes as training does, but leaves the model as it was.
+  void scratch() {
+    update_running = false;
+    keep_outputs = false;
+  }
+  // A checkpoint replay (layers/containers.cpp): kept outputs taken back, the model left as it is
+  // (its statistics were counted, its outputs kept, by the forward being replayed).
+  void as_replay() {
+    replay = true;
+    scratch();
+  }
 };
 
 class Layer {

@@ -90,7 +90,7 @@ Tensor Conv2d::forward_impl(const Tensor& x, Context& ctx) {
                                        stats_for ? stats_for->eps_ : 0.f,
                                        stats_for ? &stats : nullptr);
   }
-  if ((keep_output_ || (keep_if_stats_ && stats_for)) && !ctx.replay && !ctx.scratch) {
+  if ((keep_output_ || (keep_if_stats_ && stats_for)) && ctx.keep_outputs) {
     kept_y_ = y;
     kept_stats_ = stats;
   }
@@ -197,7 +197,7 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
     SPOTRAIN_CHECK(given_.mean.defined() && !z_.defined(), "internal: ", name_,
                    " runs fused without its convolution's statistics");
     saved_ = std::exchange(given_, BnSaved());
-    if (!ctx.replay && !ctx.scratch && ctx.update_running)
+    if (ctx.update_running)
       ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                       x.dim(0) * x.dim(2) * x.dim(3));
     return x;
@@ -211,8 +211,8 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, Context& ctx) {
                                                      saved_);
   z_ = Tensor();
   // A checkpoint replay recomputes the same batch statistics; it must not count them twice
-  // (and a scratch pass changes nothing of the model).
-  if (!ctx.replay && !ctx.scratch && ctx.update_running)
+  // (and a scratch pass changes nothing of the model): Context::update_running.
+  if (ctx.update_running)
     ctx.be.batchnorm_update_running(mean_.value, var_.value, saved_, momentum_,
                                     x.dim(0) * x.dim(2) * x.dim(3));
   return y;

@@ -12,6 +12,7 @@
 #include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace spotrain {
 
@@ -135,6 +136,16 @@ MetricsSink::~MetricsSink() {
 void MetricsSink::write(const char* type, nlohmann::json fields) {
   if (!f_) return;
   put_record(f_, type, now_seconds() - started_, std::move(fields));
+}
+
+void MetricsSink::announce(const char* type, nlohmann::json fields) {
+  if (log_enabled()) {
+    nlohmann::json line = fields;
+    line["type"] = type;
+    std::fprintf(stdout, "%s %s\n", kLauncherRecord, line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::fflush(stdout);
+  }
+  write(type, std::move(fields));
 }
 
 void MetricsSink::append(const std::string& path, const char* type, nlohmann::json fields) {

@@ -54,6 +54,12 @@ class MetricsSink {
   int64_t mark_superseded_after(int64_t step);
   // Writes one record with "type": type and the given fields.
   void write(const char* type, nlohmann::json fields);
+  // A record a launcher acts on (a decision to leave a host behind): written as write() does,
+  // and printed on stdout, by rank 0 only (log_enabled()) whether or not a metrics file is
+  // kept, as one line: kLauncherRecord, a space, the record's JSON. mpirun.sh reads these
+  // lines, never the log's wording.
+  static constexpr const char* kLauncherRecord = "spotrain-record";
+  void announce(const char* type, nlohmann::json fields);
   // Appends one record to `path` without reading the file first (a rank with no sink of its
   // own that must report at once, e.g. a survivor of a lost peer). Throws when it cannot.
   static void append(const std::string& path, const char* type, nlohmann::json fields);

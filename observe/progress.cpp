@@ -7,7 +7,6 @@
 
 #include "core/clock.h"
 #include "core/log.h"
-#include "engine/evaluate.h"
 
 namespace spotrain {
 

@@ -2,7 +2,7 @@
 // epoch (summed over ranks when reported); the progress line every --log-every steps and at
 // epoch ends (wall-clock time, step time, the share of it spent waiting for data, images/s,
 // memory in use, the ETA from the steady-state step time (steady_steps.h), fp16's loss scale)
-// and, with several ranks, the stragglers among them (rank_times.h);
+// and, with several ranks, the stragglers among them (rank_watch.h);
 // its record with the machine's telemetry and one step's phase times, written to the metrics and handed to the --prometheus file; the
 // input-bound check; and the step time the stop policy needs.
 #pragma once
@@ -20,7 +20,7 @@
 #include "engine/loss_scaler.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
-#include "observe/rank_times.h"
+#include "observe/rank_watch.h"
 #include "engine/step.h"
 #include "observe/telemetry.h"
 #include "kernels/ops.h"
@@ -81,7 +81,7 @@ class Progress {
   // The epoch's figures over all ranks, and its seconds.
   Tally end_epoch(double* seconds);
   // With several ranks: each rank's times per step gathered at every progress line, the
-  // stragglers named there (observe/rank_times.h). `w` outlives the Progress.
+  // stragglers named there (observe/rank_watch.h). `w` outlives the Progress.
   void watch_ranks(RankWatch* w) { ranks_ = w; }
   // The window the latest progress line gathered, once (false when none came since the last
   // call): where the trainer weighs leaving a straggler behind.

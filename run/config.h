@@ -150,11 +150,14 @@ enum SettingFlags : unsigned {
     "several ranks: a rank whose compute or input per step over a progress window takes at "     \
     "least this many times the median over ranks is named a straggler, with its host",           \
     kShowDefault, "")                                                                             \
-  X(std::string, straggler_action, "warn", "--straggler-action",                                \
-    "warn (name stragglers in the log, metrics and --prometheus) or leave (also: under "         \
-    "mpirun.sh with HOST_DISCOVERY, stop with a checkpoint to restart without a host that was "   \
-    "a straggler for --straggler-windows windows in a row when the goodput model says the rest " \
-    "of the run ends sooner without it)", kShowDefault, "warn|leave")                             \
+  X(std::string, straggler_action, "rebalance", "--straggler-action",                           \
+    "rebalance (each rank's share of the global batch, in whole micro-batches, follows its "     \
+    "measured rate: give each rank several micro-batches, --accum-steps, for shares to move; off " \
+    "with --deterministic), warn (only name stragglers in the log, metrics and --prometheus) or " \
+    "leave (rebalance, and under mpirun.sh with HOST_DISCOVERY stop with a checkpoint to restart " \
+    "without a host that stayed a straggler for --straggler-windows windows in a row when the "  \
+    "goodput model says the rest of the run ends sooner without it)",                            \
+    kShowDefault, "rebalance|warn|leave")                                                         \
   X(int, straggler_windows, 3, "--straggler-windows",                                             \
     "--straggler-action leave: progress windows in a row a host must be a straggler before "    \
     "leaving it is weighed", kShowDefault, "")                                                    \

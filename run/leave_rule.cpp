@@ -3,16 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/evaluate.h"
 #include "run/goodput.h"
 #include "run/plan.h"
-#include "run/resume.h"
+#include "run/global_batch.h"
 
 namespace spotrain {
 
@@ -21,10 +20,12 @@ std::string windows(int n) { return str(n, n == 1 ? " window" : " windows"); }
 }  // namespace
 
 LeaveRule::LeaveRule(const RunConfig& cfg, CommWorker& worker)
-    : on_(cfg.straggler_action == "leave"), windows_(cfg.straggler_windows), worker_(worker) {
-  const char* leave = std::getenv("SPOTRAIN_LEAVE_HOSTS");
-  launcher_ok_ = leave && std::string(leave) == "1";
-  if (const char* m = std::getenv("SPOTRAIN_MIN_HOSTS")) min_hosts_ = std::max(1, std::atoi(m));
+    : on_(cfg.straggler_action == "leave"),
+      launcher_ok_(launcher_settings().leave_hosts),
+      windows_(cfg.straggler_windows),
+      min_hosts_(launcher_settings().min_hosts),
+      max_micro_(cfg.batch_size),
+      worker_(worker) {
   if (on_ && !launcher_ok_)
     log_info("--straggler-action leave: not started by mpirun.sh with HOST_DISCOVERY, which restarts "
              "a job without a host; stragglers are only named (as warn)");
@@ -70,11 +71,10 @@ std::string LeaveRule::weigh(const RankWatch& watch, const RankWatch::Window& w,
   if (host_count - 1 < min_hosts_)
     return once("min:" + host, str("straggler: host ", host, " stays: without it ", host_count - 1,
                                    " host(s) would be left, fewer than MIN_HOSTS=", min_hosts_));
-  try {
-    split_global_batch(in.global_batch, ranks - leaving, in.max_batch);
-  } catch (const Error& e) {
-    return once("batch:" + host, str("straggler: host ", host, " stays: ", e.what()));
-  }
+  BatchSplit without;
+  std::string why_not;
+  if (!split_evenly(in.split->global(), ranks - leaving, max_micro_, &without, &why_not))
+    return once("batch:" + host, str("straggler: host ", host, " stays: ", why_not));
   // The figures: today's step is the slowest rank's; without the host, the slowest of the others.
   LeaveCase c;
   c.ranks = ranks;
@@ -87,6 +87,11 @@ std::string LeaveRule::weigh(const RankWatch& watch, const RankWatch::Window& w,
     if (hosts[r] != host) c.others_busy_s = std::max(c.others_busy_s, w.ranks[r].busy());
   }
   c.step_s = slowest;
+  if (in.rates) {  // the restart rebalances too: the step's micro-batches over the others' rates
+    c.units = in.split->units();
+    for (size_t r = 0; r < in.rates->size(); ++r)
+      if (hosts[r] != host) c.others_rate += (*in.rates)[r];
+  }
   c.exposed_s = std::isfinite(least_wait) ? least_wait : 0;
   c.restart_s = restart_estimate(in);
   const LeaveDecision d = decide_leave(c);
@@ -98,6 +103,7 @@ std::string LeaveRule::weigh(const RankWatch& watch, const RankWatch::Window& w,
   if (!d.pays)
     return once("stay:" + host, str("straggler: host ", host, " stays (", watch.describe(*worst), " for ",
                                     windows(watch.streak(worst->rank)), "): ", figures));
+  leaving_ = host;
   line_ = str("straggler: leaving host ", host, " behind (", watch.describe(*worst), " for ",
               windows(watch.streak(worst->rank)), "): ", figures);
   log_info(line_);

@@ -252,23 +252,6 @@ BatchEvidence batch_evidence(const std::string& model, const std::string& optimi
                 "batch of 8,192 (Goyal et al. 2017, \"Accurate, Large Minibatch SGD\", arXiv:1706.02677)"};
 }
 
-bool fit_global_batch(int64_t global, int gpus, int max_micro, BatchFit* fit, std::string* why) {
-  if (global % gpus != 0) {
-    *why = str("the global batch of ", global, " does not divide over ", gpus, " GPUs");
-    return false;
-  }
-  const int64_t per_gpu = global / gpus;  // micro * accum
-  for (int64_t micro = std::min<int64_t>(per_gpu, max_micro); micro >= 1; --micro)
-    if (per_gpu % micro == 0) {
-      fit->micro = int(micro);
-      fit->accum = int(per_gpu / micro);
-      fit->global = global;
-      return true;
-    }
-  *why = str("no micro-batch fits");  // unreachable: 1 always divides
-  return false;
-}
-
 // ---- checkpoint and restart costs ------------------------------------------------------------
 
 RunCosts costs_from(const std::string& dir) {
@@ -375,37 +358,32 @@ Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const
       const int gpus = hosts * of.gpus_per_host;
       // The global batch as this fleet reaches it: fixed by the recipe (micro-batches of at
       // most --batch-size, accumulated), or GPUs x --batch-size; then held against the evidence.
-      BatchFit fit;
+      BatchSplit fit = first_split(gpus, w.batch_size, 1);
       std::string why_not;
-      if (w.global_batch > 0) {
-        if (!fit_global_batch(w.global_batch, gpus, w.batch_size, &fit, &why_not)) {
-          out.batch_left_out.push_back({{"offer", of.name}, {"hosts", hosts}, {"why", why_not}});
-          continue;
-        }
-      } else {
-        fit.micro = w.batch_size;
-        fit.global = int64_t(w.batch_size) * gpus;
+      if (w.global_batch > 0 && !split_evenly(w.global_batch, gpus, w.batch_size, &fit, &why_not)) {
+        out.batch_left_out.push_back({{"offer", of.name}, {"hosts", hosts}, {"why", why_not}});
+        continue;
       }
-      const bool unproven = out.evidence.max_global > 0 && fit.global > out.evidence.max_global;
+      const bool unproven = out.evidence.max_global > 0 && fit.global() > out.evidence.max_global;
       if (unproven && !in.show_unproven) {
         out.batch_left_out.push_back(
             {{"offer", of.name}, {"hosts", hosts},
-             {"why", str("a global batch of ", fit.global, " (", gpus, " GPUs x ", fit.micro,
-                         fit.accum > 1 ? str(" x ", fit.accum, " accumulated") : std::string(), ") is beyond the ",
+             {"why", str("a global batch of ", fit.global(), " (", gpus, " GPUs x ", fit.micro,
+                         fit.count(0) > 1 ? str(" x ", fit.count(0), " accumulated") : std::string(), ") is beyond the ",
                          out.evidence.max_global, " with evidence that ", w.optimizer,
                          " reaches the accuracy: ", out.evidence.source)}});
         continue;
       }
       // A multi-rank bench measured GPUs within one host; between hosts the all-reduce term counts.
       const double per_gpu = sp.ips_per_gpu * (of.gpus_per_host > 1 ? sp.scaling : 1.0);
-      const double global_batch = double(fit.global);
+      const double global_batch = double(fit.global());
       const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
       // A step: accum micro-batches of `micro` images each, at the measured images/s. What a
       // micro-batch costs beyond its images (its gradients added into the sum) was measured on
       // the CPU within the noise, K = 4 against K = 1 at the same micro-batch (-3.5% to +3.2%,
       // docs/PERFORMANCE.md, "Gradient accumulation"): none is counted. Not measured on a GPU.
       // Several GPUs wait for the slowest each step: the spread a run of several ranks measured.
-      const double step_s = double(fit.micro) * fit.accum / per_gpu * (gpus > 1 ? costs.rank_spread : 1.0);
+      const double step_s = double(fit.micro) * fit.count(0) / per_gpu * (gpus > 1 ? costs.rank_spread : 1.0);
       for (bool spot : {true, false}) {
         PlanRow r;
         r.offer = &of;

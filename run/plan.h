@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run/global_batch.h"
 #include "run/goodput.h"
 
 namespace spotrain {
@@ -51,15 +52,6 @@ struct BatchEvidence {
   std::string source;
 };
 BatchEvidence batch_evidence(const std::string& model, const std::string& optimizer);
-
-// How a fleet of `gpus` GPUs reaches the global batch: per-GPU micro-batch and accumulation
-// steps (micro * accum * gpus == global), the micro-batch as large as `max_micro` allows; false,
-// with why, where none does.
-struct BatchFit {
-  int micro = 0, accum = 1;
-  int64_t global = 0;
-};
-bool fit_global_batch(int64_t global, int gpus, int max_micro, BatchFit* fit, std::string* why);
 
 struct Speed {
   double ips_per_gpu = 0;   // training images/s of one GPU (one rank)
@@ -119,7 +111,7 @@ struct PlanRow {
   double price = 0;  // per host-hour
   double wall_s = 0, cost = 0, reclaims = 0;
   double work_s = 0;  // the steps at full speed: what of wall_s is training that survives
-  BatchFit batch;     // the global batch as this fleet reaches it
+  BatchSplit batch;   // the global batch as this fleet reaches it (run/global_batch.h)
   bool unproven = false;  // its global batch is beyond the evidence (PlanInput::show_unproven)
   Goodput g;
 };

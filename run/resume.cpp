@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <type_traits>
 #include <vector>
 
 #include "checkpoints/checkpoint.h"
@@ -13,35 +14,54 @@ namespace spotrain {
 
 namespace {
 
-// The holder loads the checkpoint; the header says what every rank needs of it.
-ResumeHeader load_checkpoint(const RunConfig& cfg, Training& t, WeightEma* ema, const std::string& path) {
-  ResumeHeader h;
-  // The model first: another model's tensors would be refused one by one, less clearly.
-  const CheckpointInfo recorded = read_checkpoint_info(path);
-  const std::string& model = recorded.model;
-  SPOTRAIN_CHECK(model == cfg.model, "checkpoint ", path, " is a ", model,
-                 " checkpoint; this run trains ", cfg.model);
-  // The momentum buffers of SGD and LARS mean different things (LARS keeps the learning rate
-  // inside): one cannot go on from the other's.
-  SPOTRAIN_CHECK(recorded.optimizer_kind == cfg.optimizer, "checkpoint ", path,
-                 " was trained with --optimizer ", recorded.optimizer_kind, "; this run asks for ",
-                 cfg.optimizer, " (their momentum buffers differ). Resume with --optimizer ",
-                 recorded.optimizer_kind, ", or start a new run from its weights with --init-from");
-  CheckpointInfo ci = load_training_state(path, *t.model, *t.sgd);
+// What the holder tells every rank of the checkpoint it found.
+struct PointHeader {
+  int64_t status = 0;  // 0: none found, 1: found, -1: failed (the holder has the error)
+  int64_t step = 0, epoch = 0, batch_in_epoch = 0;
+  int64_t global_batch = 0, world = 0;
+};
+static_assert(std::is_trivially_copyable<PointHeader>::value, "broadcast as bytes");
+
+// The holder reads the checkpoint's record: the model first (another model's tensors would be
+// refused one by one, less clearly), and the optimizer, whose momentum buffers mean different
+// things for SGD and LARS (LARS keeps the learning rate inside).
+PointHeader read_point(const RunConfig& cfg, const std::string& path) {
+  const CheckpointInfo ci = read_checkpoint_info(path);
+  SPOTRAIN_CHECK(ci.model == cfg.model, "checkpoint ", path, " is a ", ci.model, " checkpoint; this run trains ",
+                 cfg.model);
+  SPOTRAIN_CHECK(ci.optimizer_kind == cfg.optimizer, "checkpoint ", path, " was trained with --optimizer ",
+                 ci.optimizer_kind, "; this run asks for ", cfg.optimizer, " (their momentum buffers differ). ",
+                 "Resume with --optimizer ", ci.optimizer_kind, ", or start a new run from its weights with --init-from");
   const TrainPosition at = position_of(ci);
+  PointHeader h;
   h.status = 1;
   h.step = at.step;
   h.epoch = at.epoch;
   h.batch_in_epoch = at.batch_in_epoch;
   h.world = ci.world_size > 0 ? ci.world_size : 1;
-  h.global_batch = ci.global_batch > 0 ? ci.global_batch : cfg.batch_size * h.world * cfg.accum_steps;
-  h.sgd_steps = t.sgd->steps();
-  h.scaler = ci.scaler;
-  if (ema && checkpoint_has_group(path, "ema")) {
-    load_ema(path, *t.model, *ema);
-    h.has_ema = 1;
-  }
+  // A checkpoint older than the record of its global batch: this run's settings on its ranks.
+  h.global_batch = ci.global_batch > 0 ? ci.global_batch : global_batch(cfg.batch_size, h.world, cfg.accum_steps);
   return h;
+}
+
+// What the holder tells every rank once it loaded the state.
+struct StateHeader {
+  int64_t status = 0;  // 1: loaded, -1: failed (the holder has the error)
+  int64_t sgd_steps = 0;
+  int64_t has_ema = 0;  // the holder loaded the weights' moving average (--ema-decay)
+  LossScalerState scaler;
+};
+static_assert(std::is_trivially_copyable<StateHeader>::value, "broadcast as bytes");
+
+// The holder's outcome `status` (and its error) to every rank: the holder rethrows its own
+// error, every other rank one that names the holder.
+template <class Header>
+void share_outcome(Session& session, int holder, Header& h, const std::string& error, const char* what) {
+  if (session.world() > 1)
+    session.worker().run(what, [&] { session.comm().broadcast(&h, sizeof h, holder); });
+  if (h.status >= 0) return;
+  if (session.rank() == holder) throw Error(error);
+  SPOTRAIN_THROW("rank ", holder, " could not load the checkpoint to resume from (its error says why)");
 }
 
 // The checkpoint to resume from and the rank that holds it. --resume PATH: rank 0's file.
@@ -106,62 +126,82 @@ Holder find_holder(const RunConfig& cfg, Session& session, const RunStorage& sto
 
 }  // namespace
 
-Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
-                        const RunStorage& storage) {
-  Resumed r;
-  r.per_rank_batch = cfg.batch_size;
-  r.accum_steps = cfg.accum_steps;
-  if (cfg.resume == "none") return r;
+ResumePoint find_resume_point(const RunConfig& cfg, Session& session, const RunStorage& storage) {
+  ResumePoint p;
+  if (cfg.resume == "none") return p;
   const Holder holder = find_holder(cfg, session, storage);
-  ResumeHeader h;
+  PointHeader h;
   std::string error;
   if (holder.found && session.rank() == holder.rank) {
     try {
-      h = load_checkpoint(cfg, t, ema, holder.path);
+      h = read_point(cfg, holder.path);
     } catch (const std::exception& e) {
       h.status = -1;
       error = e.what();
     }
   }
-  if (session.world() > 1)
-    session.worker().run("broadcast of the resume point",
-                         [&] { session.comm().broadcast(&h, sizeof h, holder.rank); });
-  if (h.status < 0) {
-    if (session.rank() == holder.rank) throw Error(error);
-    SPOTRAIN_THROW("rank ", holder.rank, " could not load the checkpoint to resume from (its error says why)");
-  }
+  share_outcome(session, holder.rank, h, error, "broadcast of the resume point");
   if (h.status == 0) {
-    log_info(str("--resume ", cfg.resume, ": no checkpoint in ", cfg.ckpt_dir,
-                 "; starting from scratch"));
-    return r;
+    log_info(str("--resume ", cfg.resume, ": no checkpoint in ", cfg.ckpt_dir, "; starting from scratch"));
+    return p;
   }
-  const int64_t world = session.world();
-  const int root = holder.rank;
   // Every rank learns the file's name (a rank with a copy of its own may well hold it too),
   // before anything from its content can be refused.
-  std::string name = session.rank() == root ? std::filesystem::path(holder.path).filename().string() : "";
+  std::string name = session.rank() == holder.rank ? std::filesystem::path(holder.path).filename().string() : "";
   name.resize(64);
-  if (world > 1)
-    session.worker().run("broadcast of the checkpoint's name", [&] { session.comm().broadcast(name.data(), name.size(), root); });
+  if (session.world() > 1)
+    session.worker().run("broadcast of the checkpoint's name",
+                         [&] { session.comm().broadcast(name.data(), name.size(), holder.rank); });
   name = name.c_str();
-  r.checkpoint = session.rank() == root ? holder.path : name;
-  BatchSplit split;
-  try {
-    split = split_global_batch(h.global_batch, world, cfg.batch_size);
-  } catch (const Error& e) {
-    SPOTRAIN_THROW("checkpoint ", r.checkpoint, " was trained with a global batch of ", h.global_batch,
-                   " on ", h.world, " rank(s) (it records both): ", e.what());
+  p.found = true;
+  p.holder = holder.rank;
+  p.path = holder.path;
+  p.checkpoint = session.rank() == holder.rank ? holder.path : name;
+  p.from_named_file = !cfg.resume_from_folder();
+  p.at = TrainPosition{h.step, h.epoch, h.batch_in_epoch};
+  p.global_batch = h.global_batch;
+  p.world = int(h.world);
+  return p;
+}
+
+BatchSplit run_split(const RunConfig& cfg, const ResumePoint& p, int world) {
+  if (!p.found) return first_split(world, cfg.batch_size, cfg.accum_steps);
+  BatchSplit s;
+  std::string why;
+  SPOTRAIN_CHECK(split_evenly(p.global_batch, world, cfg.batch_size, &s, &why), "checkpoint ", p.checkpoint,
+                 " was trained with a global batch of ", p.global_batch, " on ", p.world,
+                 " rank(s) (it records both): ", why);
+  if (s != first_split(world, cfg.batch_size, cfg.accum_steps))
+    log_info(str("resuming a ", p.world, "-rank checkpoint on ", world, " rank(s): per-rank batch ", s.micro,
+                 s.count(0) > 1 ? str(" x ", s.count(0), " micro-batches") : "", " keeps its global batch of ",
+                 p.global_batch, " with --accum-steps ", s.count(0), " (the command line's --batch-size ",
+                 cfg.batch_size, " --accum-steps ", cfg.accum_steps, " are overridden)"));
+  return s;
+}
+
+void load_resume_point(const ResumePoint& p, Session& session, Training& t, WeightEma* ema) {
+  SPOTRAIN_CHECK(p.found, "internal: load_resume_point without a checkpoint");
+  const int root = p.holder;
+  StateHeader h;
+  std::string error;
+  if (session.rank() == root) {
+    try {
+      const CheckpointInfo ci = load_training_state(p.path, *t.model, *t.sgd);
+      h.status = 1;
+      h.sgd_steps = t.sgd->steps();
+      h.scaler = ci.scaler;
+      if (ema && checkpoint_has_group(p.path, "ema")) {
+        load_ema(p.path, *t.model, *ema);
+        h.has_ema = 1;
+      }
+    } catch (const std::exception& e) {
+      h.status = -1;
+      error = e.what();
+    }
   }
-  r.per_rank_batch = split.per_rank_batch;
-  r.accum_steps = split.accum_steps;
-  if (r.per_rank_batch != cfg.batch_size || r.accum_steps != cfg.accum_steps)
-    log_info(str("resuming a ", h.world, "-rank checkpoint on ", world, " rank(s): per-rank batch ",
-                 r.per_rank_batch, r.accum_steps > 1 ? str(" x ", r.accum_steps, " micro-batches") : "",
-                 " keeps its global batch of ", h.global_batch, " with --accum-steps ", r.accum_steps,
-                 " (the command line's --batch-size ", cfg.batch_size, " --accum-steps ",
-                 cfg.accum_steps, " are overridden)"));
+  share_outcome(session, root, h, error, "broadcast of the loaded state");
   Model& model = *t.model;
-  if (world > 1) {  // every rank continues from the holder's state
+  if (session.world() > 1) {  // every rank continues from the holder's state
     session.broadcast_from(root, model.flat_params(), "the checkpoint's parameters");
     session.broadcast_from(root, t.sgd->momentum(), "the checkpoint's momentum");
     session.broadcast_from(root, model.flat_buffers(), "the checkpoint's BN statistics");
@@ -170,48 +210,13 @@ Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, Wei
   if (ema && !h.has_ema) {  // a checkpoint from a run without the average: it starts here
     ema->restart();
     log_info("the checkpoint holds no moving average of the weights: --ema-decay starts from its weights");
-  } else if (ema && world > 1) {
+  } else if (ema && session.world() > 1) {
     session.broadcast_from(root, ema->params(), "the checkpoint's moving average");
     for (Tensor& b : ema->buffers()) session.broadcast_from(root, b, "the moving average's statistics");
   }
   t.scaler->set_state(h.scaler);
-  r.resumed = true;
-  r.from_named_file = !cfg.resume_from_folder();
-  r.at = TrainPosition{h.step, h.epoch, h.batch_in_epoch};
-  r.holder = root;
-  log_info(str("resumed from ", session.rank() == root ? holder.path : name,
-               root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"), ": step ",
-               r.at.step, ", ", progress_text(r.at)));
-  return r;
-}
-
-BatchSplit split_global_batch(int64_t global_batch, int64_t world, int64_t max_batch) {
-  SPOTRAIN_CHECK(global_batch > 0 && world > 0 && max_batch > 0, "internal: split of a global batch of ",
-                 global_batch, " over ", world, " ranks of at most ", max_batch);
-  auto fits = [&](int64_t w) {
-    return (global_batch % w == 0 && global_batch / w <= max_batch) || global_batch % (w * max_batch) == 0;
-  };
-  if (global_batch % world == 0 && global_batch / world <= max_batch)
-    return BatchSplit{global_batch / world, 1};
-  if (global_batch % (world * max_batch) == 0)
-    return BatchSplit{max_batch, int(global_batch / (world * max_batch))};
-  // The rank counts that work: those that divide the global batch into at most max_batch per
-  // rank, and those whose ranks x max_batch divides it.
-  std::vector<int64_t> ok;
-  for (int64_t w = 1; w <= std::min<int64_t>(global_batch, int64_t(1) << 20); ++w)
-    if (fits(w)) ok.push_back(w);  // 1 always fits
-  std::string counts;
-  const size_t shown = std::min<size_t>(ok.size(), 12);
-  for (size_t i = 0; i < shown; ++i)
-    counts += str(i == 0 ? "" : i + 1 == shown && shown == ok.size() ? " or " : ", ", ok[i]);
-  if (shown < ok.size()) counts += str(" or one of ", ok.size() - shown, " larger counts");
-  const bool even = global_batch % world == 0;
-  SPOTRAIN_THROW("it does not divide over ", world, " ranks",
-                 even ? str(" into micro-batches of at most --batch-size ", max_batch, " (",
-                            global_batch / world, " images per rank and step)")
-                      : std::string(),
-                 "; the global batch is ranks x per-rank batch x --accum-steps. Resume on ", counts,
-                 " ranks", even ? str(", or with a --batch-size that divides ", global_batch / world) : "");
+  log_info(str("resumed from ", p.checkpoint, root == session.rank() ? std::string() : str(" (rank ", root, "'s copy)"),
+               ": step ", p.at.step, ", ", progress_text(p.at)));
 }
 
 namespace {
@@ -260,8 +265,8 @@ void init_from_weights(const RunConfig& cfg, Session& session, Training& t, Weig
   if (ema) ema->restart();
 }
 
-void record_resume(MetricsSink& metrics, const Resumed& r, int world) {
-  if (!r.resumed) return;
+void record_resume(MetricsSink& metrics, const ResumePoint& r, int world) {
+  if (!r.found) return;
   const nlohmann::json& prev = metrics.previous_last();
   std::string after = "unknown (no metrics of the previous process)";
   if (prev.is_object() && prev.value("type", "") == "stop")

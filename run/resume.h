@@ -1,13 +1,14 @@
-// Resume (--resume auto|PATH): the rank holding the newest checkpoint (rank 0, or on node-local
-// disks any writer of a copy) loads it, then every rank gets the state by broadcast (other
-// nodes need no copy of the file): parameters, momentum, BN buffers, the moving average, the
-// loss scaler and the position in the data. A checkpoint from another rank count keeps its
-// global batch (ranks x per-rank batch x --accum-steps): fewer ranks keep the per-rank batch and
-// take more micro-batches per step, more ranks fewer (split_global_batch).
+// Resume (--resume auto|PATH), in two halves around the building of the run's parts. First
+// (find_resume_point) the rank holding the newest checkpoint (rank 0, or on node-local disks any
+// writer of a copy) reads its record, and every rank learns where training goes on and the
+// global batch it was trained at, so that the run's batch split (run_split: the same global
+// batch over this run's ranks, run/global_batch.h) is final before the model, the step runner
+// and the checkpoint writer are built from it. Then (load_resume_point) the holder loads the
+// state and every rank gets it by broadcast (other nodes need no copy of the file):
+// parameters, momentum, BN buffers, the moving average, the loss scaler.
 #pragma once
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "checkpoints/training_record.h"
 #include "engine/checkpoint_state.h"
@@ -15,55 +16,39 @@
 #include "engine/session.h"
 #include "observe/metrics.h"
 #include "run/config.h"
+#include "run/global_batch.h"
 #include "run/storage.h"
 
 namespace spotrain {
 
-// What rank 0 tells every rank after looking for the checkpoint to resume from.
-struct ResumeHeader {
-  int64_t status = 0;  // 0: none found, 1: loaded, -1: failed (rank 0 has the error)
-  int64_t step = 0, epoch = 0, batch_in_epoch = 0;
-  int64_t global_batch = 0, world = 0, sgd_steps = 0;
-  int64_t has_ema = 0;  // rank 0 loaded the weights' moving average (--ema-decay)
-  LossScalerState scaler;
-};
-static_assert(std::is_trivially_copyable<ResumeHeader>::value, "broadcast as bytes");
-
-struct Resumed {
-  bool resumed = false;        // false: no checkpoint (or --resume none): from scratch
-  TrainPosition at;            // where training goes on
-  std::string checkpoint;      // the file resumed from (the holder: its path; elsewhere its name)
-  int holder = 0;              // the rank whose checkpoint every rank took
+// Where a run starts: a checkpoint, as every rank knows it after find_resume_point.
+struct ResumePoint {
+  bool found = false;            // false: from scratch (--resume none, or auto with none found)
+  int holder = 0;                // the rank whose checkpoint every rank takes
+  std::string path;              // on the holder: the file ("" elsewhere)
+  std::string checkpoint;        // for messages: the holder's path, elsewhere the file's name
   bool from_named_file = false;  // --resume PATH (not auto or latest)
-  // The checkpoint's global batch over this world: per_rank_batch x accum_steps per rank.
-  int64_t per_rank_batch = 0;
-  int accum_steps = 1;
+  TrainPosition at;              // where training goes on
+  int64_t global_batch = 0;      // what it was trained at, on `world` ranks
+  int world = 0;
 };
 
-// A global batch over a number of ranks: each rank's batch (micro-batch) and micro-batches per
-// step; global batch = world x per_rank_batch x accum_steps.
-struct BatchSplit {
-  int64_t per_rank_batch = 0;
-  int accum_steps = 1;
-};
+// Collective. Finds the checkpoint `cfg.resume` names: --resume PATH rank 0's file; --resume
+// auto or latest the newest good checkpoint that any writer of `storage` holds in its folder.
+// Its holder reads its record (refusing another model or optimizer). Throws Error on every
+// rank when the holder cannot read it, when every copy of the run's checkpoints was lost, or
+// with --resume latest when there is none (auto then starts from scratch).
+ResumePoint find_resume_point(const RunConfig& cfg, Session& session, const RunStorage& storage);
 
-// How a checkpoint's global batch is trained on `world` ranks whose batch may not exceed
-// `max_batch` (this run's --batch-size: what each rank's memory was sized for):
-// - one micro-batch of global / world when that is at most max_batch (as many ranks as the run
-//   had, or more: then the per-rank batch shrinks);
-// - else micro-batches of max_batch, global / (world x max_batch) of them (fewer ranks: the
-//   per-rank batch is kept and the micro-batches per step grow; 4 ranks x B shrunk to 2 is
-//   2 ranks x B x 2, each micro-batch the batch of one of the 4).
-// Throws Error naming the rank counts that would work when neither divides.
-BatchSplit split_global_batch(int64_t global_batch, int64_t world, int64_t max_batch);
+// The batch split this run trains with: a fresh run's from --batch-size and --accum-steps; a
+// resumed one's the checkpoint's global batch split evenly over this run's ranks with
+// micro-batches of at most --batch-size (split_evenly; said in one line when the per-rank
+// batch or micro-batches change). Throws Error naming the checkpoint where it does not split.
+BatchSplit run_split(const RunConfig& cfg, const ResumePoint& p, int world);
 
-// Loads the state of the checkpoint `cfg.resume` names into `t` (and `ema`, when given) on
-// every rank: --resume PATH rank 0's file; --resume auto or latest the newest good checkpoint
-// that any writer of `storage` holds in its folder, broadcast by its holder. Throws Error on
-// every rank when the holder cannot load it, when every copy of the run's checkpoints was
-// lost, or with --resume latest when there is none (auto then starts from scratch).
-Resumed resume_training(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
-                        const RunStorage& storage);
+// Collective. Loads the state of the checkpoint at `p` (found) into `t` (and `ema`, when
+// given) on every rank; throws Error on every rank when the holder cannot.
+void load_resume_point(const ResumePoint& p, Session& session, Training& t, WeightEma* ema);
 
 // --init-from FILE, for a run that starts from scratch (not resumed): rank 0 loads the weights
 // whose name and shape match (engine's load_matching_weights), every rank gets them by
@@ -73,6 +58,6 @@ void init_from_weights(const RunConfig& cfg, Session& session, Training& t, Weig
 
 // The metrics' "resume" record: from which step and checkpoint, and how the previous process
 // ended (from the last record it left: a stop, an end, or none, i.e. killed).
-void record_resume(MetricsSink& metrics, const Resumed& r, int world);
+void record_resume(MetricsSink& metrics, const ResumePoint& r, int world);
 
 }  // namespace spotrain

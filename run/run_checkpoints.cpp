@@ -22,9 +22,10 @@
 
 namespace spotrain {
 
-RunCheckpoints::RunCheckpoints(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
-                               const io::Dataset& train, const RunStorage& storage)
+RunCheckpoints::RunCheckpoints(const RunConfig& cfg, const BatchSplit& split, Session& session, Training& t,
+                               WeightEma* ema, const io::Dataset& train, const RunStorage& storage)
     : cfg_(cfg),
+      split_(split),
       session_(session),
       t_(t),
       ema_(ema),
@@ -107,7 +108,7 @@ CheckpointSnapshot RunCheckpoints::snapshot(const TrainPosition& at, bool warm, 
   run.num_classes = num_classes_;
   run.in_channels = in_channels_;
   run.world = session_.world();
-  run.global_batch = cfg_.batch_size * run.world * cfg_.accum_steps;
+  run.global_batch = split_.global();
   const CheckpointInfo info = checkpoint_record(run, at, t_.scaler->state());
   // Rank 0's BN statistics are saved (as every rank loads them on resume): a copy's writer
   // saves the ones rank 0 sent it (bn_rank0_).

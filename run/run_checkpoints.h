@@ -20,6 +20,7 @@
 #include "observe/prometheus.h"
 #include "run/ckpt_interval.h"
 #include "run/config.h"
+#include "run/global_batch.h"
 #include "run/storage.h"
 
 namespace spotrain {
@@ -29,19 +30,15 @@ class RunCheckpoints {
   // Checks the folder (writable, room for two checkpoints) and touches the snapshot buffers,
   // on each writer of `storage`. Every rank calls it (with several ranks and --ckpt-every auto
   // it counts the nodes).
-  RunCheckpoints(const RunConfig& cfg, Session& session, Training& t, WeightEma* ema,
+  // `split`: the run's global batch and each rank's share of it (run/global_batch.h), which
+  // each checkpoint records; it outlives this.
+  RunCheckpoints(const RunConfig& cfg, const BatchSplit& split, Session& session, Training& t, WeightEma* ema,
                  const io::Dataset& train, const RunStorage& storage);
   RunCheckpoints(const RunCheckpoints&) = delete;
   RunCheckpoints& operator=(const RunCheckpoints&) = delete;
 
   // Where the "checkpoint" records and checkpoint paths go (either may be null).
   void report_to(MetricsSink* metrics, PrometheusExport* prometheus);
-  // After a resume that changed the per-rank batch or the micro-batches per step: checkpoints
-  // record the new ones (and the same global batch).
-  void set_per_rank_batch(int64_t b, int accum_steps) {
-    cfg_.batch_size = b;
-    cfg_.accum_steps = accum_steps;
-  }
   // After a resume from `at` (every rank calls it; writers act): a resume from a named file
   // (--resume PATH) moves this writer's checkpoints past it to abandoned-<time>/ (the run
   // goes on from there; a later --resume auto must not jump back onto them); where there are
@@ -86,7 +83,8 @@ class RunCheckpoints {
   // statistics or `bn_stats`.
   CheckpointSnapshot snapshot(const TrainPosition& at, bool warm = true, const Tensor* bn_stats = nullptr);
 
-  RunConfig cfg_;
+  const RunConfig& cfg_;
+  const BatchSplit& split_;
   Session& session_;
   Training& t_;
   WeightEma* ema_;

@@ -22,7 +22,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 
 namespace spotrain {
 

@@ -28,7 +28,8 @@ SessionOptions session_options(const RunConfig& cfg) {
   return so;
 }
 
-TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channels) {
+TrainingSpec training_spec(const RunConfig& cfg, const BatchSplit& split, int rank, int num_classes,
+                           int in_channels) {
   TrainingSpec s;
   s.net.arch = cfg.model;
   s.net.num_classes = num_classes;
@@ -50,15 +51,19 @@ TrainingSpec training_spec(const RunConfig& cfg, int num_classes, int in_channel
   s.reducer.bucket_mb = cfg.bucket_mb;
   s.reducer.compression = cfg.grad_compression;
   s.cuda_graph = cfg.cuda_graph;
-  s.accum_steps = cfg.accum_steps;
+  s.accum_steps = split.count(rank);
+  s.step_micro_batches = split.units();
   if (!cfg.ckpt_dir.empty()) s.fast_path_file = cfg.ckpt_dir + "/fast-paths.json";
   return s;
 }
 
-io::LoaderOptions loader_options(const RunConfig& cfg, const DataPair& data, Session& session) {
+io::LoaderOptions loader_options(const RunConfig& cfg, const BatchSplit& split, const DataPair& data,
+                                 Session& session) {
   io::LoaderOptions lo;
-  lo.batch_size = cfg.batch_size;
-  lo.accum_steps = cfg.accum_steps;
+  lo.batch_size = split.micro;
+  lo.accum_steps = split.count(session.rank());
+  lo.units = split.units();
+  lo.first_unit = split.first(session.rank());
   lo.train = true;
   lo.seed = cfg.seed;
   lo.workers = cfg.workers;

@@ -6,14 +6,17 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "comm/hosts.h"
 #include "core/clock.h"
+#include "core/environment.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
 #include "kernels/device_info.h"
 #include "observe/progress.h"
+#include "run/rebalance.h"
 #include "run/resume.h"
 #include "run/setup.h"
 #include "run/stop_policy.h"
@@ -49,7 +52,7 @@ void write_start_record(MetricsSink& metrics, Session& session, const RunConfig&
   metrics.write("start", j);
 }
 
-// SPOTRAIN_SAMPLE_LOG (core/test_hooks.h): which samples each step saw, a file per rank.
+// SPOTRAIN_SAMPLE_LOG (core/environment.h): which samples each step saw, a file per rank.
 FILE* open_sample_log(const Session& session) {
   const std::string& f = test_hooks().sample_log;
   if (f.empty()) return nullptr;
@@ -103,55 +106,74 @@ class PendingFigures {
   std::deque<Step> steps_;
 };
 
-// Images per step over all ranks: ranks x per-rank batch x micro-batches per step.
-int64_t global_batch_of(const RunConfig& cfg, int world) {
-  return int64_t(cfg.batch_size) * world * cfg.accum_steps;
-}
-
 }  // namespace
 
 struct Trainer::Loop {
-  Loop(Trainer& tr, const Plan& plan, int64_t first_step)
-      : p(plan),
+  Loop(Trainer& tr, const Schedule& schedule, int64_t first_step)
+      : s(schedule),
         stop(tr.cfg_.max_wall_time, tr.created_, tr.t_.sync.get(), &tr.session_->worker()),
         progress(tr.session_->worker(), *tr.metrics_, tr.prom_.get(), *tr.t_.scaler,
                  tr.session_->backend().allocator(), *tr.telemetry_, tr.cfg_.log_every,
-                 tr.cfg_.workers, plan.epochs, plan.total_steps, first_step),
+                 tr.cfg_.workers, schedule.epochs, schedule.total_steps, first_step),
         pending(*tr.t_.runner, progress) {}
-  Plan p;
+  Schedule s;
   StopPolicy stop;
   Progress progress;
   PendingFigures pending;
   double started = now_seconds();
+  double first_step_at = 0;  // when this process's first step was done (its start-up)
+  std::unique_ptr<RankWatch> rank_watch;  // several ranks: each one's times, the stragglers
+  std::unique_ptr<Rebalancer> rebalance;  // what is done about them: shares that follow rates,
+  std::unique_ptr<LeaveRule> leave;       // and a host left behind
 };
 
-Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
+namespace {
+
+RunConfig validated(const RunConfig& cfg) {
+  cfg.validate();
+  return cfg;
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg) : cfg_(validated(cfg)), created_(now_seconds()) {
   // From the start: a stop signal during set-up or resume stops the run after its first step,
   // with a checkpoint and 75, instead of killing it (143, which no launcher retries).
   install_stop_handlers();
-  cfg_.validate();
   session_ = std::make_unique<Session>(session_options(cfg_));
-  if (session_->world() > 1) check_ranks_agree(cfg_, *session_);
+  const int world = session_->world();
+  if (world > 1) check_ranks_agree(cfg_, *session_);
   if (!cfg_.plan.empty()) read_plan(cfg_.plan);  // a bad --plan: before the data and the model
   data_ = open_data(cfg_.data, cfg_.train_limit, cfg_.test_limit, cfg_.seed, cfg_.image_size);
   SPOTRAIN_CHECK(cfg_.batch_size <= data_.train->size(), "--batch-size ", cfg_.batch_size,
                  " is larger than the training set (", data_.train->size(), " samples)");
-  TrainingSpec spec = training_spec(cfg_, data_.train->num_classes(), data_.train->image_shape().c);
+  // The run folder once the data is known good, on each rank that writes a copy of the
+  // checkpoints (rank 0 alone where every rank sees the same folder): locked, refused when it
+  // holds another run, its train.log the log's copy.
+  if (!cfg_.ckpt_dir.empty()) {
+    storage_ = find_storage(cfg_.ckpt_dir, cfg_.ckpt_storage, *session_);
+    log_info(str("run folder ", cfg_.ckpt_dir, ": ", storage_.describe(world)));
+    if (storage_.writer) folder_ = std::make_unique<RunFolder>(cfg_);
+  }
+  try {  // where training starts, and so the global batch and this rank's share of it
+    start_ = find_resume_point(cfg_, *session_, storage_);
+    split_ = run_split(cfg_, start_, world);
+    SPOTRAIN_CHECK(split_.global() <= data_.train->size(), "checkpoint ", start_.checkpoint,
+                   " was trained at a global batch of ", split_.global(), ", larger than the training set here (",
+                   data_.train->size(), " samples of ", cfg_.data, "); resume it on the data it was trained on");
+  } catch (const std::exception& e) {
+    log_to_file(str("error: ", e.what()));  // the run folder's train.log closes as this unwinds
+    throw;
+  }
+  TrainingSpec spec =
+      training_spec(cfg_, split_, session_->rank(), data_.train->num_classes(), data_.train->image_shape().c);
   spec.initialize = false;  // below: from a checkpoint, or drawn when there is none
   // Said once, at start: how this backend computes the precision asked for.
   const std::string note = session_->backend().precision_note(compute_dtype(spec.precision), spec.precision == Precision::tf32);
   if (!note.empty()) log_info("note: " + note);
   t_ = session_->make_training(spec);
   if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(*t_.model, cfg_.ema_decay);
-  // The run folder once the data and the model are known good, on each rank that writes a copy
-  // of the checkpoints (rank 0 alone where every rank sees the same folder): locked, refused
-  // when it holds another run, its train.log the log's copy.
-  if (!cfg_.ckpt_dir.empty()) {
-    storage_ = find_storage(cfg_.ckpt_dir, cfg_.ckpt_storage, *session_);
-    log_info(str("run folder ", cfg_.ckpt_dir, ": ", storage_.describe(session_->world())));
-    if (storage_.writer) folder_ = std::make_unique<RunFolder>(cfg_);
-  }
-  checkpoints_ = std::make_unique<RunCheckpoints>(cfg_, *session_, t_, ema_.get(), *data_.train, storage_);
+  checkpoints_ = std::make_unique<RunCheckpoints>(cfg_, split_, *session_, t_, ema_.get(), *data_.train, storage_);
   sample_log_ = open_sample_log(*session_);
   // The metrics: rank 0's, and in each copy of the run folder its writer's.
   const bool in_folder = cfg_.metrics == "auto" && storage_.writer;
@@ -165,17 +187,18 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg), created_(now_seconds()) {
                  cfg_.preempt_poll, " s"));
   }
   write_start_record(*metrics_, *session_, cfg_, storage_);
-  // Where training starts: a checkpoint (no weights drawn only to be overwritten), else fresh
-  // weights, or --init-from's.
+  // The state: the checkpoint's (no weights drawn only to be overwritten), else fresh weights,
+  // or --init-from's.
   try {
-    resumed_ = resume_training(cfg_, *session_, t_, ema_.get(), storage_);
-    if (!resumed_.resumed) {
+    if (start_.found) {
+      load_resume_point(start_, *session_, t_, ema_.get());
+    } else {
       session_->initialize_model(*t_.model, spec.seed);
       if (ema_) ema_->restart();  // made before the weights were
       init_from_weights(cfg_, *session_, t_, ema_.get());
     }
   } catch (const std::exception& e) {
-    log_to_file(str("error: ", e.what()));  // the run folder's train.log closes as this unwinds
+    log_to_file(str("error: ", e.what()));
     throw;
   }
 }
@@ -190,12 +213,12 @@ EvalResult Trainer::evaluate(const io::Dataset& data, int64_t batch_size) {
                         &session_->worker(), cfg_.workers, cfg_.max_bad_fraction);
 }
 
-Trainer::Plan Trainer::plan(int64_t per_epoch) const {
-  Plan p;
+Trainer::Schedule Trainer::schedule(int64_t per_epoch) const {
+  Schedule p;
   p.per_epoch = per_epoch;
   // Steps and the samples they consume must fit the 64-bit counters, with room for the
   // schedule's arithmetic (a milestone is 3/4 of the total).
-  const int64_t global_batch = global_batch_of(cfg_, session_->world());
+  const int64_t global_batch = split_.global();
   const int64_t most_steps = std::numeric_limits<int64_t>::max() / 4 / std::max<int64_t>(1, global_batch);
   SPOTRAIN_CHECK(cfg_.steps <= most_steps, "--steps ", cfg_.steps, " is more than the step and sample counters hold (",
                  most_steps, " steps at a global batch of ", global_batch, ")");
@@ -205,9 +228,7 @@ Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   p.total_steps = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   p.epochs = (p.total_steps + per_epoch - 1) / per_epoch;
   p.lr.kind = cfg_.lr_schedule;
-  p.lr.base_lr = cfg_.lr_per_256 > 0
-                     ? cfg_.lr_per_256 * float(global_batch) / 256.f
-                     : cfg_.lr;
+  p.lr.base_lr = cfg_.lr_per_256 > 0 ? cfg_.lr_per_256 * float(global_batch) / 256.f : cfg_.lr;
   p.lr.total_steps = p.total_steps;
   p.lr.warmup_steps = int64_t(std::llround(cfg_.warmup_epochs * double(per_epoch)));
   p.lr.milestones = {p.total_steps / 2, p.total_steps * 3 / 4};
@@ -217,45 +238,75 @@ Trainer::Plan Trainer::plan(int64_t per_epoch) const {
   return p;
 }
 
-void Trainer::log_start(const Plan& p) {
+void Trainer::log_start(const Schedule& p) {
   log_info(str("model ", cfg_.model, ": ", t_.model->summary()));
+  const int64_t global = split_.global();
   if (session_->world() > 1)
-    log_info(str("data parallel over ", session_->world(), " ranks (", session_->comm().name(),
-                 "), global batch ", global_batch_of(cfg_, session_->world()), ", ",
-                 t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
+    log_info(str("data parallel over ", session_->world(), " ranks (", session_->comm().name(), "), global batch ",
+                 global, ", ", t_.sync->num_buckets(), " gradient buckets of up to ", cfg_.bucket_mb,
                  " MB, compression ", cfg_.grad_compression));
   const std::string device = session_->backend().device_line();
   if (!device.empty()) log_info(device);
   if (cfg_.lr_per_256 > 0)
-    log_info(str("learning rate ", fmt_fixed(p.lr.base_lr, 5), " = --lr-per-256 ", cfg_.lr_per_256,
-                 " x global batch ", global_batch_of(cfg_, session_->world()), " / 256"));
+    log_info(str("learning rate ", fmt_fixed(p.lr.base_lr, 5), " = --lr-per-256 ", cfg_.lr_per_256, " x global batch ",
+                 global, " / 256"));
   if (ema_) log_info(str("keeping a moving average of the weights (--ema-decay ", cfg_.ema_decay, ")"));
   if (cfg_.optimizer == "lars")
     log_info(str("optimizer LARS: trust coefficient ", cfg_.lars_trust, ", epsilon ", cfg_.lars_epsilon,
                  ", momentum ", cfg_.momentum, ", weight decay ", cfg_.weight_decay,
                  cfg_.decay_bn_and_bias ? "" : "; BN and biases left out of both"));
-  log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ",
-               data_.train->size(), " train / ", data_.test->size(), " test samples; ", p.epochs,
-               " epoch(s) of ", p.per_epoch, " steps, batch ", cfg_.batch_size,
-               cfg_.accum_steps > 1 ? str(" x ", cfg_.accum_steps, " micro-batches per step (--accum-steps; "
-                                          "global batch ", global_batch_of(cfg_, session_->world()), ")")
-                                    : std::string()));
+  const int mine = split_.count(session_->rank());
+  log_info(str("backend ", session_->backend().name(), "; data ", data_.kind, ": ", data_.train->size(), " train / ",
+               data_.test->size(), " test samples; ", p.epochs, " epoch(s) of ", p.per_epoch, " steps, batch ",
+               split_.micro,
+               mine > 1 || !split_.even()
+                   ? str(" x ", mine, " micro-batches per step (",
+                         split_.even() ? std::string("--accum-steps") : split_.text(), "; global batch ", global, ")")
+                   : std::string()));
+}
+
+void Trainer::begin(Loop& loop) {
+  if (start_.found) {
+    checkpoints_->after_resume(start_.at, start_.from_named_file);
+    if (prom_) prom_->checkpoint(start_.checkpoint, true);
+  }
+  record_resume(*metrics_, start_, session_->world());
+  log_start(loop.s);
+  const int world = session_->world();
+  if (world == 1 || test_hooks().no_rank_watch) return;
+  // Each rank's times, at every progress line.
+  std::vector<std::string> hosts;
+  session_->worker().run("the ranks' host names", [&] { hosts = gather_host_labels(session_->comm()); });
+  loop.rank_watch = std::make_unique<RankWatch>(world, session_->rank(), cfg_.straggler_threshold, std::move(hosts));
+  loop.rank_watch->set_shares(split_.counts);
+  loop.progress.watch_ranks(loop.rank_watch.get());
+  loop.leave = std::make_unique<LeaveRule>(cfg_, session_->worker());
+  if (cfg_.straggler_action == "warn") return;
+  if (cfg_.deterministic)
+    log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even with ",
+                 "--deterministic (a share that follows the ranks' rates changes the order of the gradient's sum)"));
+  else if (split_.units() == world)
+    log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even: each rank ",
+                 "trains one micro-batch per step; give each several for shares to follow the ranks' rates (e.g. ",
+                 "--accum-steps 4 at a quarter of --batch-size: the same global batch)"));
+  else
+    loop.rebalance = std::make_unique<Rebalancer>(world);
 }
 
 TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch,
                             double data_wait, TrainPosition at) {
-  const float lr = loop.p.lr.at(at.step);
+  const float lr = loop.s.lr.at(at.step);
   session_->worker().set_step(at.step + 1);  // 1-based, as in the progress lines
-  inject_fault(session_->rank(), at.step + 1);  // SPOTRAIN_FAULT (core/test_hooks.h)
+  inject_fault(session_->rank(), at.step + 1);  // SPOTRAIN_FAULT (core/environment.h)
   loop.stop.before_step();
   checkpoints_->before_step(TrainPosition{at.step + 1, epoch, b.batch_index + 1},
-                            b.batch_index + 1 == loop.p.per_epoch, loop.p.total_steps);
+                            b.batch_index + 1 == loop.s.per_epoch, loop.s.total_steps);
   PendingFigures::Step& s = loop.pending.add();
   s.timed = loop.progress.due_for_phases(at.step + 1);
-  // The step's micro-batches (one without --accum-steps), each queued as it comes.
+  // The step's micro-batches (this rank's share of the global batch), each queued as it comes.
   int64_t images = 0;
   std::vector<int64_t> ids;  // SPOTRAIN_SAMPLE_LOG: the step's samples, in one line
-  for (int j = 0; j < cfg_.accum_steps; ++j) {
+  for (int j = 0; j < t_.runner->accum_steps(); ++j) {
     if (j > 0) {
       const double t0 = now_seconds();
       SPOTRAIN_CHECK(loader.next(b) && b.micro == j, "internal: step ", at.step + 1,
@@ -273,53 +324,26 @@ TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_
   session_->backend().save_kernel_choices();  // the first steps' timed choices, for a restart
   at = TrainPosition{at.step + 1, epoch, b.batch_index + 1};
   // before any other collective: what a survivor would save
-  checkpoints_->step_done(settled(at, loop.p.per_epoch));
+  checkpoints_->step_done(settled(at, loop.s.per_epoch));
   s.facts.step = at.step;
   s.facts.epoch = epoch;
   s.facts.lr = lr;
   s.facts.batch = images;
-  s.facts.epoch_end = at.batch_in_epoch == loop.p.per_epoch;
+  s.facts.epoch_end = at.batch_in_epoch == loop.s.per_epoch;
   s.facts.data_wait = data_wait;
-  if (s.facts.epoch_end || at.step >= loop.p.total_steps) t_.runner->settle();
+  if (s.facts.epoch_end || at.step >= loop.s.total_steps) t_.runner->settle();
   loop.pending.account();
+  if (loop.first_step_at == 0) loop.first_step_at = now_seconds();
   return at;
 }
 
 TrainResult Trainer::run() {
-  const Resumed& resumed = resumed_;
-  max_batch_ = cfg_.batch_size;
-  // A checkpoint of another world keeps its global batch: per-rank batch x micro-batches.
-  cfg_.batch_size = resumed.per_rank_batch;
-  if (resumed.accum_steps != cfg_.accum_steps) {
-    cfg_.accum_steps = resumed.accum_steps;
-    const std::string why = t_.runner->set_accum_steps(cfg_.accum_steps);
-    if (!why.empty()) log_info("steps run as they come, not captured: " + why);
-  }
-  checkpoints_->set_per_rank_batch(cfg_.batch_size, cfg_.accum_steps);
-  if (resumed.resumed) {
-    checkpoints_->after_resume(resumed.at, resumed.from_named_file);
-    if (prom_) prom_->checkpoint(resumed.checkpoint, true);
-  }
-  record_resume(*metrics_, resumed, session_->world());
-  // A per-rank batch that a checkpoint of another rank count set is checked here, naming the
-  // checkpoint: the loader's own check blames --batch-size, which the user did not change.
-  const int64_t global_batch = global_batch_of(cfg_, session_->world());
-  SPOTRAIN_CHECK(!resumed.resumed || global_batch <= data_.train->size(), "checkpoint ",
-                 resumed.checkpoint, " was trained at a global batch of ", global_batch,
-                 ", larger than the training set here (", data_.train->size(), " samples of ",
-                 cfg_.data, "); resume it on the data it was trained on");
-  io::Loader loader(data_.train, loader_options(cfg_, data_, *session_));
-  const Plan p = plan(loader.batches_per_epoch());
-  log_start(p);
-  TrainPosition at = resumed.at;
+  io::Loader loader(data_.train, loader_options(cfg_, split_, data_, *session_));
+  const Schedule p = schedule(loader.batches_per_epoch());
+  TrainPosition at = start_.at;
   if (at.batch_in_epoch >= p.per_epoch) at = TrainPosition{at.step, at.epoch + 1, 0};
   Loop loop(*this, p, at.step);
-  if (session_->world() > 1 && !test_hooks().no_rank_watch) {  // each rank's times, at every progress line
-    rank_watch_ = std::make_unique<RankWatch>(session_->world(), session_->rank(), cfg_.straggler_threshold,
-                                              RankWatch::host_labels(session_->worker()));
-    loop.progress.watch_ranks(rank_watch_.get());
-    leave_ = std::make_unique<LeaveRule>(cfg_, session_->worker());
-  }
+  begin(loop);
   TrainResult res;
   const int64_t first_epoch = at.epoch;
   for (int64_t epoch = first_epoch; epoch < p.epochs && at.step < p.total_steps; ++epoch) {
@@ -330,27 +354,51 @@ TrainResult Trainer::run() {
       const double wait_t0 = now_seconds();  // the time this step waits for its batch
       if (!loader.next(b)) break;
       at = step(loop, loader, b, epoch, now_seconds() - wait_t0, at);
-      if (first_step_at_ == 0) first_step_at_ = now_seconds();
-      const double step_s = loop.progress.last_step_seconds();
-      const double steady_s = loop.progress.steady_step_seconds();
-      std::string why = loop.stop.after_step(step_s, steady_s, checkpoints_->seconds());
-      if (why.empty()) why = weigh_stragglers(loop, at.step);
-      if (!why.empty() && at.step < p.total_steps)
-        return stop_early(loop, settled(at, p.per_epoch), why, res);
-      const bool epoch_end = at.batch_in_epoch == p.per_epoch;
-      const std::string path =
-          checkpoints_->after_step(settled(at, p.per_epoch), epoch_end, step_s, steady_s, p.total_steps);
+      const std::string why = after_step(loop, loader, at);
+      if (!why.empty() && at.step < p.total_steps) return stop_early(loop, settled(at, p.per_epoch), why, res);
+      const std::string path = checkpoints_->after_step(settled(at, p.per_epoch), at.batch_in_epoch == p.per_epoch,
+                                                        loop.progress.last_step_seconds(),
+                                                        loop.progress.steady_step_seconds(), p.total_steps);
       if (!path.empty()) res.checkpoint = path;
     }
     loop.pending.settle();
     end_epoch(loop, epoch, !(epoch + 1 < p.epochs && at.step < p.total_steps), at.step, res);
   }
+  return finish(loop, loader, at, res);
+}
+
+std::string Trainer::after_step(Loop& loop, io::Loader& loader, const TrainPosition& at) {
+  const std::string why = loop.stop.after_step(loop.progress.last_step_seconds(),
+                                               loop.progress.steady_step_seconds(), checkpoints_->seconds());
+  RankWatch::Window w;
+  if (!why.empty() || !loop.rank_watch || !loop.progress.take_rank_window(&w)) return why;
+  if (loop.rebalance)
+    if (const std::optional<BatchSplit> next = loop.rebalance->weigh(w, split_)) reshare(loop, loader, at, *next);
+  return weigh_stragglers(loop, w, at.step);
+}
+
+void Trainer::reshare(Loop& loop, io::Loader& loader, const TrainPosition& at, const BatchSplit& next) {
+  split_ = next;  // what the checkpoints record from now on
+  const int rank = session_->rank();
+  t_.runner->set_accum_steps(split_.count(rank), split_.units());
+  loader.set_share(split_.first(rank), split_.count(rank));
+  if (at.batch_in_epoch < loop.s.per_epoch) loader.start_epoch(at.epoch, at.batch_in_epoch);
+  loop.rank_watch->set_shares(split_.counts);
+  loop.rank_watch->skip_next();  // the next step waits for the loader's restart
+  log_info(loop.rebalance->last_line());
+  nlohmann::json rec = loop.rebalance->last_record();
+  rec["step"] = at.step;
+  rec["hosts"] = loop.rank_watch->hosts();
+  metrics_->write("shares", rec);
+}
+
+TrainResult Trainer::finish(Loop& loop, io::Loader& loader, const TrainPosition& at, TrainResult res) {
   report_bad_images(loader, res);
   res.steps = at.step;
   res.seconds = now_seconds() - loop.started;
   res.skipped_steps = t_.scaler->state().skipped_steps;
   res.loss_scale = t_.scaler->scale();
-  if (!cfg_.ckpt_dir.empty()) res.checkpoint = checkpoints_->write(settled(at, p.per_epoch), /*sync=*/true);
+  if (!cfg_.ckpt_dir.empty()) res.checkpoint = checkpoints_->write(settled(at, loop.s.per_epoch), /*sync=*/true);
   metrics_->write("end", {{"step", at.step}, {"checkpoint", res.checkpoint},
                           {"test_top1", res.test.top1}, {"seconds", res.seconds}});
   if (prom_) prom_->finished();
@@ -399,7 +447,7 @@ void Trainer::end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step
   nlohmann::json rec{{"epoch", epoch + 1}, {"step", step}, {"loss", res.final_loss},
                      {"train_top1", res.train_top1}, {"test_loss", res.test.loss},
                      {"test_top1", res.test.top1}, {"test_top5", res.test.top5},
-                     {"lr", loop.p.lr.at(step - 1)}, {"images_per_sec", res.images_per_sec},
+                     {"lr", loop.s.lr.at(step - 1)}, {"images_per_sec", res.images_per_sec},
                      {"epoch_seconds", secs}};
   if (ema_) {
     rec["ema_test_loss"] = res.ema_test.loss;
@@ -409,20 +457,19 @@ void Trainer::end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step
   metrics_->write("epoch", rec);
 }
 
-std::string Trainer::weigh_stragglers(Loop& loop, int64_t step) {
-  RankWatch::Window w;
-  if (!leave_ || !loop.progress.take_rank_window(&w)) return "";
+std::string Trainer::weigh_stragglers(Loop& loop, const RankWatch::Window& w, int64_t step) {
   LeaveInputs in;
   in.step = step;
-  in.steps_left = loop.p.total_steps - step;
-  in.global_batch = global_batch_of(cfg_, session_->world());
-  in.max_batch = max_batch_;
-  in.startup_s = first_step_at_ - created_;
+  in.steps_left = loop.s.total_steps - step;
+  in.split = &split_;
+  if (loop.rebalance) in.rates = &loop.rebalance->rates();
+  in.startup_s = loop.first_step_at - created_;
   in.checkpoint_s = checkpoints_->seconds();
   if (metrics_->enabled()) in.metrics_path = cfg_.metrics_path();
-  const std::string why = leave_->weigh(*rank_watch_, w, in);
-  if (!why.empty())
-    metrics_->write("leave", {{"step", step}, {"message", leave_->last_line()}});
+  const std::string why = loop.leave->weigh(*loop.rank_watch, w, in);
+  if (!why.empty())  // the launcher's word (mpirun.sh reads the record, not the line)
+    metrics_->announce("leave", {{"step", step}, {"host", loop.leave->leaving_host()},
+                                 {"message", loop.leave->last_line()}});
   return why;
 }
 

@@ -16,9 +16,10 @@
 #include "io/loader.h"
 #include "observe/metrics.h"
 #include "observe/prometheus.h"
-#include "observe/rank_times.h"
+#include "observe/rank_watch.h"
 #include "observe/telemetry.h"
 #include "run/config.h"
+#include "run/global_batch.h"
 #include "run/leave_rule.h"
 #include "run/resume.h"
 #include "run/run_checkpoints.h"
@@ -44,8 +45,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Builds the rank's parts and sets the model where training starts: the checkpoint that
-  // --resume finds (resume_training), else fresh weights or --init-from's.
+  // Builds the rank's parts in the order their inputs are known: the session, the data, the
+  // run folder, where training starts (run/resume.h: the checkpoint found decides the batch
+  // split), then the model, step runner and checkpoint writer from that split, and the state:
+  // the checkpoint's, else fresh weights or --init-from's.
   explicit Trainer(const RunConfig& cfg);
   ~Trainer();
   TrainResult run();
@@ -56,48 +59,60 @@ class Trainer {
   Sgd& optimizer() { return *t_.sgd; }
   LossScaler& scaler() { return *t_.scaler; }
   Communicator& comm() { return session_->comm(); }
+  const BatchSplit& batch_split() const { return split_; }
 
  private:
-  // The run's length and learning-rate schedule, from the loader's batches per epoch.
-  struct Plan {
+  // The run's length and learning-rate schedule, from the loader's steps per epoch.
+  struct Schedule {
     int64_t per_epoch = 0, total_steps = 0, epochs = 0;
     LrSchedule lr;
   };
   struct Loop;  // what one run() keeps between steps (trainer.cpp)
-  Plan plan(int64_t per_epoch) const;
-  void log_start(const Plan& p);
-  // Queues the step of batch `b` (the next after `at`; with --accum-steps K its first
-  // micro-batch, the other K - 1 taken from `loader` as they are queued) and hands the figures
-  // read back so far to the progress line; returns the position after it.
+  Schedule schedule(int64_t per_epoch) const;
+  void log_start(const Schedule& s);
+  // Before the first step: the resume's records, the start lines, the rank watch.
+  void begin(Loop& loop);
+  // Queues the step of batch `b` (the next after `at`; with several micro-batches per step its
+  // first, the others taken from `loader` as they are queued) and hands the figures read back
+  // so far to the progress line; returns the position after it.
   TrainPosition step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch, double data_wait,
                      TrainPosition at);
+  // After a step: the reason to stop now ("" = train on): a stop signal, notice or
+  // --max-wall-time (run/stop_policy.h), or a straggler's host to leave behind; and after a
+  // progress window, the shares of the global batch that follow the ranks' rates.
+  std::string after_step(Loop& loop, io::Loader& loader, const TrainPosition& at);
+  // From the step after `at`: `next` is the split, in the step runner, the loader, the rank
+  // watch and the checkpoints alike (every rank calls it at the same step).
+  void reshare(Loop& loop, io::Loader& loader, const TrainPosition& at, const BatchSplit& next);
   void end_epoch(Loop& loop, int64_t epoch, bool last_epoch, int64_t step, TrainResult& res);
   // A stop (signal, notice, --max-wall-time) after `at`: a checkpoint, then exit 75.
   TrainResult stop_early(Loop& loop, const TrainPosition& at, const std::string& why, TrainResult res);
+  // After the last step: the final checkpoint and the end record.
+  TrainResult finish(Loop& loop, io::Loader& loader, const TrainPosition& at, TrainResult res);
   void report_bad_images(io::Loader& loader, TrainResult& res);
-  // After a step whose progress line gathered the ranks' times: the reason to stop and leave
-  // a straggler's host behind ("" = train on; run/leave_rule.h).
-  std::string weigh_stragglers(Loop& loop, int64_t step);
+  // After a step whose progress line gathered the ranks' times `w`: the reason to stop and
+  // leave a straggler's host behind ("" = train on; run/leave_rule.h).
+  std::string weigh_stragglers(Loop& loop, const RankWatch::Window& w, int64_t step);
 
-  RunConfig cfg_;
-  double created_ = 0;  // when the Trainer was made: --max-wall-time counts from here
+  const RunConfig cfg_;  // as given and validated: never changed once the run starts
+  double created_ = 0;   // when the Trainer was made: --max-wall-time counts from here
   std::unique_ptr<Session> session_;
   DataPair data_;
+  RunStorage storage_;                 // where the checkpoints are kept (--ckpt-dir)
+  std::unique_ptr<RunFolder> folder_;  // each writer of a copy (rank 0 where shared)
+  ResumePoint start_;                  // where training starts (found by the constructor)
+  // The global batch and each rank's micro-batches of it (run/global_batch.h): decided before
+  // the parts below are built (a checkpoint of another rank count keeps its global batch); its
+  // shares move only at a step every rank agrees on (reshare).
+  BatchSplit split_;
   Training t_;
-  std::unique_ptr<WeightEma> ema_;           // --ema-decay
-  RunStorage storage_;                       // where the checkpoints are kept (--ckpt-dir)
-  std::unique_ptr<RunFolder> folder_;        // each writer of a copy (rank 0 where shared)
+  std::unique_ptr<WeightEma> ema_;  // --ema-decay
   std::unique_ptr<RunCheckpoints> checkpoints_;
-  Resumed resumed_;                          // where training starts (made by the constructor)
   std::unique_ptr<MetricsSink> metrics_;
-  std::unique_ptr<Telemetry> telemetry_;      // every rank: its own GPU and host
-  std::unique_ptr<PrometheusExport> prom_;    // --prometheus, the first rank of each node
+  std::unique_ptr<Telemetry> telemetry_;        // every rank: its own GPU and host
+  std::unique_ptr<PrometheusExport> prom_;      // --prometheus, the first rank of each node
   std::unique_ptr<PreemptionWatcher> notices_;  // --preempt-notice, on every rank
-  FILE* sample_log_ = nullptr;  // SPOTRAIN_SAMPLE_LOG test hook
-  std::unique_ptr<RankWatch> rank_watch_;  // several ranks: each one's times, the stragglers
-  std::unique_ptr<LeaveRule> leave_;       // --straggler-action leave
-  int64_t max_batch_ = 0;     // --batch-size as given: what a rank may take on a restart
-  double first_step_at_ = 0;  // when this process's first step was done (its start-up)
+  FILE* sample_log_ = nullptr;                  // SPOTRAIN_SAMPLE_LOG test hook
 };
 
 }  // namespace spotrain

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 

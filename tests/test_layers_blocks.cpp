@@ -8,7 +8,7 @@
 #include <set>
 
 #include "comm/communicator.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "engine/fast_paths.h"
 #include "engine/fusion_choice.h"
 #include "kernels/cpu/cpu_backend.h"

@@ -132,7 +132,8 @@ TEST_P(BatchNormTest, RunningStatisticsAndEvalMode) {
   }
   // A checkpoint replay recomputes the batch statistics without counting them again.
   Vec rm_before = to_vec(bn.running_mean().value), rv_before = to_vec(bn.running_var().value);
-  Context replay{*be, true, true};
+  Context replay{*be, true};
+  replay.as_replay();
   bn.forward(make_tensor(bn_input(s, 80), s.shape(), Layout::blocked), replay);
   EXPECT_EQ(to_vec(bn.running_mean().value), rm_before);
   EXPECT_EQ(to_vec(bn.running_var().value), rv_before);

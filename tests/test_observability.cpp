@@ -26,7 +26,7 @@
 #include "core/clock.h"
 #include "engine/loss_scaler.h"
 #include "observe/input_watch.h"
-#include "observe/rank_times.h"
+#include "observe/rank_watch.h"
 #include "observe/progress.h"
 #include "run/stop_policy.h"
 #include "observe/prometheus.h"

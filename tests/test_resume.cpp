@@ -236,53 +236,6 @@ TEST(Resume, AccumulatedStepsResumeBitwise) {
   expect_same_end_and_samples(d, "ckpt-00000016.h5", 16, 16);
 }
 
-// The split of a checkpoint's global batch over a new rank count (run/resume.h): fewer ranks
-// keep the per-rank batch (--batch-size) and take more micro-batches, more ranks fewer, then a
-// smaller per-rank batch; the same rank count gives the run's own split back.
-TEST(ResumeSplit, AShrinkKeepsThePerRankBatchAndMultipliesTheMicroBatches) {
-  auto split = [](int64_t g, int64_t w, int64_t b) {
-    BatchSplit s = split_global_batch(g, w, b);
-    return std::pair<int64_t, int>(s.per_rank_batch, s.accum_steps);
-  };
-  using P = std::pair<int64_t, int>;
-  // Started on 4 ranks x 32 (global 128).
-  EXPECT_EQ(split(128, 4, 32), (P{32, 1}));
-  EXPECT_EQ(split(128, 2, 32), (P{32, 2}));  // shrunk to 2: the same batch, two micro-batches
-  EXPECT_EQ(split(128, 1, 32), (P{32, 4}));
-  EXPECT_EQ(split(128, 8, 32), (P{16, 1}));  // grown: fewer micro-batches first, then smaller batches
-  // Started on 1 rank x 32 x 4: grown to 2 and 4 ranks, back to 1.
-  EXPECT_EQ(split(128, 2, 32), (P{32, 2}));
-  EXPECT_EQ(split(128, 4, 32), (P{32, 1}));
-  // A smaller --batch-size on the same ranks (less memory per GPU): more micro-batches.
-  EXPECT_EQ(split(128, 4, 16), (P{16, 2}));
-}
-
-TEST(ResumeSplit, NoSplitNamesTheRankCountsThatWork) {
-  auto error_of = [](int64_t g, int64_t w, int64_t b) -> std::string {
-    try {
-      split_global_batch(g, w, b);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
-  // 128 over 3 ranks: no whole per-rank batch.
-  std::string e = error_of(128, 3, 32);
-  EXPECT_NE(e.find("does not divide over 3 ranks"), std::string::npos) << e;
-  EXPECT_NE(e.find("Resume on 1, 2, 4, 8, 16, 32, 64 or 128 ranks"), std::string::npos) << e;
-  // 96 (3 x 32) over 2 ranks: 48 each, no whole number of micro-batches of 32.
-  e = error_of(96, 2, 32);
-  EXPECT_NE(e.find("does not divide over 2 ranks into micro-batches of at most --batch-size 32 "
-                   "(48 images per rank and step)"), std::string::npos) << e;
-  EXPECT_NE(e.find("Resume on 1, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96 ranks, or with a "
-                   "--batch-size that divides 48"), std::string::npos) << e;
-  EXPECT_EQ(e.find('\n'), std::string::npos) << "one line";
-  // Many counts: the first twelve, and how many more.
-  e = error_of(1 << 20, 3, 1);
-  EXPECT_NE(e.find("Resume on 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048 or one of 9 larger "
-                   "counts"), std::string::npos) << e;
-}
-
 // SIGKILL while a checkpoint is being written (the write-delay hook holds the write of
 // step 4 half way): the previous checkpoint and `latest` stay intact, and --resume auto
 // continues from it, removing the half-written file.

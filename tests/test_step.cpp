@@ -17,7 +17,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "engine/fast_paths.h"
 #include "engine/loss_scaler.h"
 #include "engine/step.h"
@@ -628,7 +628,7 @@ TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
 
 namespace {
 
-// Plants a wrong op (its output doubled: core/test_hooks.h) for as long as it lives.
+// Plants a wrong op (its output doubled: core/environment.h) for as long as it lives.
 struct PlantedWrongOp {
   explicit PlantedWrongOp(const char* op) { test_hooks_for_test().wrong_ops = {op}; }
   ~PlantedWrongOp() { test_hooks_for_test().wrong_ops.clear(); }

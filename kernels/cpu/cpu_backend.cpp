@@ -17,7 +17,7 @@
 
 #include <thread>
 
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/elementwise.h"
 

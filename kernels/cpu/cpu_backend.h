@@ -107,7 +107,7 @@ class CpuBackend : public Backend {
 
   DnnlContext ctx_;
   Layout act_ = Layout::blocked;  // BackendOptions::cpu_activations
-  bool remake_bn_relu_ = true;    // SPOTRAIN_KEEP_BN_RELU_OUTPUTS=1 keeps them (test_hooks.h)
+  bool remake_bn_relu_ = true;    // SPOTRAIN_KEEP_BN_RELU_OUTPUTS=1 keeps them (core/environment.h)
   int threads_ = 1;
   std::unordered_map<std::string, std::unique_ptr<ConvEntry>> conv_cache_;
   std::unordered_map<std::string, std::unique_ptr<BnEntry>> bn_cache_;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/environment.h"
 #include "kernels/device_info.h"
 #include "kernels/cuda/cuda_entries.h"
 #include "kernels/cuda/cuda_util.h"
@@ -145,7 +145,7 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_devic
   CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   CUDNN_CHECK(cudnnCreate(&dnn_));
   CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
-  // SPOTRAIN_NO_FUSED_BN_ADD (core/test_hooks.h): a diagnostic.
+  // SPOTRAIN_NO_FUSED_BN_ADD (core/environment.h): a diagnostic.
   fuse_bn_add_ = !test_hooks().no_fused_bn_add;
   CUBLAS_CHECK(blas::create(&blas_));
   CUBLAS_CHECK(blas::set_stream(blas_, compute_));

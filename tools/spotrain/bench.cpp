@@ -128,7 +128,7 @@ BenchInput make_input(const BenchOptions& o, const RunConfig& cfg, Session& sess
   if (o.run.data != "synthetic") {  // the training loader (decode + RandomResizedCrop + flip), this rank's slice
     DataPair dp = open_data(o.run.data, 0, 0, o.run.seed, o.run.image_size, /*with_test=*/false);
     SPOTRAIN_CHECK(dp.train->encoded(), "bench --data takes synthetic, imagefolder:DIR or shards:DIR");
-    in.loader = std::make_unique<io::Loader>(dp.train, loader_options(cfg, dp, session));
+    in.loader = std::make_unique<io::Loader>(dp.train, loader_options(cfg, first_split(session.world(), cfg.batch_size, cfg.accum_steps), dp, session));
     in.loader->start_epoch(0);
     in.num_classes = dp.train->num_classes();
     in.channels = 3;
@@ -421,7 +421,9 @@ static int run_bench(BenchOptions o) {
              "timed one by one)");
     cfg.cuda_graph = false;
   }
-  Training tr = session.make_training(training_spec(cfg, in.num_classes, in.channels));
+  Training tr = session.make_training(
+      training_spec(cfg, first_split(session.world(), cfg.batch_size, cfg.accum_steps), session.rank(), in.num_classes,
+                    in.channels));
   // Captured steps: the first steps run as they come and the next one records the step; none
   // of them is timed.
   if (tr.runner->capturing() && o.warmup <= StepRunner::kEagerBeforeCapture) {

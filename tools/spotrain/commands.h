@@ -1,5 +1,5 @@
 // The `spotrain` subcommands, one file each (train.cpp, eval.cpp, bench.cpp, ckpt.cpp,
-// data.cpp, report.cpp, plan.cpp, doctor.cpp): each adds its options to the CLI11 app and returns what runs it; main.cpp only
+// data.cpp, report.cpp, plan.cpp, doctor.cpp, batch.cpp): each adds its options to the CLI11 app and returns what runs it; main.cpp only
 // wires them. Errors are thrown as spotrain::Error; main turns them into one line and exit 1.
 #pragma once
 #include <CLI/CLI.hpp>
@@ -28,6 +28,7 @@ std::vector<Command> add_data(CLI::App& app);    // spotrain data pack|verify
 Command add_report(CLI::App& app);               // spotrain report
 Command add_plan(CLI::App& app);                 // spotrain plan
 Command add_doctor(CLI::App& app);               // spotrain doctor
+Command add_batch(CLI::App& app);                // spotrain batch
 
 }  // namespace spotrain::cli
 

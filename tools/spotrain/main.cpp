@@ -1,4 +1,4 @@
-// The `spotrain` command line: wires the subcommands (train, eval, bench, ckpt, data, report, plan, doctor; one file
+// The `spotrain` command line: wires the subcommands (train, eval, bench, ckpt, data, report, plan, doctor, batch; one file
 // each, see commands.h) into CLI11. Errors become one `error:` line on stderr and exit code 1;
 // a bad command line exits 2; a run stopped to be resumed exits 75.
 #include <CLI/CLI.hpp>
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   commands.push_back(cli::add_report(app));
   commands.push_back(cli::add_plan(app));
   commands.push_back(cli::add_doctor(app));
+  commands.push_back(cli::add_batch(app));
 
   // --dry-run, anywhere on the line: parse and check, run nothing (taken out here so that
   // every subcommand accepts it after its own options).

@@ -24,6 +24,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/data.h"
 #include "layers/resnet.h"
 #include "observe/metrics.h"
 #include "run/config.h"
@@ -73,8 +74,8 @@ json row_json(const Row& r, const PlanOptions& o) {
               {"checkpoint_interval_seconds", r.spot ? json(r.g.interval_s) : json(nullptr)},
               {"notice_covers_stop", r.g.notice_covers_stop},
               {"batch_per_gpu", r.batch.micro},
-              {"accum_steps", r.batch.accum},
-              {"global_batch", r.batch.global},
+              {"accum_steps", r.batch.count(0)},
+              {"global_batch", r.batch.global()},
               {"beyond_evidence", r.unproven}};
 }
 
@@ -102,7 +103,7 @@ std::string launch_line(const Row& r, const PlanOptions& o) {
   s += str("examples/resnet50/launch/mpirun.sh ", survivors ? "-" : "hosts.txt", " ", r.hosts * r.offer->gpus_per_host,
            " --model ", o.w.model, " --data ", o.w.data, " --precision ", o.w.precision, " --batch-size ", r.batch.micro,
            " --image-size ", o.w.image_size);
-  if (r.batch.accum > 1) s += str(" --accum-steps ", r.batch.accum);
+  if (r.batch.count(0) > 1) s += str(" --accum-steps ", r.batch.count(0));
   if (o.w.optimizer != "sgd") s += " --optimizer " + o.w.optimizer;
   s += o.w.steps > 0 ? str(" --steps ", o.w.steps) : str(" --epochs ", o.w.epochs);
   if (r.spot) {
@@ -259,6 +260,7 @@ int run_plan(const PlanOptions& o) {
   SPOTRAIN_CHECK(o.overlap >= 0 && o.overlap <= 1, "--overlap must be in [0, 1]");
   SPOTRAIN_CHECK(o.recovery == "today" || o.recovery == "survivors", "--recovery must be today or survivors");
   check_resnet_options(o.w.model, "none");
+  check_data_spec(o.w.data);  // "synthetic:" is no data spec: not a run that reads files either
   double deadline_s = 0;
   if (!o.deadline.empty()) {
     try {
@@ -325,7 +327,7 @@ int run_plan(const PlanOptions& o) {
               deadline_s > 0 || o.budget > 0 ? "meets" : "");
   for (const Row& r : rows) {
     const std::string mark = deadline_s > 0 || o.budget > 0 ? (meets(r) && within(r) ? "yes" : "no") : "";
-    const std::string batch = str(r.batch.micro, r.batch.accum > 1 ? str("x", r.batch.accum) : std::string(),
+    const std::string batch = str(r.batch.micro, r.batch.count(0) > 1 ? str("x", r.batch.count(0)) : std::string(),
                                   r.unproven ? "!" : "");
     std::printf("%-24s %-9s %5d %5d %9s %10s %9s %8.3f %11.2f %10s %s%s\n", r.offer->name.substr(0, 24).c_str(),
                 r.spot ? "spot" : "on demand", r.hosts, r.hosts * r.offer->gpus_per_host, batch.c_str(),
@@ -335,7 +337,7 @@ int run_plan(const PlanOptions& o) {
                 &r == chosen ? "  <- chosen" : "");
   }
   int smallest = o.w.batch_size;
-  for (const Row& r : rows) smallest = std::min(smallest, r.batch.micro);
+  for (const Row& r : rows) smallest = std::min(smallest, int(r.batch.micro));
   if (smallest < o.w.batch_size)
     log_info(str("note: some fleets reach the global batch with fewer than ", o.w.batch_size,
                  " images per GPU (down to ", smallest, "): their rows take the speed measured at the batch named "

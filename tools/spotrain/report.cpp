@@ -136,6 +136,7 @@ json rank_times(const std::vector<json>& records, const std::function<json(const
   struct Acc {
     std::string host;
     std::vector<double> compute, input, wait;
+    std::vector<double> share;  // of the global batch, per window that recorded it
     int64_t named = 0;
   };
   std::map<std::pair<int64_t, std::string>, Acc> acc;  // by rank and host: a restart may move ranks
@@ -156,6 +157,7 @@ json rank_times(const std::vector<json>& records, const std::function<json(const
       a.compute.push_back(field(k, "compute_s", 0.0));
       a.input.push_back(field(k, "input_s", 0.0));
       a.wait.push_back(field(k, "wait_s", 0.0));
+      if (k.contains("share") && k["share"].is_number()) a.share.push_back(k["share"].get<double>());
       a.named += named.count(rank) ? 1 : 0;
       json& line = series["compute"][std::to_string(rank)];
       if (line.is_null()) line = json::array();
@@ -175,6 +177,11 @@ json rank_times(const std::vector<json>& records, const std::function<json(const
     ranks.push_back({{"rank", key.first}, {"host", a.host}, {"windows", a.compute.size()},
                      {"compute_s", c}, {"input_s", i}, {"wait_s", w}, {"compute_share", c / step},
                      {"input_share", i / step}, {"wait_share", w / step}, {"straggler_windows", a.named}});
+    // Its share of the global batch over the run (shares that follow rates): first, last, range.
+    if (!a.share.empty())
+      ranks.back()["batch_share"] = {{"first", a.share.front()}, {"last", a.share.back()},
+                                     {"min", *std::min_element(a.share.begin(), a.share.end())},
+                                     {"max", *std::max_element(a.share.begin(), a.share.end())}};
     if (c + i > slowest) {
       slowest = c + i;
       slowest_rank = ranks.back();
@@ -200,7 +207,7 @@ json page_data(const Run& r, double price_per_hour) {
   json events = json::array(), starts = json::array();
   std::map<std::string, std::vector<double>> phases;
   std::vector<double> ips, wait, step_secs;
-  int64_t last_step = 0, stops = 0, warnings = 0, processes = 0;
+  int64_t last_step = 0, stops = 0, warnings = 0, straggler_warnings = 0, processes = 0;
   double busy_s = 0, process_elapsed = 0;
   bool any_gpu = false;
   json last_epoch, best_epoch;
@@ -260,8 +267,18 @@ json page_data(const Run& r, double price_per_hour) {
       events.push_back({{"kind", "lost_peer"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
                         {"text", "a peer was lost: " + field(rec, "message", std::string())}});
     } else if (type == "warning") {
-      ++warnings;
-      events.push_back({{"kind", "warning"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+      // Each warning under its own marker: a straggler named, or the input falling behind.
+      const bool straggler = field(rec, "kind", std::string()) == "straggler";
+      ++(straggler ? straggler_warnings : warnings);
+      events.push_back({{"kind", straggler ? "straggler" : "input_bound"}, {"step", field(rec, "step", int64_t(0))},
+                        {"wall_h", w}, {"text", field(rec, "message", std::string())}});
+    } else if (type == "shares") {
+      std::string c;
+      for (const json& n : rec.value("micro_batches", json::array())) c += (c.empty() ? "" : ", ") + n.dump();
+      events.push_back({{"kind", "shares"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
+                        {"text", "shares of the global batch: " + c + " micro-batches per rank"}});
+    } else if (type == "leave") {
+      events.push_back({{"kind", "leave"}, {"step", field(rec, "step", int64_t(0))}, {"wall_h", w},
                         {"text", field(rec, "message", std::string())}});
     }
   }
@@ -312,6 +329,7 @@ json page_data(const Run& r, double price_per_hour) {
       {"restarts", std::max<int64_t>(0, processes - 1)},
       {"stops", stops},
       {"input_bound_warnings", warnings},
+      {"straggler_warnings", straggler_warnings},
       {"final_test_top1", num_or_null(last_epoch, "test_top1", 100.0)},
       {"best_test_top1", num_or_null(best_epoch, "test_top1", 100.0)},
       {"median_images_per_sec", ips.empty() ? json(nullptr) : json(median_of(ips))},

@@ -50,8 +50,8 @@
 #                     SIGUSR1) and started again on all of them: it grows back. Such a restart
 #                     does not count against MAX_RESTARTS.
 #   LEAVE_FOR         with HOST_DISCOVERY and `--straggler-action leave`: when the job stops
-#                     to leave a straggling host behind (its line "straggler: leaving host H
-#                     behind ..."), it starts again at once on the other hosts up, and H is left
+#                     to leave a straggling host behind (rank 0's record `spotrain-record
+#                     {"type":"leave","host":"H",...}`), it starts again at once on the other hosts up, and H is left
 #                     out of the discovered hosts for this many seconds (default 3600) before it
 #                     may rejoin (the job then grows onto it as onto any host that comes up).
 #                     Such a restart does not count against MAX_RESTARTS.
@@ -297,9 +297,8 @@ health_gate() {
 }
 
 # With HOST_DISCOVERY: warn now of the rank counts the job may shrink or grow to on which
-# spotrain would refuse to resume (run/resume.h's split_global_batch: the global batch of NP
-# ranks divides into at most --batch-size per rank, or into micro-batches of --batch-size).
-# Settings given in a --config file are not read here.
+# spotrain would refuse to resume, as `spotrain batch` answers (run/global_batch.h, the rule a
+# resume follows). Settings given in a --config file are not read here.
 if [[ -n "$HOST_DISCOVERY" ]]; then
   batch=128 accum=1 read_all=1
   for ((i = 0; i < ${#args[@]}; i++)); do
@@ -313,16 +312,19 @@ if [[ -n "$HOST_DISCOVERY" ]]; then
   done
   if ((read_all)) && [[ "$batch" =~ ^[1-9][0-9]*$ && "$accum" =~ ^[1-9][0-9]*$ ]]; then
     global=$((NP * batch * accum))
-    refused=()
+    counts=()
     for ((n = MIN_HOSTS; (n - 1) * RANKS_PER_NODE < NP; n++)); do
-      w=$((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP))
-      (((global % w == 0 && global / w <= batch) || global % (w * batch) == 0)) || refused+=("$w")
+      counts+=($((n * RANKS_PER_NODE < NP ? n * RANKS_PER_NODE : NP)))
     done
-    ((${#refused[@]} == 0)) ||
+    list=$(IFS=,; echo "${counts[*]}")
+    # (a spotrain that cannot run here, on the launcher's machine, is asked nothing)
+    refused=$("$SPOTRAIN" batch --global-batch "$global" --batch-size "$batch" --ranks "$list" --refused 2>/dev/null) ||
+      refused=
+    [[ -z "$refused" ]] ||
       echo "mpirun.sh: warning: the global batch of $global ($NP ranks x --batch-size $batch x" \
-           "--accum-steps $accum) does not split over ${refused[*]} rank(s) (ranks x --batch-size x" \
-           "micro-batches per step): spotrain would refuse to resume on so many; pick NP," \
-           "RANKS_PER_NODE and --batch-size so that it does" >&2
+           "--accum-steps $accum) does not split over $refused rank(s) (ranks x --batch-size x" \
+           "micro-batches per step; \`spotrain batch\` says why): spotrain would refuse to resume on so many;" \
+           "pick NP, RANKS_PER_NODE and --batch-size so that it does" >&2
   fi
 fi
 
@@ -417,9 +419,9 @@ watch_output() {
         [[ -e "$seen_ckpt" ]] || : >"$seen_ckpt" ;;
       *"stopped by "*" after step "*"; resume with --resume auto")
         : >"$stopped_mark" ;;
-      *"straggler: leaving host "*" behind"*)
-        h=${line#*straggler: leaving host }
-        printf '%s\n' "${h%% behind*}" >"$leave_mark" ;;
+      "spotrain-record "*'"type":"leave"'*)
+        # rank 0's record of a decision to leave a straggling host behind (MetricsSink::announce)
+        [[ $line =~ \"host\":\"([^\"]*)\" ]] && printf '%s\n' "${BASH_REMATCH[1]}" >"$leave_mark" ;;
       *"was unable to reliably start one or more daemons"*)
         : >"$start_failed" ;;
       *"error: "*)

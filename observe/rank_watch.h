@@ -34,26 +34,20 @@ struct Straggler {
 // against a few tenths of one is no straggler. One entry per rank (its worse ratio).
 std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, double threshold);
 
-// "10.0.0.3" or "node07": this machine's name as the launcher lists it. mpirun.sh passes the
-// hosts it launches on in SPOTRAIN_HOSTS (space-separated); the one that is this machine's
-// name, its short name or one of its interface addresses is taken (hosts that share a name,
-// as network namespaces do, differ by address). Else the machine's name.
-std::string this_host_label();
-
 class RankWatch {
  public:
-  // threshold: --straggler-threshold; hosts: each rank's host label (host_labels()).
+  // threshold: --straggler-threshold; hosts: each rank's host label (comm/hosts.h).
   RankWatch(int world, int rank, double threshold, std::vector<std::string> hosts);
-  // Every rank's host label, gathered once (collective: every rank calls it at the same point).
-  static std::vector<std::string> host_labels(CommWorker& worker);
 
   // This rank's step: its seconds, and of them its waits for the batch and for the gradients;
   // device_compute (>= 0): its compute on the device's clock, taken in place of the rest (a GPU
   // rank's host waits for the device, and so for the other ranks, outside comm_wait).
   void add_step(double step_seconds, double input_wait, double comm_wait, double device_compute = -1);
   // The next step is not counted (the first of a process or an epoch: the loader starting, an
-  // evaluation before it).
+  // evaluation before it; the first after the shares changed).
   void skip_next() { skip_ = true; }
+  // Each rank's micro-batches per step (its share of the global batch), for the records.
+  void set_shares(std::vector<int> counts) { shares_ = std::move(counts); }
   // The values this rank adds into the window's all-reduce (world x 3: its own slot filled,
   // every other 0, so each slot's sum is exact), and the window taken from their sums on
   // every rank alike.
@@ -72,7 +66,8 @@ class RankWatch {
   // "rank 2 on 10.0.0.3: compute 0.210 s/step, 2.05x the median 0.102 s" for one straggler.
   std::string describe(const Straggler& s) const;
   // The window's per-rank record (metrics.jsonl's "ranks": rank, host, compute_s, input_s,
-  // wait_s per step) and its stragglers' ("stragglers": rank, host, what, ratio, windows).
+  // wait_s per step, and micro_batches and share of the global batch where set_shares was
+  // called) and its stragglers' ("stragglers": rank, host, what, ratio, windows).
   nlohmann::json ranks_json(const Window& w) const;
   nlohmann::json stragglers_json(const Window& w) const;
 
@@ -84,6 +79,7 @@ class RankWatch {
   int64_t steps_ = 0;
   bool skip_ = true;
   std::vector<int> streak_;
+  std::vector<int> shares_;
 };
 
 }  // namespace spotrain

@@ -1,6 +1,7 @@
-// Test hooks (see test_hooks.h).
-#include "core/test_hooks.h"
+// The SPOTRAIN_* variables, read once (see environment.h).
+#include "core/environment.h"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,18 @@
 namespace spotrain {
 
 namespace {
+
+LauncherSettings read_launcher() {
+  LauncherSettings l;
+  if (const char* v = std::getenv("SPOTRAIN_STOP_EXIT_CODE")) l.stop_exit_code = v;
+  if (const char* v = std::getenv("SPOTRAIN_HOSTS")) {
+    std::istringstream in(v);
+    for (std::string h; in >> h;) l.hosts.push_back(h);
+  }
+  if (const char* v = std::getenv("SPOTRAIN_LEAVE_HOSTS")) l.leave_hosts = std::string(v) == "1";
+  if (const char* v = std::getenv("SPOTRAIN_MIN_HOSTS")) l.min_hosts = std::max(1, std::atoi(v));
+  return l;
+}
 
 TestHooks read_hooks() {
   TestHooks h;
@@ -54,12 +67,12 @@ TestHooks read_hooks() {
 
 }  // namespace
 
-TestHooks& test_hooks_for_test() {
-  static TestHooks hooks = read_hooks();
-  return hooks;
+Environment& environment_for_test() {
+  static Environment env{read_launcher(), read_hooks()};
+  return env;
 }
 
-const TestHooks& test_hooks() { return test_hooks_for_test(); }
+const Environment& environment() { return environment_for_test(); }
 
 bool wrong_op_planted(const char* op) {
   const std::vector<std::string>& w = test_hooks().wrong_ops;

@@ -1,10 +1,17 @@
-// The environment variables that change how spotrain behaves, in one place: test hooks the
-// fault-tolerance tests use to make a failure happen at a chosen moment, and diagnostics. Each
-// is read once, at first use; none is meant for production runs. (The launcher's words to the
-// ranks are read where they are used: SPOTRAIN_STOP_EXIT_CODE by core/exit_codes.h,
-// SPOTRAIN_HOSTS by observe/rank_times, SPOTRAIN_LEAVE_HOSTS and SPOTRAIN_MIN_HOSTS by
-// run/leave_rule.)
+// The environment variables that change how spotrain behaves (SPOTRAIN_*), read once, at first
+// use, into one struct: the launcher's words to the ranks (examples/resnet50/launch/mpirun.sh
+// sets them), and the test hooks the fault-tolerance tests use to make a failure happen at a
+// chosen moment, with a few diagnostics. No other file reads a SPOTRAIN_* variable.
 //
+// The launcher's words:
+//   SPOTRAIN_STOP_EXIT_CODE=N          a finished stop exits N instead of 75 (core/exit_codes.h)
+//   SPOTRAIN_HOSTS="A B ..."           the hosts of this start, as the launcher names them: each
+//                                      rank names its own host so (comm/hosts.h)
+//   SPOTRAIN_LEAVE_HOSTS=1             the launcher restarts a job without a host it stopped to
+//                                      leave behind (--straggler-action leave, run/leave_rule.h)
+//   SPOTRAIN_MIN_HOSTS=N               ... but not below N hosts (default 1)
+//
+// The test hooks and diagnostics (none is meant for production runs):
 //   SPOTRAIN_FAULT=KIND:RANK:STEP[,...] die (SIGKILL, as a lost node), hang (sleep forever) or
 //                                      term (SIGTERM, as a spot notice) that rank at that step
 //   SPOTRAIN_SAMPLE_LOG=FILE           append "step id id ..." per training step (FILE.RANK
@@ -39,6 +46,13 @@
 
 namespace spotrain {
 
+struct LauncherSettings {
+  std::string stop_exit_code;      // "" = unset (parsed by stopped_exit_code())
+  std::vector<std::string> hosts;  // SPOTRAIN_HOSTS, in order
+  bool leave_hosts = false;
+  int min_hosts = 1;
+};
+
 struct TestHooks {
   struct Fault {
     std::string kind;  // "die", "hang" or "term"
@@ -59,11 +73,19 @@ struct TestHooks {
   std::vector<std::string> wrong_ops;  // SPOTRAIN_WRONG_OP
 };
 
-// The hooks set in this process's environment (read once).
-const TestHooks& test_hooks();
+struct Environment {
+  LauncherSettings launcher;
+  TestHooks hooks;
+};
+
+// This process's SPOTRAIN_* variables (read once).
+const Environment& environment();
+inline const LauncherSettings& launcher_settings() { return environment().launcher; }
+inline const TestHooks& test_hooks() { return environment().hooks; }
 
 // The same, to change in a test of this process (the environment is read before the first use).
-TestHooks& test_hooks_for_test();
+Environment& environment_for_test();
+inline TestHooks& test_hooks_for_test() { return environment_for_test().hooks; }
 // Whether SPOTRAIN_WRONG_OP names `op`.
 bool wrong_op_planted(const char* op);
 

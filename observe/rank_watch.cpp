@@ -1,14 +1,7 @@
-// RankWatch (see rank_times.h).
-#include "observe/rank_times.h"
-
-#include <ifaddrs.h>
-#include <netdb.h>
-#include <sys/socket.h>
+// RankWatch (see rank_watch.h).
+#include "observe/rank_watch.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -22,26 +15,6 @@ double lower_median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[(v.size() - 1) / 2];
 }
-
-// This machine's interface addresses, as text ("10.0.0.3", "fe80::1").
-std::vector<std::string> own_addresses() {
-  std::vector<std::string> out;
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return out;
-  for (ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr) continue;
-    const int family = a->ifa_addr->sa_family;
-    if (family != AF_INET && family != AF_INET6) continue;
-    char host[NI_MAXHOST];
-    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    if (::getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) == 0)
-      out.push_back(host);
-  }
-  ::freeifaddrs(list);
-  return out;
-}
-
-std::string short_name(const std::string& name) { return name.substr(0, name.find('.')); }
 
 }  // namespace
 
@@ -76,45 +49,9 @@ std::vector<Straggler> find_stragglers(const std::vector<RankTimes>& ranks, doub
   return out;
 }
 
-std::string this_host_label() {
-  const std::string me = host_name();
-  const char* listed = std::getenv("SPOTRAIN_HOSTS");
-  if (!listed || !*listed) return me;
-  std::vector<std::string> hosts;
-  std::istringstream in(listed);
-  for (std::string h; in >> h;) hosts.push_back(h);
-  for (const std::string& h : hosts)
-    if (h == me || short_name(h) == short_name(me)) return h;
-  const std::vector<std::string> mine = own_addresses();
-  for (const std::string& h : hosts)
-    if (std::find(mine.begin(), mine.end(), h) != mine.end()) return h;
-  return me;
-}
-
 RankWatch::RankWatch(int world, int rank, double threshold, std::vector<std::string> hosts)
     : world_(world), rank_(rank), threshold_(threshold), hosts_(std::move(hosts)), streak_(size_t(world), 0) {
   hosts_.resize(size_t(world), "?");
-}
-
-std::vector<std::string> RankWatch::host_labels(CommWorker& worker) {
-  const std::string mine = this_host_label();
-  const int world = worker.comm().size();
-  if (world == 1) return {mine};
-  // 64 bytes of each rank's label, 8 at a time: a few small collectives, once per process.
-  constexpr size_t kChunks = 8;
-  std::vector<std::string> out(static_cast<size_t>(world));
-  for (size_t c = 0; c < kChunks; ++c) {
-    uint64_t v = 0;
-    if (c * 8 < mine.size()) std::memcpy(&v, mine.data() + c * 8, std::min<size_t>(8, mine.size() - c * 8));
-    std::vector<uint64_t> all;
-    worker.run("the ranks' host names", [&] { all = worker.comm().allgather(v); });
-    for (size_t r = 0; r < out.size() && r < all.size(); ++r) {
-      char b[9] = {};
-      std::memcpy(b, &all[r], 8);
-      out[r] += std::string(b, ::strnlen(b, 8));
-    }
-  }
-  return out;
 }
 
 void RankWatch::add_step(double step_seconds, double input_wait, double comm_wait, double device_compute) {
@@ -163,9 +100,16 @@ std::string RankWatch::describe(const Straggler& s) const {
 
 nlohmann::json RankWatch::ranks_json(const Window& w) const {
   nlohmann::json a = nlohmann::json::array();
-  for (size_t r = 0; r < w.ranks.size(); ++r)
+  int64_t units = 0;
+  for (int c : shares_) units += c;
+  for (size_t r = 0; r < w.ranks.size(); ++r) {
     a.push_back({{"rank", r}, {"host", hosts_[r]}, {"compute_s", w.ranks[r].compute},
                  {"input_s", w.ranks[r].input}, {"wait_s", w.ranks[r].wait}});
+    if (r < shares_.size() && units > 0) {
+      a.back()["micro_batches"] = shares_[r];
+      a.back()["share"] = double(shares_[r]) / double(units);
+    }
+  }
   return a;
 }
 

@@ -1,0 +1,46 @@
+// Shares that follow rates (--straggler-action rebalance, the default with several ranks, and
+// leave): each rank's share of the global batch, in whole micro-batches of the run's one size
+// (run/global_batch.h), follows its measured rate, so that a fleet of unequal hosts trains at
+// about the sum of their speeds. The rate of a rank is its micro-batches per second of compute
+// over a progress window (observe/rank_watch.h: the same gathered figures on every rank),
+// smoothed over windows; a new split is taken only when it would shorten the step by a margin
+// two windows in a row, and never in the window after a change. Every rank weighs the same
+// figures alike, so all reach the same verdict at the same step with no extra agreement.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "observe/rank_watch.h"
+#include "run/global_batch.h"
+
+namespace spotrain {
+
+class Rebalancer {
+ public:
+  static constexpr double kSmoothing = 0.5;  // weight of a new window's rate in the smoothed one
+  static constexpr double kMargin = 0.10;    // a change must shorten the step by at least this
+  static constexpr int kConfirm = 2;         // windows in a row that must call for it
+
+  explicit Rebalancer(int world);
+  // After a progress window whose split was `current` (every rank alike): the split to train
+  // with from the next step on, or none to keep `current`. Returns none for a window without
+  // figures (too few steps) and for the window in which a change took effect.
+  std::optional<BatchSplit> weigh(const RankWatch::Window& w, const BatchSplit& current);
+  // The smoothed rates (micro-batches per second of compute, by rank; 0 before any window).
+  const std::vector<double>& rates() const { return rates_; }
+  // The change weigh() returned last: its log line, and its metrics record.
+  const std::string& last_line() const { return line_; }
+  const nlohmann::json& last_record() const { return record_; }
+
+ private:
+  std::vector<double> rates_;
+  int calls_ = 0;           // windows in a row that called for a change
+  bool settling_ = false;   // the next window straddles the change just made
+  std::string line_;
+  nlohmann::json record_;
+};
+
+}  // namespace spotrain
