@@ -1,7 +1,8 @@
-// write_file_atomic and commit_file (see atomic_file.h).
+// write_file_atomic, commit_file and FileLock (see atomic_file.h).
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,6 +76,18 @@ void write_file_atomic(const std::string& path, const std::string& contents, con
     SPOTRAIN_THROW("cannot replace ", what, " ", path, ": ", std::strerror(rerr));
   }
   if (d == Durability::synced) fsync_path(folder_of(path), true);
+}
+
+FileLock::FileLock(const std::string& path)
+    : fd_(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  if (fd_ >= 0) {
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void commit_file(const std::string& tmp, const std::string& path, const std::string& what) {

@@ -29,4 +29,21 @@ std::string temp_path_for(const std::string& path);
 // fsync of a file, or of a folder (its entries: a rename made durable).
 void fsync_path(const std::string& path, bool is_dir);
 
+// An exclusive lock on "PATH.lock" (flock) while alive, for writers that read a shared file,
+// merge their part into it and replace it whole (the kernel cache, the fast paths' verdicts):
+// the ranks writing one file (a node's, or every node's on shared storage) merge in turn
+// instead of one write replacing what another just merged. Where no lock can be had (a
+// filesystem without them) the writes still replace the file whole; a writer's new part may
+// then be lost, never the file.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path);
+  ~FileLock();  // releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 }  // namespace spotrain

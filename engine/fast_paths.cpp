@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -42,23 +43,61 @@ double normalized_difference(const Tensor& got, const Tensor& want) {
   return nerr(got.data<float>(), want.data<float>(), size_t(got.numel()));
 }
 
+double update_difference(const std::vector<float>& before, const std::vector<float>& want,
+                         const std::vector<float>& got) {
+  if (got.size() != want.size() || before.size() != want.size()) return INFINITY;
+  double d = 0, u = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isfinite(want[i]) && !std::isfinite(got[i])) return INFINITY;
+    const float w = std::fabs(want[i]);
+    const double ulp = double(std::nextafter(w, INFINITY)) - w;
+    const double excess = std::max(0.0, std::fabs(double(got[i]) - want[i]) - ulp);
+    d += excess * excess;
+    u += (double(want[i]) - before[i]) * (double(want[i]) - before[i]);
+  }
+  if (d == 0) return 0;
+  return std::sqrt(d) / std::max(std::sqrt(u), 1e-30);
+}
+
+std::string fast_path_device(const std::string& host, const std::string& gpu_uuid,
+                             const std::string& pci_bus_id, const std::string& info) {
+  if (gpu_uuid.empty()) return str("host ", host, ": ", info);
+  return str("host ", host, ", ", gpu_uuid, " at PCI ", pci_bus_id, ": ", info);
+}
+
+namespace {
+
+// The file's verdicts ({"devices": {device: {path: difference}}}); an empty document where
+// the file does not exist. Throws Error where it exists but cannot be read or parsed.
+nlohmann::json read_verdicts(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
+  std::ifstream in(path);
+  SPOTRAIN_CHECK(in, "cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  SPOTRAIN_CHECK(!j.is_discarded(), "is not JSON");
+  SPOTRAIN_CHECK(j.is_object() && j.contains("devices") && j["devices"].is_object(),
+                 "has no \"devices\" object");
+  return j;
+}
+
+}  // namespace
+
 FastPathChecks::FastPathChecks(std::string path, std::string device)
     : path_(std::move(path)), device_(std::move(device)) {
   if (path_.empty()) return;
-  std::ifstream in(path_);
-  if (!in) return;  // none yet
-  std::stringstream ss;
-  ss << in.rdbuf();
-  file_text_ = ss.str();
   try {
-    const nlohmann::json j = nlohmann::json::parse(file_text_);
-    const auto dev = j.at("devices").find(device_);
-    if (dev == j.at("devices").end()) return;
-    for (auto it = dev->begin(); it != dev->end(); ++it) off_[it.key()] = it.value().get<std::string>();
+    const nlohmann::json j = read_verdicts(path_);
+    if (!j.contains("devices")) return;  // none yet
+    const auto dev = j["devices"].find(device_);
+    if (dev == j["devices"].end() || !dev->is_object()) return;
+    for (auto it = dev->begin(); it != dev->end(); ++it)
+      if (it.value().is_string()) off_[it.key()] = it.value().get<std::string>();
   } catch (const std::exception& e) {
     log_info(str("warning: ", path_, " cannot be read (", e.what(),
                  "); the fast paths are checked again and the file rewritten"));
-    file_text_.clear();
   }
 }
 
@@ -83,21 +122,23 @@ void FastPathChecks::failed(const std::string& fast_path, const std::string& dif
 
 void FastPathChecks::save() {
   if (path_.empty()) return;
-  nlohmann::json j;
   try {
-    if (!file_text_.empty()) j = nlohmann::json::parse(file_text_);
-  } catch (const std::exception&) {
-    j = nlohmann::json();
-  }
-  if (!j.is_object() || !j.contains("devices") || !j["devices"].is_object())
-    j = {{"devices", nlohmann::json::object()}};
-  nlohmann::json& mine = j["devices"][device_];
-  mine = nlohmann::json::object();
-  for (const auto& [k, v] : off_) mine[k] = v;
-  try {
-    file_text_ = j.dump(2) + "\n";
-    write_file_atomic(path_, file_text_, "the fast paths' verdicts");
-  } catch (const Error& e) {
+    // Merged into the file as it is now, not as it was read at the start: other ranks (this
+    // host's, or every host's on shared storage) may have written theirs since.
+    FileLock lock(path_);
+    nlohmann::json j;
+    try {
+      j = read_verdicts(path_);
+    } catch (const std::exception&) {
+      j = nlohmann::json::object();  // unreadable: replaced (the start warned)
+    }
+    if (!j.contains("devices")) j = {{"devices", nlohmann::json::object()}};
+    nlohmann::json& mine = j["devices"][device_];
+    if (!mine.is_object()) mine = nlohmann::json::object();
+    // Added to: another rank on this device (ranks sharing a GPU) keeps its verdicts.
+    for (const auto& [k, v] : off_) mine[k] = v;
+    write_file_atomic(path_, j.dump(2) + "\n", "the fast paths' verdicts");
+  } catch (const std::exception& e) {
     log_info(str("warning: ", e.what(), "; the verdict holds for this run only"));
   }
 }

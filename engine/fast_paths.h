@@ -2,8 +2,8 @@
 // 8-bit upload): each compares itself with its reference the first time it runs on a node, and
 // where they differ beyond the op suite's tolerance it is turned off for the run with one
 // warning naming it and the difference. Failed verdicts are kept in the run folder
-// (fast-paths.json, keyed by the device) so that a restart on the same device does not try
-// the path again; a restart on another device checks afresh.
+// (fast-paths.json, keyed by the device itself: host and GPU UUID, not the GPU model) so that a
+// restart on the same device does not try the path again; any other device checks afresh.
 #pragma once
 #include <map>
 #include <string>
@@ -27,10 +27,27 @@ double fast_path_tolerance(bool sixteen_bit);
 double normalized_difference(const std::vector<float>& got, const std::vector<float>& want);
 double normalized_difference(const Tensor& host_got, const Tensor& host_want);
 
+// How far a step's weights `got` are from the reference step's `want` beyond one ulp of each
+// weight, relative to the reference's update: ||max(0, |got - want| - ulp(want))|| /
+// ||want - before||, infinite where got has an inf or NaN that want has not, or the sizes
+// differ. Where a small rate (a warm-up's) makes an update a few ulps of its weight, gradients
+// that differ by rounding (cuDNN's run to run) put the weight on either float beside the
+// reference's, a difference of the order of the update itself: that ulp is allowed, anything
+// beyond it (a wrong rate or scale, a wrong gradient) counts in full.
+double update_difference(const std::vector<float>& before, const std::vector<float>& want,
+                         const std::vector<float>& got);
+
+// The device a verdict holds for, as fast-paths.json keys it: the host, the GPU's UUID and PCI
+// slot, and `info` (model, driver, libraries: gpu_info_line); off a GPU (empty uuid) the host
+// and `info` (the backend's name). A fault of one device turns its paths off on it alone, not
+// on every device of its model, and a replacement GPU (a new UUID) checks afresh.
+std::string fast_path_device(const std::string& host, const std::string& gpu_uuid,
+                             const std::string& pci_bus_id, const std::string& info);
+
 class FastPathChecks {
  public:
   // `path`: the run folder's fast-paths.json ("" keeps the verdicts in memory only);
-  // `device`: the backend's device description (verdicts of another device are ignored).
+  // `device`: fast_path_device() (verdicts of another device are ignored, and kept).
   // An unreadable file is a warning, never the run's end.
   FastPathChecks(std::string path, std::string device);
 
@@ -44,7 +61,9 @@ class FastPathChecks {
   // A check passed: `figure` ("normalized difference 3.1e-06 within 5e-03"), logged by none.
   void passed(const std::string& fast_path, const std::string& figure);
   // A check failed: the path goes off, one warning line names it and `difference`, and the
-  // verdict is written to the file (a failed write is a warning).
+  // verdict is written to the file (a failed write is a warning): merged, under a lock
+  // (core/atomic_file.h, FileLock), into what the file holds when it is written, so that every
+  // rank writes only its own device's verdicts and keeps every other rank's.
   void failed(const std::string& fast_path, const std::string& difference);
 
   const std::string& path() const { return path_; }
@@ -55,7 +74,6 @@ class FastPathChecks {
   std::string path_, device_;
   std::map<std::string, std::string> off_;      // path -> the difference found (this device)
   std::map<std::string, std::string> checked_;  // path -> "passed: ..." / "failed: ..."
-  std::string file_text_;                       // what the file held (other devices' too)
 };
 
 }  // namespace spotrain

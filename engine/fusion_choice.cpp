@@ -140,7 +140,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
   // back); the verdicts are switched on once the ranks agree.
   set_fusion(model, false);
   std::vector<FusionVerdict> out(chains.size());
-  std::vector<std::string> keys(chains.size());  // each judged chain's shape ("" otherwise)
+  std::vector<std::string> keys(chains.size());  // each judged chain's shape, to keep ("" otherwise)
   std::vector<bool> timed(chains.size(), false);  // its verdict timed in this run
   std::string cannot;  // why this rank cannot run fused chains ("" where it can)
   if (checks && checks->off(kFastPathFusion)) {
@@ -179,6 +179,9 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
         } else {
           const TuneVerdict* hit = cache ? cache->find(kCacheKey + key) : nullptr;
           t = try_chain(be, c, in, hit, tol);
+          // Timed where the fused graphs may have been planned past the backend's budget,
+          // their first engine untimed (every graph planned before the cut was timed).
+          t.v.provisional = !t.v.cached && be.kernel_timing_cut();
           // A shape met with inf or NaN is tried again where it comes next.
           if (!t.unjudged) by_shape.emplace(key, t);
           if (!t.difference.empty()) failure = t.difference;
@@ -190,7 +193,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
           out[it->second].fused = false;
           return;
         }
-        keys[it->second] = key;
+        if (!t.v.provisional) keys[it->second] = key;  // else not kept
         timed[it->second] = !t.v.cached;
       });
     } catch (const std::exception& e) {
@@ -262,11 +265,12 @@ void set_fusion(Model& model, bool on) {
 }
 
 std::string fusion_summary(const std::vector<FusionVerdict>& v) {
-  int fused = 0, cached = 0;
+  int fused = 0, cached = 0, provisional = 0;
   double chosen = 0, apart = 0, all_fused = 0;
   for (const FusionVerdict& f : v) {
     fused += f.fused;
     cached += f.cached;
+    provisional += f.provisional;
     chosen += f.fused ? f.fused_ms : f.apart_ms;
     apart += f.apart_ms;
     all_fused += f.fused_ms;
@@ -276,6 +280,9 @@ std::string fusion_summary(const std::vector<FusionVerdict>& v) {
              "the chains' forward and backward: ", fmt_fixed(chosen, 2), " ms as chosen, ",
              fmt_fixed(apart, 2), " ms all apart, ", fmt_fixed(all_fused, 2), " ms all fused",
              cached ? str("; ", cached, " as the kernel cache had them, untimed") : std::string(),
+             provisional ? str("; ", provisional, " timed on fused graphs planned past the "
+                               "planning budget, untimed: not kept, a restart times them")
+                         : std::string(),
              ")");
 }
 

@@ -32,6 +32,10 @@ struct FusionVerdict {
   double fused_ms = 0, apart_ms = 0;  // forward and backward, the best of the timed runs
   bool fused = false;
   bool cached = false;  // the times came from the kernel cache: not timed in this run
+  // Timed on kernels the backend took untimed (Backend::kernel_timing_cut: its budget for
+  // timing fused graphs was spent): taken in this run, not kept in the kernel cache, so that
+  // a restart, which times those kernels, times the chain again.
+  bool provisional = false;
 };
 
 // The chain is fused where its fused run takes at most this share of the separate layers'.
@@ -43,7 +47,8 @@ constexpr int kFusionRunsPerMark = 3;
 // Times every chain of `model` both ways on the inputs that `x` (a batch in the compute dtype,
 // as a training step gets it) meets in a scratch training forward, and switches each on where
 // it wins. Shapes whose verdict the backend's kernel cache holds are not timed; new verdicts
-// are put there. In the same runs, each shape's fused run is checked against its run apart
+// are put there, except those timed once the backend's kernel timing was cut (provisional).
+// In the same runs, each shape's fused run is checked against its run apart
 // (output, input gradient, parameter gradients; normalized difference within
 // fast_path_tolerance): where one differs, every chain runs apart for the whole run, with one
 // warning naming the chain, the tensor and the difference, and `checks` records it. Where

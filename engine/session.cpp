@@ -98,9 +98,13 @@ Training Session::make_training(const TrainingSpec& spec) {
   t.scaler = std::make_unique<LossScaler>(lso);
   t.runner = std::make_unique<StepRunner>(*t.model, *t.sgd, *t.scaler, spec.precision,
                                           t.sync.get(), world());
+  // Keyed by this rank's device itself (host, GPU UUID and slot), not its model: each rank
+  // writes its own device's verdicts.
+  const bool gpu = backend_->device() == Device::cuda;
   t.checks = std::make_unique<FastPathChecks>(
       spec.fast_path_file,
-      backend_->device() == Device::cuda ? gpu_info_line(gpu_info()) : backend_->name());
+      fast_path_device(host_name(), gpu ? current_gpu_uuid() : "", backend_->gpu_pci_bus_id(),
+                       gpu ? gpu_info_line(gpu_info()) : backend_->name()));
   t.runner->set_fast_path_checks(t.checks.get());
   if (fusion.choose) t.runner->choose_fusion_at_first_step();
   t.runner->set_accum_steps(spec.accum_steps, spec.step_micro_batches);

@@ -332,10 +332,14 @@ bool StepRunner::record(const Tensor& x, const int32_t* labels, float lr, float 
 }
 
 void StepRunner::stop_capturing(const std::string& why) {
-  model_.backend().capture()->drop();
-  graph_x_ = Tensor();
+  drop_recording();
   capture_ = false;
   capture_failure_ = why;
+}
+
+void StepRunner::drop_recording() {
+  model_.backend().capture()->drop();
+  graph_x_ = Tensor();
   // The recorded conversions of the weights to their compute copies ran nothing, but marked
   // the copies fresh: marked stale again, the eager step converts them.
   model_.flat_params().mark_written();
@@ -366,20 +370,25 @@ void StepRunner::restore_state(const StepState& s) {
   results_.resize(s.results);
 }
 
-StepRunner::StepFigures StepRunner::read_figures(double scale) {
+StepRunner::StepFigures StepRunner::read_figures(double scale, bool accepted) {
   queued_ = true;
   queued_scale_ = scale;
-  read_back();
-  Backend& be = model_.backend();
   StepFigures f;
-  f.loss = results_.back().loss.loss;
-  f.overflow = results_.back().overflow;
+  if (accepted) {
+    read_back();
+    f.result = results_.back();
+  } else {
+    f.result = take_queued();
+  }
+  Backend& be = model_.backend();
   Tensor g = be.to_host(model_.flat_grads());
   double sq = 0;
   for (int64_t i = 0; i < g.numel(); ++i) sq += double(g.data<float>()[i]) * g.data<float>()[i];
   f.grad_norm = std::sqrt(sq);
   Tensor p = be.to_host(model_.flat_params());
   f.params.assign(p.data<float>(), p.data<float>() + p.numel());
+  Tensor m = be.to_host(sgd_.momentum());
+  f.momentum.assign(m.data<float>(), m.data<float>() + m.numel());
   return f;
 }
 
@@ -390,32 +399,64 @@ double relative(double got, double want) {
   return std::fabs(got - want) / std::max(std::fabs(want), 1e-30);
 }
 
-// "" when the captured step's figures match the eager one's within tol, else what differs.
-std::string step_difference(const std::vector<float>& before, const std::vector<float>& eager_p,
-                            double eager_loss, double eager_norm, bool eager_overflow,
-                            const std::vector<float>& cap_p, double cap_loss, double cap_norm,
-                            bool cap_overflow, double tol) {
-  if (eager_overflow != cap_overflow)
-    return str("the overflow verdict (eager ", eager_overflow, ", captured ", cap_overflow, ")");
-  if (!(relative(cap_loss, eager_loss) <= tol))
-    return str("the loss (eager ", eager_loss, ", captured ", cap_loss, ": relative difference ",
-               fmt_sci(relative(cap_loss, eager_loss)), ", allowed ", fmt_sci(tol), ")");
-  if (eager_overflow) return "";  // skipped both ways: no gradient or update to compare
-  if (!(relative(cap_norm, eager_norm) <= tol))
-    return str("the gradient norm (eager ", eager_norm, ", captured ", cap_norm,
-               ": relative difference ", fmt_sci(relative(cap_norm, eager_norm)), ", allowed ",
-               fmt_sci(tol), ")");
-  // The updates, not the weights: an update is a small part of a weight.
-  std::vector<float> du_e(before.size()), du_c(before.size());
-  for (size_t i = 0; i < before.size(); ++i) {
-    du_e[i] = eager_p[i] - before[i];
-    du_c[i] = cap_p[i] - before[i];
+// What the captured step's check found: "" and not inconclusive where it matched the eager
+// step.
+struct StepCheck {
+  std::string difference;     // what differs beyond tol
+  bool inconclusive = false;  // both overflowed (fp16): no gradient or update to compare
+};
+
+// The captured step's figures against the eager step's, from the weights `before`.
+StepCheck compare_steps(const std::vector<float>& before, double eager_loss, double eager_norm,
+                        bool eager_overflow, const std::vector<float>& eager_p,
+                        const std::vector<float>& eager_m, double cap_loss, double cap_norm,
+                        bool cap_overflow, const std::vector<float>& cap_p,
+                        const std::vector<float>& cap_m, double tol) {
+  StepCheck c;
+  if (eager_overflow != cap_overflow) {
+    c.difference =
+        str("the overflow verdict (eager ", eager_overflow, ", captured ", cap_overflow, ")");
+    return c;
   }
-  const double e = normalized_difference(du_c, du_e);
-  if (!(e <= tol))
-    return str("the weights' update (normalized difference ", fmt_sci(e), ", allowed ",
-               fmt_sci(tol), ")");
-  return "";
+  // An fp16 step whose forward overflowed has a loss of inf or NaN both ways: alike.
+  const bool both_off = eager_overflow && !std::isfinite(eager_loss) && !std::isfinite(cap_loss);
+  if (!both_off && !(relative(cap_loss, eager_loss) <= tol)) {
+    c.difference = str("the loss (eager ", eager_loss, ", captured ", cap_loss,
+                       ": relative difference ", fmt_sci(relative(cap_loss, eager_loss)),
+                       ", allowed ", fmt_sci(tol), ")");
+    return c;
+  }
+  if (eager_overflow) {
+    // Skipped both ways: the weights and momentum are as before in both, and nothing else
+    // can be compared.
+    if (cap_p != eager_p || cap_m != eager_m)
+      c.difference = "the weights or momentum of a step skipped for overflow (changed when captured)";
+    else
+      c.inconclusive = true;
+    return c;
+  }
+  if (!(relative(cap_norm, eager_norm) <= tol)) {
+    c.difference = str("the gradient norm (eager ", eager_norm, ", captured ", cap_norm,
+                       ": relative difference ", fmt_sci(relative(cap_norm, eager_norm)),
+                       ", allowed ", fmt_sci(tol), ")");
+    return c;
+  }
+  // The momentum buffers hold each parameter's gradient (SGD: m = momentum * m + g; LARS's
+  // with the rate in it) in fp32 whatever the weight's size: compared whole. The weights
+  // are compared for what the buffers do not show (the rate and the scales each replay takes
+  // from its inputs), within an ulp of each weight: a warm-up rate makes an update a few ulps
+  // of its weight, and gradients that differ by rounding then move it by one.
+  const double em = normalized_difference(cap_m, eager_m);
+  if (!(em <= tol)) {
+    c.difference = str("the momentum buffers (normalized difference ", fmt_sci(em), ", allowed ",
+                       fmt_sci(tol), ")");
+    return c;
+  }
+  const double ew = update_difference(before, eager_p, cap_p);
+  if (!(ew <= tol))
+    c.difference = str("the weights' update (beyond an ulp of each weight: normalized "
+                       "difference ", fmt_sci(ew), ", allowed ", fmt_sci(tol), ")");
+  return c;
 }
 
 }  // namespace
@@ -423,31 +464,61 @@ std::string step_difference(const std::vector<float>& before, const std::vector<
 void StepRunner::record_checked(const Tensor& x, const int32_t* labels, float lr,
                                 float label_smoothing, double scale, const LabelMix* mix) {
   const StepState before = save_state();
-  // The reference: this very step, eager.
+  // The reference: this very step, eager, read back as any eager step (a loss that is not
+  // finite ends the run here as it would without capture).
   queue_after_forward(model_.forward(x, /*training=*/true), labels, lr, label_smoothing, scale, mix,
                       nullptr, 0.0);
-  const StepFigures eager = read_figures(scale);
+  const StepFigures eager = read_figures(scale, /*accepted=*/true);
   restore_state(before);
   if (record(x, labels, lr, label_smoothing, scale, mix)) {
     const StepInputs in{labels, mix, x.dim(0), lr, float(scale), float(1.0 / (scale * double(units_)))};
-    replay(x, in, /*recorded_now=*/true);
-    const StepFigures cap = read_figures(scale);
-    const double tol = fast_path_tolerance(dtype_ != DType::f32);
-    const std::string diff =
-        step_difference(before.host_params, eager.params, eager.loss, eager.grad_norm,
-                        eager.overflow, cap.params, cap.loss, cap.grad_norm, cap.overflow, tol);
-    if (diff.empty()) {
-      fast_path_checks().passed(kFastPathCapture, str("loss ", cap.loss, ", gradient norm ",
-                                                      cap.grad_norm, " as the eager step's"));
-      return;
+    // Read unchecked: a replay that fails, or gives a loss that is not finite, is the check's
+    // finding, not the run's end.
+    std::string error;
+    StepFigures cap;
+    try {
+      replay(x, in, /*recorded_now=*/true);
+      cap = read_figures(scale, /*accepted=*/false);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    fast_path_checks().failed(kFastPathCapture,
-                              str("a captured step differs from the eager step it was recorded "
-                                  "from in ", diff, "; steps run as they come"));
-    stop_capturing("its first-use check failed: " + diff);
+    const double tol = fast_path_tolerance(dtype_ != DType::f32);
+    if (!error.empty()) {
+      // Not kept as a verdict: the path could not run here (out of memory, say), which says
+      // nothing of what it computes; a restart tries again.
+      log_info(str("warning: captured steps: the recorded step's first replay failed (", error,
+                   "); this step runs again as it comes, and so do the rest"));
+      stop_capturing("its first replay failed: " + error);
+    } else {
+      const StepCheck c = compare_steps(
+          before.host_params, eager.result.loss.loss, eager.grad_norm, eager.result.overflow,
+          eager.params, eager.momentum, cap.result.loss.loss, cap.grad_norm, cap.result.overflow,
+          cap.params, cap.momentum, tol);
+      if (c.difference.empty() && !c.inconclusive) {
+        accept(cap.result);
+        fast_path_checks().passed(kFastPathCapture, str("loss ", cap.result.loss.loss,
+                                                        ", gradient norm ", cap.grad_norm,
+                                                        " as the eager step's"));
+        return;
+      }
+      if (c.inconclusive) {
+        if (!told_overflowed_check_)
+          log_info("captured steps: the checked step overflowed both ways (skipped), so no update "
+                   "was compared; it runs again as it comes, and the next step is recorded and "
+                   "checked");
+        told_overflowed_check_ = true;
+        drop_recording();
+      } else {
+        fast_path_checks().failed(kFastPathCapture,
+                                  str("a captured step differs from the eager step it was "
+                                      "recorded from in ", c.difference,
+                                      "; steps run as they come"));
+        stop_capturing("its first-use check failed: " + c.difference);
+      }
+    }
   }
   restore_state(before);
-  // Eager, from the state before: recording failed (logged) or the check did.
+  // Eager, from the state before: recording failed (logged), its replay did, or the check did.
   queue_after_forward(model_.forward(x, /*training=*/true), labels, lr, label_smoothing, scale, mix,
                       nullptr, 0.0);
   queued_ = true;
@@ -468,6 +539,10 @@ void StepRunner::replay(const Tensor& x, const StepInputs& in, bool recorded_now
 
 void StepRunner::read_back() {
   if (!queued_) return;
+  accept(take_queued());
+}
+
+StepResult StepRunner::take_queued() {
   queued_ = false;
   Backend& be = model_.backend();
   StepResult r;
@@ -483,6 +558,10 @@ void StepRunner::read_back() {
   }
   if (scaler_.enabled()) r.overflow = be.queued_overflow();
   r.done_at = now_seconds();
+  return r;
+}
+
+void StepRunner::accept(const StepResult& r) {
   if (!r.overflow) {
     SPOTRAIN_CHECK(std::isfinite(r.loss.loss), "loss became ", r.loss.loss,
                    "; lower --lr or check the data");

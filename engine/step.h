@@ -128,9 +128,12 @@ class StepRunner {
 
   // The first-use checks of the fast paths and their verdicts (engine/fast_paths.h): the
   // first recorded step is checked against an eager step of the same batch from the same
-  // state (the loss, the gradient norm and the update), the first 8-bit batch's upload
-  // against its fp32 normalization, --fusion auto's chains as they are timed. Without a
-  // call, the runner keeps its verdicts in memory only. `c` outlives the runner.
+  // state (the loss, the gradient norm, the momentum buffers and the weights within an ulp),
+  // the first 8-bit batch's upload against its fp32 normalization, --fusion auto's chains as
+  // they are timed. A recorded step whose replay fails (an error, or a loss that is not
+  // finite) runs eagerly again and the run goes on; a check of an fp16 step that overflowed
+  // both ways compares no update: the step is recorded and checked again at the next step.
+  // Without a call, the runner keeps its verdicts in memory only. `c` outlives the runner.
   void set_fast_path_checks(FastPathChecks* c) { checks_ = c; }
   FastPathChecks& fast_path_checks() { return checks_ ? *checks_ : own_checks_; }
 
@@ -141,7 +144,12 @@ class StepRunner {
   const std::vector<FusionVerdict>& fusion_verdicts() const { return fusion_verdicts_; }
 
  private:
-  void read_back();  // the queued step's figures, if one is queued
+  void read_back();  // the queued step's figures, if one is queued: take_queued, then accept
+  // The queued step's figures as the backend has them, unchecked (nothing is queued after).
+  StepResult take_queued();
+  // A step's figures taken as the run's: the finite-loss check (throws Error), the update
+  // counted, the loss scaler told the verdict (throws after too many overflows in a row).
+  void accept(const StepResult& r);
   // Everything of a step after its forward (started at t1 for the times): loss, backward,
   // the ranks' sum, unscale and the update.
   void queue_after_forward(const Tensor& logits, const int32_t* labels, float lr,
@@ -158,10 +166,15 @@ class StepRunner {
   void replay(const Tensor& x, const StepInputs& in, bool recorded_now);
   // Turns captured steps off for the run: what was recorded goes, `why` is kept.
   void stop_capturing(const std::string& why);
+  // Lets the recorded step go; capturing() stays as it was (the next step of the recorded
+  // shape is recorded again).
+  void drop_recording();
 
   // The first recording, checked: an eager step of x from the state before, then the state
-  // restored, the step recorded and replayed, and the two compared; where they differ the
-  // captured steps go off and the step is run eagerly again from the state before.
+  // restored, the step recorded and replayed, and the two compared. Where they differ the
+  // captured steps go off (and the verdict is kept); where the replay fails they go off for
+  // this run; where an fp16 step overflowed both ways the recording goes and the next step is
+  // recorded and checked again. In all three the step runs eagerly again from the state before.
   void record_checked(const Tensor& x, const int32_t* labels, float lr, float label_smoothing,
                       double scale, const LabelMix* mix);
   // What the step's check compares and restores.
@@ -173,14 +186,16 @@ class StepRunner {
     size_t results = 0;
   };
   struct StepFigures {
-    double loss = 0, grad_norm = 0;
-    bool overflow = false;
-    std::vector<float> params;
+    StepResult result;
+    double grad_norm = 0;
+    std::vector<float> params, momentum;  // after the step
   };
   StepState save_state();
   void restore_state(const StepState& s);
-  // Reads the queued step back (as read_back) and takes its figures.
-  StepFigures read_figures(double scale);
+  // Takes the queued step's figures (of `scale`): through read_back's checks where `accepted`
+  // (an eager step's, as the run would take it), else unchecked (take_queued: a replay whose
+  // loss may not be finite, or whose figures the check may refuse).
+  StepFigures read_figures(double scale, bool accepted);
   // Eager steps: the 8-bit upload, checked on its first batch against the host's
   // normalization and turned off where they differ.
   Tensor upload(const Tensor& images, const PixelNorm* norm);
@@ -216,6 +231,7 @@ class StepRunner {
   bool graph_mixed_ = false;      // whether it was recorded with mixed targets
   bool told_other_batch_ = false; // a batch unlike graph_x_ was logged
   std::string capture_failure_;
+  bool told_overflowed_check_ = false;  // an fp16 check that compared no update was logged
   FastPathChecks* checks_ = nullptr;              // set_fast_path_checks()
   FastPathChecks own_checks_{"", ""};             // used without one
   bool choose_fusion_ = false;  // choose_fusion_at_first_step(), not done yet

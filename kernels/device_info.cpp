@@ -20,6 +20,8 @@ const GpuInfo& gpu_info() {
 int select_cuda_device(int) { return -1; }
 
 std::string current_gpu_pci_bus_id() { return ""; }
+
+std::string current_gpu_uuid() { return ""; }
 #endif
 
 std::vector<std::pair<std::string, std::string>> gpu_info_fields(const GpuInfo& g) {

@@ -37,6 +37,10 @@ std::string gpu_info_line(const GpuInfo& g);
 // The PCI bus id of this thread's current CUDA device ("0000:19:00.0"), which NVML uses to
 // find the same GPU; "" without a GPU or a CUDA build.
 std::string current_gpu_pci_bus_id();
+// The UUID of this thread's current CUDA device as nvidia-smi prints it
+// ("GPU-6f1c2d3e-..."): the GPU itself, wherever it is plugged; "" without a GPU or a CUDA
+// build.
+std::string current_gpu_uuid();
 
 // Makes device (local_rank mod device count) current for this thread (one GPU per rank);
 // returns its index, or -1 when there is no GPU or no CUDA build.

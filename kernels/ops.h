@@ -335,6 +335,11 @@ class Backend {
   // the engine keeps the verdicts of its own timing too (--fusion auto's); nullptr where
   // nothing is timed (the CPU).
   virtual TuningCache* tuning_cache() { return nullptr; }
+  // Whether kernels chosen from now on are taken untimed because the run's budget for timing
+  // them is spent (the CUDA backend's fused graphs past PlanBudget): a restart, with a budget
+  // of its own, times them and may run others, so what is measured on them now is not to be
+  // kept for it. false where nothing is timed (the CPU), or nothing is cut.
+  virtual bool kernel_timing_cut() const { return false; }
 
   // Times every op from now on (nullptr: stop); the profiler must outlive its attachment.
   void set_profiler(OpProfiler* p) { profiler_ = p; }

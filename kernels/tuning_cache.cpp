@@ -4,10 +4,6 @@
 //                                               "runner_up_ms": ...}, ...}, ...}}
 #include "kernels/tuning_cache.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -61,25 +57,6 @@ nlohmann::json json_of(const TuneVerdict& v) {
   }
   return j;
 }
-
-// Holds an exclusive lock on "PATH.lock" while alive, so that the ranks writing one cache (a
-// node's, or every node's on shared storage) merge in turn instead of one write replacing
-// what another just merged. Where no lock can be had (a filesystem without them) the writes
-// still replace the file whole; a rank's new choices may then be lost, never the file.
-class FileLock {
- public:
-  explicit FileLock(const std::string& path) : fd_(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ >= 0) (void)::flock(fd_, LOCK_EX);
-  }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_;
-};
 
 }  // namespace
 

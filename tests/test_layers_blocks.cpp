@@ -593,13 +593,16 @@ class PlantWrongOp {
 };
 
 // The CPU backend with a kernel cache (a GPU's has one; the CPU's has none) and a count of the
-// fused forward ops it ran.
+// fused forward ops it ran; from `cut_after` fused forwards on (-1: never) it says its kernel
+// timing was cut, as a GPU's planning budget runs out.
 class CachingCpu final : public cpu::CpuBackend {
  public:
   CachingCpu() : cpu::CpuBackend(BackendOptions{1, false}) {}
   TuningCache* tuning_cache() override { return &cache; }
+  bool kernel_timing_cut() const override { return cut_after >= 0 && fused_forwards >= cut_after; }
   TuningCache cache{"", "cpu test"};
   int fused_forwards = 0;
+  int cut_after = -1;
 
  protected:
   Tensor conv2d_forward_bn_stats_impl(const Tensor& x, const Tensor& w, const ConvParams& p,
@@ -733,6 +736,49 @@ TEST(FusionAuto, VerdictsAreKeptInTheKernelCacheAndTakenFromItUntimed) {
   }
   EXPECT_NE(fusion_summary(cached).find("9 as the kernel cache had them, untimed"), std::string::npos)
       << fusion_summary(cached);
+}
+
+// Chains timed once the backend's kernel timing was cut (a GPU's fused graphs planned past
+// its planning budget, their first engine untimed) are provisional: taken in this run, not
+// kept in the kernel cache, so a restart (which times those kernels) times them again instead
+// of taking a verdict measured on untimed kernels for good. Those timed before the cut are kept.
+TEST(FusionAuto, VerdictsTimedPastTheKernelTimingBudgetAreNotKept) {
+  CachingCpu be;
+  be.cut_after = 5;  // inside the first shape's timing: no verdict is kept
+  const auto first = auto_fused_resnet(be, "resnet20", 1, 7);
+  const std::vector<FusionVerdict> timed = choose_fusion(*first, resnet20_batch(be));
+  ASSERT_EQ(timed.size(), 9u);
+  EXPECT_EQ(be.fused_forwards, 5 * 4 * 2) << "every shape timed";
+  EXPECT_EQ(be.cache.unsaved(), 0u) << "the first shape was timed across the cut";
+  int provisional = 0;
+  for (const FusionVerdict& f : timed) provisional += f.provisional;
+  EXPECT_EQ(provisional, 9);
+  EXPECT_NE(fusion_summary(timed).find("9 timed on fused graphs planned past the planning budget"),
+            std::string::npos)
+      << fusion_summary(timed);
+
+  be.fused_forwards = 0;
+  be.cut_after = 4 * 2 + 1;  // after the first shape's timing
+  const auto second = auto_fused_resnet(be, "resnet20", 1, 8);
+  const std::vector<FusionVerdict> again = choose_fusion(*second, resnet20_batch(be));
+  ASSERT_EQ(again.size(), 9u);
+  EXPECT_EQ(be.cache.unsaved(), 1u) << "only the shape timed before the cut is kept";
+  for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(again[i].provisional) << again[i].chain;
+  for (size_t i = 3; i < again.size(); ++i) EXPECT_TRUE(again[i].provisional) << again[i].chain;
+
+  // A restart with no cut: the kept shape from the cache, untimed; the others timed again.
+  be.fused_forwards = 0;
+  be.cut_after = -1;
+  const auto third = auto_fused_resnet(be, "resnet20", 1, 9);
+  const std::vector<FusionVerdict> restarted = choose_fusion(*third, resnet20_batch(be));
+  ASSERT_EQ(restarted.size(), 9u);
+  EXPECT_EQ(be.fused_forwards, (1 * 1 + 4 * 4) * 2) << "one shape from the cache, four timed";
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(restarted[i].cached) << restarted[i].chain;
+  for (size_t i = 3; i < restarted.size(); ++i) {
+    EXPECT_FALSE(restarted[i].cached) << restarted[i].chain;
+    EXPECT_FALSE(restarted[i].provisional) << restarted[i].chain;
+  }
+  EXPECT_EQ(be.cache.unsaved(), 5u);
 }
 
 // Rank 1 of two, as its collectives see it: rank 0's on/off list arrives by broadcast, and the

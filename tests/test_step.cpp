@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -323,6 +324,8 @@ namespace {
 // The CPU backend with a stand-in recorder that notes each call. The CPU computes its ops as
 // they are called, so the "recorded" step is computed then and a "replay" computes nothing:
 // what these tests check is the route each step takes, the update count and the fallbacks.
+// Its faults, for the first-use check: a replay that throws, one whose loss reads NaN, one
+// that does `at_replay` (nudges the weights), and fp16 steps forced to overflow.
 class NotingRecorder : public cpu::CpuBackend, public StepCapture {
  public:
   using cpu::CpuBackend::CpuBackend;
@@ -333,27 +336,68 @@ class NotingRecorder : public cpu::CpuBackend, public StepCapture {
   }
   void end_recording() override { calls.push_back("end"); }
   void abort_recording() override { calls.push_back("abort"); }
-  void replay(const StepInputs& in) override { calls.push_back(str("replay ", in.n)); }
+  void replay(const StepInputs& in) override {
+    calls.push_back(str("replay ", in.n));
+    if (fail_replay) throw Error("this recorder's replay fails");
+    if (at_replay) at_replay();
+    nan_loss_ = nan_loss_ || nan_at_replay;
+  }
   void drop() override { calls.push_back("drop"); }
   size_t reserved_bytes() const override { return 0; }
+  LossResult queued_loss() override {
+    LossResult l = cpu::CpuBackend::queued_loss();
+    if (nan_loss_) l.loss = std::nan("");
+    nan_loss_ = false;
+    return l;
+  }
 
   std::vector<std::string> calls;
   bool refuse = false;
+  bool fail_replay = false;
+  bool nan_at_replay = false;       // the replayed step's loss reads NaN
+  std::function<void()> at_replay;  // done at each replay
+  int forced_overflows = 0;         // fp16: this many next steps overflow, their loss NaN
+
+ protected:
+  // An overflow as a forward past fp16's range gives one: the verdict true (the update
+  // skipped), the loss read back NaN.
+  void unscale_check_queue_impl(Tensor& grads, float inv_scale) override {
+    cpu::CpuBackend::unscale_check_queue_impl(grads, inv_scale);
+    if (forced_overflows == 0) return;
+    --forced_overflows;
+    queued_overflow_ = true;
+    nan_loss_ = true;
+  }
+
+ private:
+  bool nan_loss_ = false;
 };
+
+LossScalerOptions fp16_scaler() {
+  LossScalerOptions o;
+  o.enabled = true;
+  o.init_scale = 1024;
+  return o;
+}
 
 struct RecorderRun {
   NotingRecorder be{BackendOptions{}};
   Model model{build_resnet(ResNetOptions{}), be};
   Sgd sgd{model, SgdOptions{}};
-  LossScaler scaler{LossScalerOptions{}};
-  StepRunner runner{model, sgd, scaler, Precision::fp32};
-  RecorderRun() { model.initialize(5); }
+  LossScaler scaler;
+  StepRunner runner;
+  float lr = 0.05f;
+  explicit RecorderRun(Precision p = Precision::fp32)
+      : scaler(p == Precision::fp16 ? fp16_scaler() : LossScalerOptions{}),
+        runner(model, sgd, scaler, p) {
+    model.initialize(5);
+  }
 
   // Runs one step of n images; whether it changed the weights (the stand-in's replays do not).
   bool step(int64_t n, uint64_t seed) {
     std::vector<float> before = host_copy(be, model.flat_params());
     Batch b = random_batch(n, seed);
-    runner.run(b.images, b.labels.data(), 0.05f, 0.f);
+    runner.run(b.images, b.labels.data(), lr, 0.f);
     return host_copy(be, model.flat_params()) != before;
   }
 };
@@ -776,4 +820,210 @@ TEST(FastPathChecks, AnEightBitUploadThatMatchesStaysOn) {
   ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
   EXPECT_TRUE(ru.fast_path_checks().checked(kFastPathPixels));
   EXPECT_FALSE(ru.fast_path_checks().off(kFastPathPixels));
+}
+
+// ---- the capture check's own faults (issue 54: it must neither stop the run nor turn a correct
+// path off for good) ----------------------------------------------------------------------------
+
+// A replayed step whose loss is not finite at fp32 is what the check is for: it must not end
+// the run at the read-back's finite-loss check. Captured steps go off with one warning naming
+// the loss, the step runs eagerly again from the state before, and the run trains as one that
+// never captured.
+TEST(CaptureCheck, AReplayWhoseLossIsNotFiniteRunsEagerlyAndTheRunGoesOn) {
+  RecorderRun r, eager;
+  r.be.nan_at_replay = true;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NO_THROW(r.step(8, 300 + uint64_t(i))) << "step " << i;
+    eager.step(8, 300 + uint64_t(i));
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("warning: captured-steps turned off"), std::string::npos) << out;
+  EXPECT_NE(out.find("captured nan"), std::string::npos) << out;
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop"}));
+  EXPECT_TRUE(r.runner.fast_path_checks().off(kFastPathCapture));
+  EXPECT_FALSE(r.runner.capturing());
+  EXPECT_EQ(r.sgd.steps(), 4);
+  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+  EXPECT_EQ(host_copy(r.be, r.sgd.momentum()), host_copy(eager.be, eager.sgd.momentum()));
+}
+
+// A replay that throws (a launch error, out of memory) is caught by the check: the step runs
+// eagerly again, the rest as they come, with one warning; the verdict is not kept (the path
+// could not run here, which says nothing of what it computes: a restart tries again).
+TEST(CaptureCheck, AReplayThatFailsRunsEagerlyAndIsNotKeptAsAVerdict) {
+  RecorderRun r, eager;
+  r.be.fail_replay = true;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NO_THROW(r.step(8, 310 + uint64_t(i))) << "step " << i;
+    eager.step(8, 310 + uint64_t(i));
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("first replay failed (this recorder's replay fails)"), std::string::npos) << out;
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop"}));
+  EXPECT_FALSE(r.runner.capturing());
+  EXPECT_FALSE(r.runner.fast_path_checks().off(kFastPathCapture)) << "kept as a verdict";
+  EXPECT_NE(r.runner.capture_failure().find("first replay failed"), std::string::npos);
+  EXPECT_EQ(r.sgd.steps(), 4);
+  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+}
+
+// fp16: a checked step that overflowed both ways (its loss NaN both ways, as a forward past
+// fp16's range gives) compares no update. It neither fails nor passes: the step runs eagerly,
+// the next is recorded and checked, and that one passes; capture stays on.
+TEST(CaptureCheck, AnFp16StepThatOverflowedBothWaysIsCheckedAgainAtTheNextStep) {
+  RecorderRun r(Precision::fp16), eager(Precision::fp16);
+  // Two eager steps, then the checked step (its eager reference, its recording and its eager
+  // run again) overflow; the eager run's three steps alike.
+  r.be.forced_overflows = StepRunner::kEagerBeforeCapture + 3;
+  eager.be.forced_overflows = StepRunner::kEagerBeforeCapture + 1;
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < 4; ++i) {
+    r.step(8, 320 + uint64_t(i));
+    eager.step(8, 320 + uint64_t(i));
+  }
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("overflowed both ways"), std::string::npos) << out;
+  EXPECT_EQ(out.find("turned off"), std::string::npos) << out;
+  EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop", "begin 8", "end", "replay 8"}));
+  EXPECT_TRUE(r.runner.fast_path_checks().checked(kFastPathCapture));
+  EXPECT_FALSE(r.runner.fast_path_checks().off(kFastPathCapture));
+  EXPECT_TRUE(r.runner.captured());
+  EXPECT_EQ(r.sgd.steps(), 1) << "one step of four applied";
+  EXPECT_EQ(r.sgd.steps(), eager.sgd.steps());
+  EXPECT_EQ(r.scaler.scale(), eager.scaler.scale());
+  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+}
+
+namespace {
+
+// Moves every weight of `t` (host fp32 through the backend) one float away from zero.
+void nudge_one_ulp(Backend& be, Tensor& t) {
+  Tensor h = be.to_host(t);
+  float* p = h.data<float>();
+  for (int64_t i = 0; i < h.numel(); ++i) p[i] = std::nextafter(p[i], p[i] < 0 ? -INFINITY : INFINITY);
+  be.copy(be.from_host(h), t);
+}
+
+// ||w_after - w_before|| over the norm of each weight's ulp: how many ulps the update is.
+double update_in_ulps(const std::vector<float>& before, const std::vector<float>& after) {
+  double du = 0, ulp = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double u = double(std::nextafter(std::fabs(before[i]), INFINITY)) - std::fabs(before[i]);
+    du += (double(after[i]) - before[i]) * (double(after[i]) - before[i]);
+    ulp += u * u;
+  }
+  return std::sqrt(du / ulp);
+}
+
+}  // namespace
+
+// A warm-up rate makes the checked step's update a few ulps of each weight; a captured step
+// whose gradients differ from the eager step's by rounding then lands each weight on a float
+// beside the eager one's. Simulated by a replay that moves every weight one ulp: the check
+// passes (it compares the momentum buffers, and the weights within an ulp). The same replay
+// that doubles the update instead (a wrong rate, the momentum buffers right) still fails it.
+TEST(CaptureCheck, AWarmUpStepOneUlpOffPassesAndAWrongRateStillFails) {
+  const float warm_lr = 2e-6f;
+  {
+    RecorderRun eager;
+    eager.lr = warm_lr;
+    for (int i = 0; i < StepRunner::kEagerBeforeCapture; ++i) eager.step(8, 330 + uint64_t(i));
+    const std::vector<float> before = host_copy(eager.be, eager.model.flat_params());
+    eager.step(8, 330 + StepRunner::kEagerBeforeCapture);
+    const double ulps = update_in_ulps(before, host_copy(eager.be, eager.model.flat_params()));
+    EXPECT_GT(ulps, 0.5) << "the update is no longer a few ulps: the test lost its point";
+    EXPECT_LT(ulps, 8.0) << "the update is no longer a few ulps: the test lost its point";
+  }
+  RecorderRun r;
+  r.lr = warm_lr;
+  r.be.at_replay = [&] { nudge_one_ulp(r.be, r.model.flat_params()); };
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  for (int i = 0; i <= StepRunner::kEagerBeforeCapture; ++i) r.step(8, 330 + uint64_t(i));
+  EXPECT_TRUE(r.runner.fast_path_checks().checked(kFastPathCapture));
+  EXPECT_FALSE(r.runner.fast_path_checks().off(kFastPathCapture))
+      << r.runner.fast_path_checks().why_off(kFastPathCapture);
+  EXPECT_TRUE(r.runner.captured());
+
+  RecorderRun w;
+  w.lr = warm_lr;
+  std::vector<float> before;
+  w.be.at_replay = [&] {  // w_after = w_before + 2 x the update
+    Tensor h = w.be.to_host(w.model.flat_params());
+    float* p = h.data<float>();
+    for (int64_t i = 0; i < h.numel(); ++i) p[i] += p[i] - before[size_t(i)];
+    w.be.copy(w.be.from_host(h), w.model.flat_params());
+  };
+  EXPECT_EQ(w.runner.use_captured_steps(), "");
+  for (int i = 0; i < StepRunner::kEagerBeforeCapture; ++i) w.step(8, 330 + uint64_t(i));
+  before = host_copy(w.be, w.model.flat_params());
+  testing::internal::CaptureStdout();
+  w.step(8, 330 + StepRunner::kEagerBeforeCapture);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(w.runner.fast_path_checks().off(kFastPathCapture));
+  EXPECT_NE(out.find("the weights' update (beyond an ulp"), std::string::npos) << out;
+}
+
+// update_difference allows one ulp of each weight and counts the rest in full, relative to
+// the reference's update; a NaN the reference has not is infinite.
+TEST(CaptureCheck, TheUpdateDifferenceAllowsAnUlpOfEachWeight) {
+  const std::vector<float> before = {1.f, -2.f, 0.5f, 3.f};
+  std::vector<float> want(4), one(4), three(4);
+  for (size_t i = 0; i < 4; ++i) {
+    const float up = before[i] > 0 ? INFINITY : -INFINITY;
+    want[i] = std::nextafter(std::nextafter(before[i], up), up);  // an update of two ulps
+    one[i] = std::nextafter(want[i], up);
+    three[i] = std::nextafter(std::nextafter(one[i], up), up);
+  }
+  EXPECT_EQ(update_difference(before, want, want), 0.0);
+  EXPECT_EQ(update_difference(before, want, one), 0.0);
+  // Three ulps off: two count, against an update of two ulps.
+  EXPECT_NEAR(update_difference(before, want, three), 1.0, 1e-6);
+  std::vector<float> nan = want;
+  nan[2] = std::nan("");
+  EXPECT_TRUE(std::isinf(update_difference(before, want, nan)));
+  EXPECT_TRUE(std::isinf(update_difference(before, want, {1.f})));
+}
+
+// fast-paths.json is keyed by the device itself (host, GPU UUID and slot), not its model: one
+// device's verdict holds on it alone. Every rank writes only its own device's verdicts, merged
+// into the file as it is when written: ranks (of several devices, or sharing one) that opened
+// the file before any wrote keep each other's verdicts.
+TEST(FastPathChecks, EachDeviceKeepsItsOwnVerdictsAndRanksKeepEachOthers) {
+  const std::string info = "GPU NVIDIA H100 80GB HBM3 (sm 9.0, 79.2 GiB, 8 devices), driver 580";
+  const std::string a = fast_path_device("node-1", "GPU-aaaa", "0000:19:00.0", info),
+                    b = fast_path_device("node-1", "GPU-bbbb", "0000:3b:00.0", info),
+                    c = fast_path_device("node-2", "GPU-cccc", "0000:19:00.0", info);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(a.find("GPU-aaaa"), std::string::npos) << a;
+  EXPECT_NE(a.find("node-1"), std::string::npos) << a;
+  EXPECT_NE(fast_path_device("node-1", "", "", "cpu (oneDNN)"),
+            fast_path_device("node-2", "", "", "cpu (oneDNN)"));
+
+  const std::string dir = ::testing::TempDir() + "/spotrain_fast_paths_ranks";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/fast-paths.json";
+  {
+    FastPathChecks ra(file, a), rb(file, b), ra2(file, a);  // ra2: a rank sharing a's GPU
+    testing::internal::CaptureStdout();
+    ra.failed(kFastPathCapture, "the loss (eager 2.3, captured nan)");
+    rb.failed(kFastPathFusion, "the output of layer1.0.conv2");
+    ra2.failed(kFastPathPixels, "the 8-bit upload");
+    testing::internal::GetCapturedStdout();
+  }
+  FastPathChecks again_a(file, a), again_b(file, b), again_c(file, c);
+  EXPECT_TRUE(again_a.off(kFastPathCapture));
+  EXPECT_TRUE(again_a.off(kFastPathPixels));
+  EXPECT_FALSE(again_a.off(kFastPathFusion));
+  EXPECT_TRUE(again_b.off(kFastPathFusion));
+  EXPECT_FALSE(again_b.off(kFastPathCapture)) << "another GPU of the same model turned off";
+  EXPECT_FALSE(again_c.off(kFastPathCapture));
+  EXPECT_FALSE(again_c.off(kFastPathFusion));
+  std::filesystem::remove_all(dir);
 }

@@ -71,6 +71,10 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   StepCapture* capture() override { return this; }
   DeviceClock* device_clock() override { return this; }
   TuningCache* tuning_cache() override { return tuning_.get(); }
+  // Fused graphs planned from now on take the heuristics' first engine, untimed.
+  bool kernel_timing_cut() const override {
+    return opt_.autotune && plan_budget_.rival_seconds >= plan_budget_.limit;
+  }
   cudaStream_t compute_stream() const { return compute_; }
 
   // StepCapture (cuda_graph.cpp)

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
+
 #include "core/dynlib.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -110,6 +112,23 @@ std::string current_gpu_pci_bus_id() {
       cudaDeviceGetPCIBusId(bus, int(sizeof bus), dev) == cudaSuccess)
     return bus;
   return "";
+}
+
+std::string current_gpu_uuid() {
+  int dev = 0;
+  cudaDeviceProp prop;
+  if (gpu_info().status != "ok" || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  char text[48];
+  std::snprintf(text, sizeof text,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return text;
 }
 
 }  // namespace spotrain

@@ -26,24 +26,36 @@ void CudaBackend::begin_recording(int64_t batch, bool mixed) {
   graph_classes_ = 0;
   if (!graph_pool_)
     graph_pool_ = new_device_allocator();
+  // No pool trim frees (or waits for the device) from here until the graph is made or the
+  // recording aborted: held before the capture begins, so that no other thread's trim
+  // synchronizes the device inside it.
+  hold_device_frees(&held_frees_);
   // Relaxed: the pool may still call cudaMalloc while recording (the memory is then the
   // graph's for good), and loader threads keep allocating pinned memory meanwhile.
-  CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeRelaxed));
+  const cudaError_t began = cudaStreamBeginCapture(compute_, cudaStreamCaptureModeRelaxed);
+  if (began != cudaSuccess) {
+    hold_device_frees(nullptr);
+    free_held_blocks(held_frees_);  // nothing was recorded: no graph uses them
+  }
+  CUDA_CHECK(began);
   capturing_ = true;
-  hold_device_frees(&held_frees_);  // no pool trim frees (or waits for the device) meanwhile
 }
 
 void CudaBackend::end_recording() {
+  // capturing_ (and the held frees) stay until the graph is made: where anything here fails,
+  // abort_recording still has its work to do.
   SPOTRAIN_CHECK(capturing_, "internal: end_recording without begin_recording");
-  capturing_ = false;
-  hold_device_frees(nullptr);  // what was held stays allocated for the graph, until drop()
   cudaGraph_t g = nullptr;
   CUDA_CHECK(cudaStreamEndCapture(compute_, &g));
   const bool whole = loss_rows_ > 0 && graph_classes_ > 0;
-  cudaError_t e = whole ? cudaGraphInstantiate(&graph_exec_, g, 0) : cudaSuccess;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = whole ? cudaGraphInstantiate(&exec, g, 0) : cudaSuccess;
   CUDA_WARN(cudaGraphDestroy(g));
   SPOTRAIN_CHECK(whole, "internal: the captured step computed no loss");
   CUDA_CHECK(e);
+  graph_exec_ = exec;
+  capturing_ = false;
+  hold_device_frees(nullptr);  // what was held stays allocated for the graph, until drop()
   for (const Tensor* t : {&workspace_, &loss_host_, &overflow_flag_, &overflow_host_, &sgd_chunks_,
                           &lars_chunks_, &lars_partials_})
     if (t->defined()) graph_refs_.push_back(*t);
@@ -55,10 +67,15 @@ void CudaBackend::end_recording() {
 void CudaBackend::abort_recording() {
   if (!capturing_) return;
   capturing_ = false;
-  hold_device_frees(nullptr);
-  cudaGraph_t g = nullptr;
-  if (cudaStreamEndCapture(compute_, &g) == cudaSuccess && g) (void)cudaGraphDestroy(g);
+  // The capture is ended unless end_recording ended it before failing (to instantiate, say).
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(compute_, &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(compute_, &g) == cudaSuccess && g) (void)cudaGraphDestroy(g);
+  }
   (void)cudaGetLastError();
+  hold_device_frees(nullptr);  // the capture has ended: frees may wait for the device again
   loss_rows_ = -1;
   graph_refs_.clear();
   free_held_blocks(held_frees_);  // no graph uses them now
