@@ -115,8 +115,7 @@ void Loader::set_share(int64_t first_unit, int accum_steps) {
   std::lock_guard<std::mutex> lk(mu_);
   SPOTRAIN_CHECK(!plan_ || next_out_ % accum_ == 0, "internal: a share changed inside a step");
   first_unit_ = first_unit;
-  accum_ = accum_steps;
-  plan_.reset();  // start_epoch() makes the next
+  accum_ = accum_steps;  // the epoch under way keeps its plan's
 }
 
 bool Loader::next(Batch& out) {

@@ -101,8 +101,9 @@ class Loader {
   // Steps per epoch: each one batch, or accum_steps micro-batches.
   int64_t batches_per_epoch() const { return batches_; }
   // Training: this rank's share from the next start_epoch() on (LoaderOptions::accum_steps and
-  // first_unit; the step's micro-batches, LoaderOptions::units, stay). A share that changes at a
-  // step restarts the epoch there: start_epoch(epoch, that step).
+  // first_unit; the step's micro-batches, LoaderOptions::units, stay); the epoch under way keeps
+  // the share it started with. A share that changes mid-epoch restarts it at the next step:
+  // start_epoch(epoch, that step).
   void set_share(int64_t first_unit, int accum_steps);
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }

@@ -87,12 +87,20 @@ std::string LeaveRule::weigh(const RankWatch& watch, const RankWatch::Window& w,
     if (hosts[r] != host) c.others_busy_s = std::max(c.others_busy_s, w.ranks[r].busy());
   }
   c.step_s = slowest;
-  if (in.rates) {  // the restart rebalances too: the step's micro-batches over the others' rates
-    c.units = in.split->units();
-    for (size_t r = 0; r < in.rates->size(); ++r)
-      if (hosts[r] != host) c.others_rate += (*in.rates)[r];
-  }
   c.exposed_s = std::isfinite(least_wait) ? least_wait : 0;
+  const bool rated = in.rates && std::all_of(in.rates->begin(), in.rates->end(), [](double r) { return r > 0; });
+  if (rated && in.split->units() >= int64_t(ranks)) {
+    // Shares that follow rates: staying, the step is the best split's at these rates; leaving,
+    // the restart rebalances too (the step's micro-batches over the others' summed rates).
+    c.units = in.split->units();
+    const std::vector<int> best = counts_by_rate(c.units, *in.rates);
+    double step = 0;
+    for (size_t r = 0; r < best.size(); ++r) {
+      step = std::max(step, best[r] / (*in.rates)[r]);
+      if (hosts[r] != host) c.others_rate += (*in.rates)[r];
+    }
+    c.step_s = step + c.exposed_s;
+  }
   c.restart_s = restart_estimate(in);
   const LeaveDecision d = decide_leave(c);
   const std::string figures =

@@ -15,14 +15,28 @@
 #   netns_hosts.sh poweroff PREFIX I cut host I's link and SIGKILL everything running on it
 #   netns_hosts.sh restore PREFIX I  the host's link back up
 #   netns_hosts.sh pids PREFIX I     what runs on host I: "PID NAME" lines
+#   netns_hosts.sh quota PREFIX I S  host I gets S of one core (e.g. 0.4; "none": no limit), now and
+#                                    for what starts on it later: the kernel's CPU quota (cgroup
+#                                    v1 cpu.cfs_quota_us, or v2 cpu.max) in 10 ms periods, so that
+#                                    hosts sharing a machine run at the speeds they are given, not
+#                                    the machine's; exit 77 where no cgroup can be made here
 #   netns_hosts.sh down PREFIX       kill what runs on the hosts, remove them and the bridge
-# Traffic stays inside: the bridge has no uplink and forwarding is not touched.
+# Traffic stays inside: the bridge has no uplink and forwarding is not touched. A host's cgroup is
+# entered before `ip netns exec`, which remounts /sys (hiding the cgroups from inside).
 set -euo pipefail
-cmd=${1:?up|wipe|hosts|cut|poweroff|restore|pids|down} prefix=${2:?prefix}
+cmd=${1:?up|wipe|hosts|cut|poweroff|restore|pids|quota|down} prefix=${2:?prefix}
 [[ "$prefix" =~ ^[a-z][a-z0-9]{0,7}$ ]] || { echo "PREFIX: 1-8 lower-case letters and digits" >&2; exit 2; }
 net="10.213.$(( $(printf '%s' "$prefix" | cksum | cut -d' ' -f1) % 200 + 20 ))"
 dir=/tmp/$prefix-netns
 ns_pids() { ip netns pids "$prefix-$1" 2>/dev/null || true; }
+# The CPU cgroup of host $1: v1's cpu controller, else the unified (v2) hierarchy.
+cgroup_of() {
+  if [[ -d /sys/fs/cgroup/cpu && -f /sys/fs/cgroup/cpu/cpu.cfs_period_us ]]; then
+    echo "/sys/fs/cgroup/cpu/spotrain-$prefix-$1"
+  elif [[ -f /sys/fs/cgroup/cgroup.controllers ]] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+    echo "/sys/fs/cgroup/spotrain-$prefix-$1"
+  fi
+}
 case "$cmd" in
   up)
     n=${3:?number of hosts}
@@ -68,6 +82,8 @@ set -- "\$*" \$(awk -v h="\$host" '\$1 == h { print \$2, \$3, \$4 }' $dir/map)
 # A /tmp of the host's own, as separate machines have: Open MPI's daemons make their session
 # folders there, and two daemons making the same one at once in a shared /tmp can collide.
 TMPDIR=$dir/tmp-\$4; export TMPDIR; mkdir -p "\$TMPDIR"
+# The host's share of the CPU (netns_hosts.sh quota), entered here: ip netns exec hides /sys/fs/cgroup.
+[ -f "$dir/cgroup-\$4" ] && echo \$\$ > "\$(cat "$dir/cgroup-\$4")/cgroup.procs"
 $run
 rc=\$?
 while ip link show "\$3" 2>/dev/null | grep -q 'state DOWN'; do sleep 1; done
@@ -92,6 +108,26 @@ AGENT
     done < "$dir/map"
     ;;
   pids) for pid in $(ns_pids "${3:?host}"); do echo "$pid $(cat /proc/$pid/comm 2>/dev/null)"; done ;;
+  quota)
+    i=${3:?host} share=${4:?share of a core, e.g. 0.4, or none}
+    cg=$(cgroup_of "$i")
+    [[ -n "$cg" ]] || { echo "no CPU cgroup controller here (cgroup v1 cpu or v2 cpu.max)" >&2; exit 77; }
+    mkdir -p "$cg" 2>/dev/null || { echo "cannot make cgroup $cg" >&2; exit 77; }
+    if [[ "$share" == none ]]; then us=-1; else
+      [[ "$share" =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "quota: SHARE must be a number of cores or none" >&2; exit 2; }
+      us=$(awk -v s="$share" 'BEGIN { printf "%d", s * 10000 }')
+      ((us >= 1000)) || { echo "quota: at least 0.1 of a core" >&2; exit 2; }
+    fi
+    if [[ -f "$cg/cpu.cfs_quota_us" ]]; then
+      echo 10000 > "$cg/cpu.cfs_period_us"
+      echo "$us" > "$cg/cpu.cfs_quota_us"
+    else
+      if ((us < 0)); then echo "max 10000" > "$cg/cpu.max"; else echo "$us 10000" > "$cg/cpu.max"; fi
+    fi
+    echo "$cg" > "$dir/cgroup-$i"
+    # What runs on the host now (threads follow their process).
+    for pid in $(ns_pids "$i"); do echo "$pid" > "$cg/cgroup.procs" 2>/dev/null || true; done
+    ;;
   down)
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix-[0-9]*$" || true); do
       for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
@@ -102,6 +138,7 @@ AGENT
       ip link del "$l" 2>/dev/null || true
     done
     ip link del "$prefix-br" 2>/dev/null || true
+    for f in "$dir"/cgroup-*; do [[ -f "$f" ]] && rmdir "$(cat "$f")" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
   *) echo "unknown command '$cmd'" >&2; exit 2 ;;

@@ -19,7 +19,6 @@ Exit 77 (skipped) where network namespaces cannot be made.
 
   tests/test_stragglers.py SPOTRAIN_BINARY
 """
-import json
 import os
 import re
 import shutil
@@ -30,9 +29,8 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOSTS = os.path.join(REPO, "tests", "netns_hosts.sh")
-LAUNCHER = os.path.join(REPO, "examples", "resnet50", "launch", "mpirun.sh")
+from netns_fleet import HOSTS, Fleet, records, same_weights
+
 PREFIX = "strag"
 TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--log-every", "10",
          "--threads", "1", "--eval-every", "0", "--straggler-threshold", "1.5"]
@@ -79,59 +77,6 @@ class DutyCycle:
             os.kill(pid, signal.SIGCONT)
 
 
-class Fleet:
-    def __init__(self, work):
-        up = subprocess.run([HOSTS, "up", PREFIX, "3"], capture_output=True, text=True)
-        if up.returncode == 77:
-            raise SystemExit(77)
-        if up.returncode != 0:
-            raise RuntimeError("netns_hosts.sh up failed: " + up.stdout + up.stderr)
-        self.agent, self.net = up.stdout.split()[:2]
-        self.work = work
-
-    def hostfile(self, hosts):
-        path = os.path.join(self.work, "hosts-" + "".join(map(str, hosts)))
-        with open(path, "w") as f:
-            for i in hosts:
-                f.write("%s.%d slots=1\n" % (self.net, i))
-        return path
-
-    def launch(self, args, hosts=(1, 2, 3), discovery=False, env=None):
-        e = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                 RANKS_PER_NODE="1", THREADS_PER_RANK="1", SPOTRAIN=SPOTRAIN,
-                 MPI_IFNAME=self.net + ".0/24",
-                 MPIRUN_ARGS="--mca plm_rsh_agent %s --mca rtc ^hwloc --mca btl tcp,self" % self.agent)
-        if discovery:
-            e.update(HOST_DISCOVERY="%s hosts %s" % (HOSTS, PREFIX), DISCOVERY_INTERVAL="0")
-        e.update(env or {})
-        hostfile = "-" if discovery else self.hostfile(hosts)
-        t0 = time.time()
-        r = subprocess.run([LAUNCHER, hostfile, str(len(hosts))] + args, env=e, capture_output=True,
-                           text=True, timeout=400)
-        return r.returncode, r.stdout + r.stderr, time.time() - t0
-
-    def down(self):
-        subprocess.run([HOSTS, "down", PREFIX], capture_output=True)
-
-
-def records(run_dir):
-    out = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
-def same_weights(a, b):
-    for group in ("/model", "/optimizer"):
-        if subprocess.run(["h5diff", "-q", a, b, group, group], capture_output=True).returncode != 0:
-            return False
-    return True
-
-
 def main():
     global SPOTRAIN
     SPOTRAIN = sys.argv[1]
@@ -150,7 +95,7 @@ def main():
             failures.append(what)
 
     try:
-        fleet = Fleet(work)
+        fleet = Fleet(PREFIX, 3, work, SPOTRAIN)
     except SystemExit:
         print("skipped: network namespaces cannot be made here")
         return 77

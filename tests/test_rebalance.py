@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Shares of the global batch that follow the ranks' rates (--straggler-action rebalance, the
+default), on three namespace hosts (tests/netns_fleet.py) each held to its own share of a core by
+the kernel's CPU quota (10 ms periods), so that three hosts on this 2-core machine run at the
+speeds they are given, not the machine's, and one can be made exactly half as fast:
+
+- even: three hosts at 0.4 of a core; the shares stay even (no record of a change);
+- uneven: the same with the third at 0.2: the shares move to it taking fewer micro-batches, and
+  the fleet trains at 0.75 or more of the even fleet's images/s over the second half of the run
+  (ideal 0.83; an even split 0.5). Its weights equal the even fleet's bit for bit while the split
+  is the same (the checkpoint of step 10, before any window could move it) and stay within the
+  drift that the order of the gradient's sum alone makes afterwards (sums of three or more terms
+  in another order drift apart chaotically: regroupings of one ResNet-20 run's micro-batches
+  ended about 1% apart after 12 steps; the bound here is 5% of the weights' norm);
+- a stop of the uneven fleet (SPOTRAIN_FAULT term at step 30) resumes on two hosts: the steps
+  after it train the global batches of the even run, in order, sample for sample;
+- a host slowed mid-run (its quota halved once the run is under way) gets a smaller share within
+  four progress windows, and once restored its share comes back to even within six.
+
+Steps are counted, not seconds: a quota slows a host by its share of time whatever the
+machine's speed. Exit 77 (skipped) where network namespaces or CPU cgroups cannot be made.
+
+  tests/test_rebalance.py SPOTRAIN_BINARY
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from netns_fleet import Fleet, records, same_weights
+
+PREFIX = "rebal"
+TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--accum-steps", "4",
+         "--log-every", "5", "--threads", "1", "--eval-every", "0", "--keep", "20"]
+EVEN = [4, 4, 4]
+
+
+def step_records(run):
+    return [r for r in records(run) if r.get("type") == "step" and not r.get("superseded")]
+
+
+def share_changes(run):
+    return [(r["step"], r["micro_batches"]) for r in records(run) if r.get("type") == "shares"]
+
+
+def images_per_sec(run, after):
+    v = [r["images_per_sec"] for r in step_records(run) if r["step"] > after]
+    return sum(v) / len(v) if v else 0.0
+
+
+def params(path):
+    import h5py
+    import numpy
+    with h5py.File(path, "r") as f:
+        out = []
+        f["model"].visititems(lambda n, d: out.append(numpy.asarray(d, dtype=numpy.float64).ravel())
+                              if isinstance(d, h5py.Dataset) else None)
+    return numpy.concatenate(out)
+
+
+def relative_difference(a, b):
+    import numpy
+    pa, pb = params(a), params(b)
+    return float(numpy.linalg.norm(pa - pb) / numpy.linalg.norm(pa))
+
+
+def samples(log, ranks):
+    """step -> the step's sample ids over the ranks in rank order (the global batch in order)."""
+    out = {}
+    for r in range(ranks):
+        with open("%s.%d" % (log, r)) as f:
+            for line in f:
+                ids = line.split()
+                out.setdefault(int(ids[0]), []).extend(ids[1:])
+    return out
+
+
+def wait_for(job, run, pred, what, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        got = pred()
+        if got is not None:
+            return got
+        if job.poll() is not None:
+            raise RuntimeError("the job ended (%s) before %s" % (job.returncode, what))
+        time.sleep(0.2)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+def last_step(run):
+    s = step_records(run)
+    return s[-1]["step"] if s else 0
+
+
+def main():
+    spotrain = sys.argv[1]
+    if os.geteuid() != 0:
+        print("skipped: needs root for network namespaces and CPU cgroups")
+        return 77
+    work = tempfile.mkdtemp(prefix="rebalance.")
+    failures = []
+
+    def check(ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    try:
+        fleet = Fleet(PREFIX, 3, work, spotrain)
+    except SystemExit:
+        print("skipped: network namespaces cannot be made here")
+        return 77
+    try:
+        try:
+            for i in (1, 2, 3):
+                fleet.quota(i, 0.4)
+        except SystemExit:
+            print("skipped: no CPU cgroup can be made here")
+            return 77
+        log_env = lambda name: {"SPOTRAIN_SAMPLE_LOG": os.path.join(work, name + ".ids"),
+                                "EXTRA_ENV": "SPOTRAIN_SAMPLE_LOG SPOTRAIN_FAULT"}
+
+        # 1. Even: three hosts at 0.4 of a core.
+        even = os.path.join(work, "even")
+        rc, out, secs = fleet.launch(TRAIN + ["--steps", "40", "--ckpt-every", "10", "--ckpt-dir", even], env=log_env("even"))
+        print(out[-1500:])
+        check(rc == 0, "even: the job ran to its end (exit %d, %.0f s)" % (rc, secs))
+        check(share_changes(even) == [], "even: the shares stayed even (%s)" % share_changes(even))
+
+        # 2. Uneven: the third host at 0.2, stopped at step 30; then resumed on two hosts.
+        fleet.quota(3, 0.2)
+        uneven = os.path.join(work, "uneven")
+        rc, out, secs = fleet.launch(TRAIN + ["--steps", "40", "--ckpt-every", "10", "--ckpt-dir", uneven],
+                                     env=dict(log_env("uneven"), SPOTRAIN_FAULT="term:0:30"))
+        print(out[-2500:])
+        check(rc == 75, "uneven: stopped with a checkpoint at step 30 (exit %d, %.0f s)" % (rc, secs))
+        moved = share_changes(uneven)
+        check(len(moved) >= 1 and moved[0][0] <= 20 and moved[0][1][2] < 4 and sum(moved[0][1]) == 12,
+              "uneven: by step 20 the third host takes fewer of the 12 micro-batches (%s)" % moved)
+        check("shares of the global batch follow the ranks' rates: micro-batches of 16 per rank" in out,
+              "uneven: the change is one log line")
+        ratio = images_per_sec(uneven, 20) / max(1e-9, images_per_sec(even, 20))
+        check(ratio >= 0.75, "uneven: %.2f of the even fleet's images/s over steps 21-30 (at least 0.75)" % ratio)
+        ranks = [r["ranks"] for r in step_records(uneven) if r["step"] > 20 and "ranks" in r]
+        check(ranks and all(k[2].get("micro_batches", 4) < 4 for k in ranks[-1:]),
+              "uneven: the step records hold each rank's share (%s)" % [k.get("micro_batches") for k in ranks[-1]]
+              if ranks else "uneven: no step record with the ranks")
+        ck = lambda run, s: os.path.join(run, "ckpt-%08d.h5" % s)
+        check(same_weights(ck(even, 10), ck(uneven, 10)),
+              "uneven: step 10 (the same split) equals the even fleet's bit for bit")
+        drift = relative_difference(ck(even, 30), ck(uneven, 30))
+        check(drift < 0.05, "uneven: step 30 within the drift of the sum's order (%.4f of the weights' norm)" % drift)
+        rc, out, secs = fleet.launch(TRAIN + ["--steps", "40", "--ckpt-dir", uneven, "--resume", "auto"],
+                                     hosts=(1, 2), env=log_env("resumed"))
+        print(out[-1500:])
+        check(rc == 0 and "resumed from %s: step 30" % ck(uneven, 30) in out,
+              "resume: two hosts went on from the stop at step 30 (exit %d)" % rc)
+        check("per-rank batch 16 x 6 micro-batches keeps its global batch of 192" in out,
+              "resume: two ranks keep the global batch with 6 micro-batches each")
+        want, got = samples(os.path.join(work, "even.ids"), 3), samples(os.path.join(work, "resumed.ids"), 2)
+        check(sorted(got) == list(range(31, 41)) and all(got[s] == want[s] for s in got),
+              "resume: steps 31-40 train the even run's global batches, in order")
+        first = samples(os.path.join(work, "uneven.ids"), 3)
+        check(all(first[s] == want[s] for s in range(1, 31)),
+              "uneven: every step trained the even run's global batch, in order, whatever the shares")
+
+        # 3. A host slowed mid-run gets a smaller share; restored, its share comes back.
+        fleet.quota(3, 0.4)
+        mid = os.path.join(work, "mid")
+        job = fleet.start(TRAIN + ["--steps", "75", "--ckpt-dir", mid])
+        try:
+            wait_for(job, mid, lambda: last_step(mid) >= 10 or None, "step 10")
+            fleet.quota(3, 0.2)
+            slowed = last_step(mid)
+            down = wait_for(job, mid, lambda: next((c for c in share_changes(mid) if c[1][2] < 4), None),
+                            "a smaller share for the slowed host")
+            fleet.quota(3, 0.4)
+            restored = last_step(mid)
+            back = wait_for(job, mid, lambda: next((c for c in share_changes(mid) if c[0] > down[0] and c[1] == EVEN),
+                                                   None), "the shares back to even")
+            job.wait(timeout=300)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            job.log.seek(0)
+            print(job.log.read()[-2000:])
+        check(job.returncode == 0, "mid-run: the job ran to its end (exit %s)" % job.returncode)
+        check(down[0] - slowed <= 20, "mid-run: slowed after step %d, a smaller share at step %d (%s)" %
+              (slowed, down[0], down[1]))
+        check(back[0] - restored <= 30, "mid-run: restored after step %d, even again at step %d" % (restored, back[0]))
+    finally:
+        fleet.down()
+        if not failures:
+            shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print("%d check(s) failed; files kept in %s" % (len(failures), work))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
