@@ -48,7 +48,9 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions opt)
   SPOTRAIN_CHECK(opt_.accum_steps >= 1, "--accum-steps must be at least 1, got ", opt_.accum_steps);
   if (opt_.train) {
     units_ = opt_.units > 0 ? opt_.units : int64_t(opt_.world) * opt_.accum_steps;
-    set_share(opt_.first_unit >= 0 ? opt_.first_unit : int64_t(opt_.rank) * opt_.accum_steps, opt_.accum_steps);
+    micro_ = opt_.batch_size;
+    set_share(micro_, units_, opt_.first_unit >= 0 ? opt_.first_unit : int64_t(opt_.rank) * opt_.accum_steps,
+              opt_.accum_steps);
     const int64_t global = opt_.batch_size * units_;
     SPOTRAIN_CHECK(global <= size, "--batch-size ", opt_.batch_size, " x ", opt_.world, " ranks",
                    units_ > opt_.world ? str(" x ", units_ / opt_.world, " micro-batches") : std::string(),
@@ -82,12 +84,13 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   auto plan = std::make_shared<Plan>();
   plan->epoch = epoch;
   plan->accum = accum_;
+  plan->micro = opt_.train ? micro_ : opt_.batch_size;
   if (opt_.train) {
     // This rank's part of each global batch, concatenated: (micro-)batch m is [m*B, (m+1)*B).
     // Micro-batch j of step b is the part of rank first_unit + j of `units` (io/sampler.h).
     const std::vector<int64_t> perm = sampler_.permutation(epoch);
-    const int64_t global = opt_.batch_size * units_;
-    plan->order.reserve(size_t(batches_ * accum_ * opt_.batch_size));
+    const int64_t global = micro_ * units_;
+    plan->order.reserve(size_t(batches_ * accum_ * micro_));
     for (int64_t b = 0; b < batches_; ++b)
       for (int j = 0; j < accum_; ++j) {
         std::vector<int64_t> part = Sampler::rank_slice(perm, b, global, int(first_unit_ + j), int(units_));
@@ -107,15 +110,18 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   work_cv_.notify_all();
 }
 
-void Loader::set_share(int64_t first_unit, int accum_steps) {
+void Loader::set_share(int64_t micro, int64_t units, int64_t first_unit, int accum_steps) {
   SPOTRAIN_CHECK(opt_.train, "internal: a share of the global batch is for training");
-  SPOTRAIN_CHECK(accum_steps >= 1 && first_unit >= 0 && first_unit + accum_steps <= units_,
-                 "internal: micro-batches ", first_unit, " to ", first_unit + accum_steps - 1, " of a step of ",
-                 units_);
+  SPOTRAIN_CHECK(micro > 0 && micro * units == micro_ * units_, "internal: a share of ", units,
+                 " micro-batches of ", micro, " is not the global batch of ", micro_ * units_);
+  SPOTRAIN_CHECK(accum_steps >= 1 && first_unit >= 0 && first_unit + accum_steps <= units,
+                 "internal: micro-batches ", first_unit, " to ", first_unit + accum_steps - 1, " of a step of ", units);
   std::lock_guard<std::mutex> lk(mu_);
   SPOTRAIN_CHECK(!plan_ || next_out_ % accum_ == 0, "internal: a share changed inside a step");
+  micro_ = micro;  // the epoch under way keeps its plan's
+  units_ = units;
   first_unit_ = first_unit;
-  accum_ = accum_steps;  // the epoch under way keeps its plan's
+  accum_ = accum_steps;
 }
 
 bool Loader::next(Batch& out) {
@@ -236,7 +242,7 @@ void Loader::decode_sample(int64_t id, int64_t epoch, Batch& out, int64_t i, int
 }
 
 void Loader::produce(const Plan& plan, int64_t b, uint64_t gen, Batch& out, Scratch& s) {
-  const int64_t B = opt_.batch_size;
+  const int64_t B = plan.micro;
   const int64_t begin = b * B;
   const int64_t n = std::min<int64_t>(B, int64_t(plan.order.size()) - begin);
   const int64_t per_image = shape_.numel();

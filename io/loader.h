@@ -100,11 +100,11 @@ class Loader {
   bool next(Batch& out);
   // Steps per epoch: each one batch, or accum_steps micro-batches.
   int64_t batches_per_epoch() const { return batches_; }
-  // Training: this rank's share from the next start_epoch() on (LoaderOptions::accum_steps and
-  // first_unit; the step's micro-batches, LoaderOptions::units, stay); the epoch under way keeps
-  // the share it started with. A share that changes mid-epoch restarts it at the next step:
-  // start_epoch(epoch, that step).
-  void set_share(int64_t first_unit, int accum_steps);
+  // Training: this rank's share from the next start_epoch() on: `accum_steps` micro-batches of
+  // `micro` images from the step's micro-batch `first_unit` of `units` (micro x units is the
+  // global batch, which stays); the epoch under way keeps the share it started with. A share that
+  // changes mid-epoch restarts it at the next step: start_epoch(epoch, that step).
+  void set_share(int64_t micro, int64_t units, int64_t first_unit, int accum_steps);
   int64_t samples_per_epoch() const { return samples_; }  // this rank's
   const LoaderOptions& options() const { return opt_; }
   // Whether batches hold 8-bit pixels (LoaderOptions::pixels_u8 where the data and the
@@ -116,7 +116,8 @@ class Loader {
  private:
   struct Plan {  // one start_epoch(): this rank's samples in order, (micro-)batch m at [m*B, (m+1)*B)
     int64_t epoch = 0;
-    int accum = 1;  // micro-batches per step
+    int accum = 1;      // micro-batches per step
+    int64_t micro = 0;  // images per (micro-)batch
     std::vector<int64_t> order;
   };
   struct Slot {
@@ -144,7 +145,7 @@ class Loader {
   Sampler sampler_;
   int64_t batches_ = 0;               // steps per epoch
   int accum_ = 1;                     // this rank's micro-batches per step (training), else 1
-  int64_t units_ = 1, first_unit_ = 0;  // training: the step's micro-batches, this rank's first
+  int64_t micro_ = 0, units_ = 1, first_unit_ = 0;  // training: the step's micro-batches, this rank's first
   int64_t samples_ = 0;               // this rank's per epoch (at its share when the loader was made)
   int64_t window_ = 1;                // batches in flight or ready, at most
   std::vector<int64_t> base_order_;   // eval: this rank's slice (fixed for every epoch)

@@ -86,7 +86,7 @@ LeaveDecision decide_leave(const LeaveCase& c) {
     d.without_s = std::numeric_limits<double>::infinity();
     return d;
   }
-  d.step_without_s = c.others_rate > 0 ? double(c.units) / c.others_rate + c.exposed_s
+  d.step_without_s = c.others_rate > 0 ? double(c.global_batch) / c.others_rate + c.exposed_s
                                        : c.others_busy_s * double(c.ranks) / double(rest) + c.exposed_s;
   d.without_s = c.restart_s + steps * d.step_without_s;
   d.pays = d.without_s < d.with_s;

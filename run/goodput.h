@@ -89,11 +89,11 @@ struct LeaveCase {
   double exposed_s = 0;         // per step beyond the slowest rank: the least wait of any rank
   int64_t steps_left = 0;
   double restart_s = 0;         // a stop with a checkpoint and a start on the others
-  // Shares that follow rates (run/rebalance.h): the remaining ranks' micro-batches per second
-  // of compute, summed, and the step's micro-batches: a step on the others then takes
-  // units / others_rate (0: shares stay even, and others_busy_s scales by ranks / rest).
+  // Shares that follow rates (run/rebalance.h): the remaining ranks' images per second of
+  // compute, summed: a step on the others then takes global_batch / others_rate (0: shares stay
+  // even, and others_busy_s scales by ranks / rest).
   double others_rate = 0;
-  int64_t units = 0;
+  int64_t global_batch = 0;
 };
 struct LeaveDecision {
   double with_s = 0, without_s = 0;  // the rest of the run: with the host, and leaving it

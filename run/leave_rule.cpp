@@ -91,12 +91,12 @@ std::string LeaveRule::weigh(const RankWatch& watch, const RankWatch::Window& w,
   const bool rated = in.rates && std::all_of(in.rates->begin(), in.rates->end(), [](double r) { return r > 0; });
   if (rated && in.split->units() >= int64_t(ranks)) {
     // Shares that follow rates: staying, the step is the best split's at these rates; leaving,
-    // the restart rebalances too (the step's micro-batches over the others' summed rates).
-    c.units = in.split->units();
-    const std::vector<int> best = counts_by_rate(c.units, *in.rates);
+    // the restart rebalances too (the global batch over the others' summed rates).
+    c.global_batch = in.split->global();
+    const std::vector<int> best = counts_by_rate(in.split->units(), *in.rates);
     double step = 0;
     for (size_t r = 0; r < best.size(); ++r) {
-      step = std::max(step, best[r] / (*in.rates)[r]);
+      step = std::max(step, double(best[r] * in.split->micro) / (*in.rates)[r]);
       if (hosts[r] != host) c.others_rate += (*in.rates)[r];
     }
     c.step_s = step + c.exposed_s;

@@ -22,7 +22,7 @@ namespace spotrain {
 struct LeaveInputs {
   int64_t step = 0, steps_left = 0;
   const BatchSplit* split = nullptr;         // the job's global batch and shares
-  const std::vector<double>* rates = nullptr;  // shares by rate: each rank's (run/rebalance.h)
+  const std::vector<double>* rates = nullptr;  // shares by rate: each rank's images/s (run/rebalance.h)
   double startup_s = 0;       // this process: from its start to its first step done
   double checkpoint_s = 0;    // a checkpoint's write (0 before the first)
   std::string metrics_path;   // rank 0's metrics, for the restarts this run measured ("" = none)

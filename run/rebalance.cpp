@@ -18,7 +18,19 @@ std::string list(const std::vector<int>& v) {
 
 }  // namespace
 
-Rebalancer::Rebalancer(int world) : rates_(size_t(world), 0.0) {}
+namespace {
+int64_t smallest_micro(const BatchSplit& first) { return std::max(Rebalancer::kSmallestMicro, (first.micro + 3) / 4); }
+}  // namespace
+
+Rebalancer::Rebalancer(const BatchSplit& first)
+    : rates_(size_t(first.world()), 0.0), min_micro_(smallest_micro(first)) {}
+
+std::string Rebalancer::why_shares_stay(const BatchSplit& first) {
+  if (first.units() > first.world() || (first.micro % 2 == 0 && first.micro / 2 >= smallest_micro(first))) return "";
+  return str("each rank trains one micro-batch of ", first.micro, " per step, too few images to halve (at least ",
+             2 * kSmallestMicro, "); give each rank several micro-batches (--accum-steps) for shares to follow the "
+             "ranks' rates");
+}
 
 std::optional<BatchSplit> Rebalancer::weigh(const RankWatch::Window& w, const BatchSplit& current) {
   if (w.ranks.size() != rates_.size() || size_t(current.world()) != rates_.size()) return std::nullopt;
@@ -29,29 +41,37 @@ std::optional<BatchSplit> Rebalancer::weigh(const RankWatch::Window& w, const Ba
   for (size_t r = 0; r < rates_.size(); ++r) {
     const double compute = w.ranks[r].compute;
     if (!(compute > 0)) return std::nullopt;  // a rank without figures: nothing to weigh
-    const double rate = double(current.counts[r]) / compute;
+    const double rate = double(current.counts[r] * current.micro) / compute;
     rates_[r] = rates_[r] > 0 ? kSmoothing * rate + (1 - kSmoothing) * rates_[r] : rate;
   }
-  const std::vector<int> best = counts_by_rate(current.units(), rates_);
-  const double now = split_slowdown(current.counts, rates_), then = split_slowdown(best, rates_);
-  if (best == current.counts || then > now * (1 - kMargin)) {
+  // The best counts of the step's micro-batches; while they leave the step a margin longer than
+  // an ideal split, the same with micro-batches of half the size (each rank's rate per micro-batch
+  // doubles; what a smaller micro-batch costs beyond its images is not counted).
+  // (Shares and slowdowns depend only on the rates' ratios: images/s serve for any micro-batch.)
+  BatchSplit next = current;
+  next.counts = counts_by_rate(next.units(), rates_);
+  while (split_slowdown(next.counts, rates_) > 1 + kMargin && next.micro % 2 == 0 && next.micro / 2 >= min_micro_) {
+    next.micro /= 2;
+    next.counts = counts_by_rate(current.global() / next.micro, rates_);
+  }
+  const double now = split_slowdown(current.counts, rates_), then = split_slowdown(next.counts, rates_);
+  if (next == current || then > now * (1 - kMargin)) {
     calls_ = 0;
     return std::nullopt;
   }
   if (++calls_ < kConfirm) return std::nullopt;
   calls_ = 0;
   settling_ = true;
-  BatchSplit next = current;
-  next.counts = best;
   std::string rates;
-  for (size_t r = 0; r < rates_.size(); ++r)
-    rates += str(r ? ", " : "", fmt_fixed(rates_[r] * double(current.micro), 1));
-  line_ = str("shares of the global batch follow the ranks' rates: micro-batches of ", current.micro, " per rank ",
-              list(best), " (were ", list(current.counts), "), at ", rates,
-              " images/s of compute; the step ", fmt_fixed(100 * (1 - then / now), 0), "% shorter");
-  record_ = {{"micro_batch", current.micro}, {"micro_batches", best}, {"previous", current.counts},
-             {"images_per_sec", nlohmann::json::array()}, {"predicted_gain", 1 - then / now}};
-  for (double r : rates_) record_["images_per_sec"].push_back(r * double(current.micro));
+  for (size_t r = 0; r < rates_.size(); ++r) rates += str(r ? ", " : "", fmt_fixed(rates_[r], 1));
+  line_ = str("shares of the global batch follow the ranks' rates: micro-batches of ", next.micro, " per rank ",
+              list(next.counts), " (were ", list(current.counts),
+              next.micro != current.micro ? str(" of ", current.micro, ": whole ones were too coarse") : std::string(),
+              "), at ", rates, " images/s of compute; the step ", fmt_fixed(100 * (1 - then / now), 0), "% shorter");
+  record_ = {{"micro_batch", next.micro}, {"micro_batches", next.counts}, {"previous_micro_batch", current.micro},
+             {"previous", current.counts}, {"images_per_sec", nlohmann::json::array()},
+             {"predicted_gain", 1 - then / now}};
+  for (double r : rates_) record_["images_per_sec"].push_back(r);
   return next;
 }
 

@@ -282,15 +282,13 @@ void Trainer::begin(Loop& loop) {
   loop.progress.watch_ranks(loop.rank_watch.get());
   loop.leave = std::make_unique<LeaveRule>(cfg_, session_->worker());
   if (cfg_.straggler_action == "warn") return;
-  if (cfg_.deterministic)
-    log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even with ",
-                 "--deterministic (a share that follows the ranks' rates changes the order of the gradient's sum)"));
-  else if (split_.units() == world)
-    log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even: each rank ",
-                 "trains one micro-batch per step; give each several for shares to follow the ranks' rates (e.g. ",
-                 "--accum-steps 4 at a quarter of --batch-size: the same global batch)"));
+  const std::string why_even = cfg_.deterministic ? "--deterministic (a share that follows the ranks' rates changes "
+                                                    "the order of the gradient's sum)"
+                                                  : Rebalancer::why_shares_stay(split_);
+  if (why_even.empty())
+    loop.rebalance = std::make_unique<Rebalancer>(split_);
   else
-    loop.rebalance = std::make_unique<Rebalancer>(world);
+    log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even: ", why_even));
 }
 
 TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch,
@@ -381,7 +379,7 @@ void Trainer::reshare(Loop& loop, io::Loader& loader, const TrainPosition& at, c
   split_ = next;  // what the checkpoints record from now on
   const int rank = session_->rank();
   t_.runner->set_accum_steps(split_.count(rank), split_.units());
-  loader.set_share(split_.first(rank), split_.count(rank));
+  loader.set_share(split_.micro, split_.units(), split_.first(rank), split_.count(rank));
   if (at.batch_in_epoch < loop.s.per_epoch) loader.start_epoch(at.epoch, at.batch_in_epoch);
   loop.rank_watch->set_shares(split_.counts);
   loop.rank_watch->skip_next();  // the next step waits for the loader's restart

@@ -1,7 +1,9 @@
 // The global batch in one place (run/global_batch.h): the even split of a checkpoint's global
-// batch over a rank count, one answer for resume, the plan and `spotrain batch`; shares by rate.
+// batch over a rank count, one answer for resume, the plan and `spotrain batch`; shares by rate,
+// and the rebalancer that moves them (run/rebalance.h).
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "core/error.h"
 #include "run/global_batch.h"
 #include "run/plan.h"
+#include "run/rebalance.h"
 #include "run/resume.h"
 
 using namespace spotrain;
@@ -157,4 +160,69 @@ TEST(GlobalBatch, SharesFollowRatesAndEqualRatesStayEven) {
   EXPECT_EQ(s.global(), 384);
   EXPECT_FALSE(s.even());
   EXPECT_EQ(s.text(), "micro-batches of 32: 5, 5, 2 per rank");
+}
+
+namespace {
+
+// A window of per-step compute seconds by rank (no input, no waits).
+RankWatch::Window window(const std::vector<double>& compute) {
+  RankWatch::Window w;
+  for (double c : compute) w.ranks.push_back(RankTimes{c, 0, 0});
+  return w;
+}
+
+// The per-step compute of each rank under `s` at `speed` images per second.
+std::vector<double> compute_of(const BatchSplit& s, const std::vector<double>& speed) {
+  std::vector<double> c;
+  for (int r = 0; r < s.world(); ++r) c.push_back(double(s.count(r) * s.micro) / speed[size_t(r)]);
+  return c;
+}
+
+}  // namespace
+
+// A fleet of equal ranks keeps its shares through noise of +-8% per window; a rank at half speed
+// gets fewer micro-batches after two windows that call for it, none in the window after.
+TEST(Rebalancer, EqualRanksStayEvenAndAHalfSpeedRankGetsLess) {
+  const BatchSplit first = first_split(3, 16, 4);
+  Rebalancer even(first);
+  const std::vector<std::vector<double>> noise = {{1.0, 1.08, 0.92}, {0.93, 1.0, 1.07}, {1.08, 0.92, 1.0}};
+  for (int i = 0; i < 12; ++i)
+    EXPECT_FALSE(even.weigh(window(compute_of(first, noise[size_t(i % 3)])), first)) << "window " << i;
+  Rebalancer uneven(first);
+  const std::vector<double> speed = {200, 200, 100};
+  EXPECT_FALSE(uneven.weigh(window(compute_of(first, speed)), first)) << "one window is not enough";
+  const std::optional<BatchSplit> next = uneven.weigh(window(compute_of(first, speed)), first);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->counts, (std::vector<int>{5, 5, 2}));
+  EXPECT_EQ(next->micro, 16);
+  EXPECT_NE(uneven.last_line().find("micro-batches of 16 per rank 5, 5, 2 (were 4, 4, 4)"), std::string::npos)
+      << uneven.last_line();
+  EXPECT_EQ(uneven.last_record()["micro_batches"], nlohmann::json({5, 5, 2}));
+  // The window that held the change is not weighed; after it, the new split holds.
+  EXPECT_FALSE(uneven.weigh(window(compute_of(*next, speed)), *next));
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(uneven.weigh(window(compute_of(*next, speed)), *next));
+  // Restored to full speed: back to even.
+  std::optional<BatchSplit> back;
+  for (int i = 0; i < 6 && !back; ++i) back = uneven.weigh(window(compute_of(*next, {200, 200, 200})), *next);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->counts, (std::vector<int>{4, 4, 4}));
+}
+
+// One micro-batch per rank is too coarse for a half-speed rank: the micro-batch is halved (down
+// to a quarter of the first, never below 8 images); where it cannot be, the shares stay.
+TEST(Rebalancer, WholeMicroBatchesTooCoarseAreHalved) {
+  const BatchSplit first = first_split(3, 64, 1);
+  EXPECT_EQ(Rebalancer::why_shares_stay(first), "");
+  Rebalancer r(first);
+  const std::vector<double> speed = {200, 200, 100};
+  r.weigh(window(compute_of(first, speed)), first);
+  const std::optional<BatchSplit> next = r.weigh(window(compute_of(first, speed)), first);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->global(), first.global());
+  EXPECT_EQ(next->micro, 16);  // 64 / 4: (5, 5, 2) of 12, where 6 of 32 could not split well
+  EXPECT_EQ(next->counts, (std::vector<int>{5, 5, 2}));
+  EXPECT_NE(r.last_line().find("(were 1, 1, 1 of 64: whole ones were too coarse)"), std::string::npos) << r.last_line();
+  EXPECT_NE(Rebalancer::why_shares_stay(first_split(3, 15, 1)).find("too few images to halve"), std::string::npos);
+  EXPECT_NE(Rebalancer::why_shares_stay(first_split(2, 8, 1)), "");
+  EXPECT_EQ(Rebalancer::why_shares_stay(first_split(2, 8, 2)), "");
 }
