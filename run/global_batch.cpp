@@ -121,6 +121,18 @@ std::vector<int> counts_by_rate(int64_t units, const std::vector<double>& rates,
   return c;
 }
 
+int64_t smallest_micro(int64_t first_micro) { return std::max<int64_t>(8, (first_micro + 3) / 4); }
+
+BatchSplit split_by_rate(const BatchSplit& split, const std::vector<double>& rates, int64_t min_micro, double margin) {
+  BatchSplit next = split;
+  next.counts = counts_by_rate(next.units(), rates);
+  while (split_slowdown(next.counts, rates) > 1 + margin && next.micro % 2 == 0 && next.micro / 2 >= min_micro) {
+    next.micro /= 2;
+    next.counts = counts_by_rate(split.global() / next.micro, rates);
+  }
+  return next;
+}
+
 double split_slowdown(const std::vector<int>& counts, const std::vector<double>& rates) {
   SPOTRAIN_CHECK(counts.size() == rates.size() && !counts.empty(), "internal: ", counts.size(), " counts for ",
                  rates.size(), " rates");

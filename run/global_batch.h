@@ -56,6 +56,16 @@ BatchSplit first_split(int world, int64_t batch, int accum);
 // slowest rank finishes first. Equal rates give an even split wherever units divide. Throws
 // Error when units < min_units x ranks or a rate is not positive.
 std::vector<int> counts_by_rate(int64_t units, const std::vector<double>& rates, int min_units = 1);
+// The smallest micro-batch that shares by rate may cut a run's first micro-batch of `first_micro`
+// images into: a quarter of it, and never below 8 images (batch norm's statistics come from each
+// micro-batch).
+int64_t smallest_micro(int64_t first_micro);
+// `split`'s global batch dealt out by `rates` (images per second, one per rank): counts_by_rate
+// of its micro-batches; while those leave the step more than `margin` longer than an ideal split,
+// the same with micro-batches of half the size, as long as they stay at least `min_micro` images
+// (what a smaller micro-batch costs beyond its images is not counted). Shares and slowdowns
+// depend only on the rates' ratios.
+BatchSplit split_by_rate(const BatchSplit& split, const std::vector<double>& rates, int64_t min_micro, double margin);
 // The step's time under `counts` at `rates` (micro-batches per second of each rank), relative
 // to the ideal where every rank finishes together: max_r(counts[r] / rates[r]) against
 // units / sum(rates). 1 is a perfect split.

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "layers/resnet.h"
 #include "observe/metrics.h"
+#include "run/rebalance.h"
 
 namespace spotrain {
 
@@ -329,6 +330,112 @@ RunCosts costs_from(const std::string& dir) {
 
 // ---- the rows and the choice ------------------------------------------------------------------
 
+std::string PlanRow::fleet() const {
+  return with ? str(offer->name, " x", hosts, " + ", with->name, " x", with_hosts) : offer->name;
+}
+
+namespace {
+
+// One offer's hosts in a fleet, at its per-GPU speed.
+struct FleetPart {
+  const Offer* offer = nullptr;
+  int hosts = 0;
+  double ips_per_gpu = 0;
+};
+
+// The rows (spot and on demand) of a fleet of one offer's hosts, or of two offers' (their GPUs
+// per host alike), into `out`; or why its global batch leaves it out.
+void plan_fleet(const PlanInput& in, const std::vector<FleetPart>& parts, double images, Planned& out) {
+  const PlanWork& w = in.work;
+  const RunCosts& costs = in.costs;
+  const Offer& first = *parts[0].offer;
+  int hosts = 0;
+  std::vector<double> rates;  // each GPU's images/s
+  for (const FleetPart& p : parts) {
+    hosts += p.hosts;
+    rates.insert(rates.end(), size_t(p.hosts * p.offer->gpus_per_host), p.ips_per_gpu);
+  }
+  const int gpus = int(rates.size());
+  const std::string name = parts.size() == 1 ? first.name : str(first.name, " + ", parts[1].offer->name);
+  const json where = parts.size() == 1 ? json{{"offer", name}, {"hosts", hosts}}
+                                       : json{{"offer", name}, {"hosts", {parts[0].hosts, parts[1].hosts}}};
+  auto left_out = [&](const std::string& why) {
+    json j = where;
+    j["why"] = why;
+    out.batch_left_out.push_back(j);
+  };
+  // The global batch as this fleet reaches it: fixed by the recipe (micro-batches of at most
+  // --batch-size, accumulated), or GPUs x --batch-size; then held against the evidence.
+  BatchSplit fit = first_split(gpus, w.batch_size, 1);
+  std::string why_not;
+  if (w.global_batch > 0 && !split_evenly(w.global_batch, gpus, w.batch_size, &fit, &why_not)) return left_out(why_not);
+  const bool unproven = out.evidence.max_global > 0 && fit.global() > out.evidence.max_global;
+  if (unproven && !in.show_unproven)
+    return left_out(str("a global batch of ", fit.global(), " (", gpus, " GPUs x ", fit.micro,
+                        fit.count(0) > 1 ? str(" x ", fit.count(0), " accumulated") : std::string(), ") is beyond the ",
+                        out.evidence.max_global, " with evidence that ", w.optimizer, " reaches the accuracy: ",
+                        out.evidence.source));
+  // Each GPU's share of it follows its rate, as training's does by default (run/rebalance.h):
+  // an even fleet keeps its even split; a mix moves micro-batches to the faster GPUs.
+  const BatchSplit split = split_by_rate(fit, rates, smallest_micro(fit.micro), Rebalancer::kMargin);
+  const double global_batch = double(split.global());
+  const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
+  // A step: each GPU's micro-batches at its measured images/s, the slowest setting the pace.
+  // What a micro-batch costs beyond its images (its gradients added into the sum) was measured
+  // on the CPU within the noise, K = 4 against K = 1 at the same micro-batch (-3.5% to +3.2%,
+  // docs/PERFORMANCE.md, "Gradient accumulation"): none is counted. Not measured on a GPU. Several
+  // GPUs wait for the slowest each step: the spread a run of several ranks measured.
+  double step_s = 0;
+  for (size_t r = 0; r < rates.size(); ++r) step_s = std::max(step_s, double(split.counts[r] * split.micro) / rates[r]);
+  step_s *= gpus > 1 ? costs.rank_spread : 1.0;
+  for (bool spot : {true, false}) {
+    PlanRow r;
+    r.offer = &first;
+    r.hosts = parts[0].hosts;
+    if (parts.size() > 1) {
+      r.with = parts[1].offer;
+      r.with_hosts = parts[1].hosts;
+    }
+    r.batch = split;
+    r.unproven = unproven;
+    r.spot = spot;
+    double fleet_price = 0, reclaim_rate = 0;  // per hour; reclaims per second of the fleet
+    SpotJob job;
+    job.notice_s = first.notice_s;
+    job.link_bytes_s = first.network_gbps * 1e9 / 8.0;
+    for (const FleetPart& p : parts) {
+      fleet_price += p.hosts * (spot ? p.offer->spot : p.offer->on_demand);
+      if (spot) reclaim_rate += p.hosts / (p.offer->spot_mtbf_h * 3600.0);
+      job.notice_s = std::min(job.notice_s, p.offer->notice_s);
+      job.link_bytes_s = std::min(job.link_bytes_s, p.offer->network_gbps * 1e9 / 8.0);
+    }
+    r.price = fleet_price / hosts;
+    job.hosts = hosts;
+    job.step_s = step_s;
+    job.grad_bytes = 4.0 * double(out.parameters);
+    job.overlap = in.overlap;
+    job.survivors = in.recovery == "survivors";
+    job.replacement_s = costs.restart_s;  // a replacement host is up about when a restart would be
+    job.host_mtbf_s = spot ? double(hosts) / reclaim_rate : 0.0;
+    job.ckpt_cost_s = costs.ckpt_cost_s;
+    job.ckpt_write_s = costs.ckpt_write_s;
+    job.restart_s = costs.restart_s;
+    r.g = estimate_goodput(job);
+    r.work_s = steps * step_s;
+    r.wall_s = costs.startup_s + r.work_s / r.g.goodput;
+    r.reclaims = spot ? r.wall_s * reclaim_rate : 0.0;
+    r.cost = r.wall_s / 3600.0 * fleet_price;
+    if (!(r.g.goodput > 1e-6) || !std::isfinite(r.wall_s)) {  // reclaims faster than it restarts
+      out.hopeless.push_back(str(name, " on ", hosts, " hosts, spot: the job would be reclaimed every ",
+                                 fmt_fixed(r.g.job_mtbf_s, 1), " s, faster than it restarts"));
+      continue;
+    }
+    out.rows.push_back(r);
+  }
+}
+
+}  // namespace
+
 Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const std::vector<BenchFile>& benches) {
   const PlanWork& w = in.work;
   Planned out;
@@ -342,8 +449,8 @@ Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const
   net->collect_params(params);
   for (Param* p : params) out.parameters += p->value.numel();
   const double images = w.steps > 0 ? 0.0 : double(w.epochs) * double(w.images_per_epoch);
-  const RunCosts& costs = in.costs;
   out.evidence = batch_evidence(w.model, w.optimizer);
+  std::vector<FleetPart> rated;  // the offers with a speed (hosts 0)
   for (const Offer& of : offers) {
     Speed sp;
     std::string why;
@@ -354,71 +461,20 @@ Planned plan_offers(const PlanInput& in, const std::vector<Offer>& offers, const
     out.speeds.push_back({{"offer", of.name}, {"gpu", of.gpu}, {"images_per_sec_per_gpu", sp.ips_per_gpu},
                           {"measured_at_batch", sp.batch}, {"source", sp.source},
                           {"multi_gpu_scaling", sp.scaling}, {"scaling_source", sp.scaling_source}});
-    for (int hosts = 1; hosts <= in.max_hosts; hosts *= 2) {
-      const int gpus = hosts * of.gpus_per_host;
-      // The global batch as this fleet reaches it: fixed by the recipe (micro-batches of at
-      // most --batch-size, accumulated), or GPUs x --batch-size; then held against the evidence.
-      BatchSplit fit = first_split(gpus, w.batch_size, 1);
-      std::string why_not;
-      if (w.global_batch > 0 && !split_evenly(w.global_batch, gpus, w.batch_size, &fit, &why_not)) {
-        out.batch_left_out.push_back({{"offer", of.name}, {"hosts", hosts}, {"why", why_not}});
-        continue;
-      }
-      const bool unproven = out.evidence.max_global > 0 && fit.global() > out.evidence.max_global;
-      if (unproven && !in.show_unproven) {
-        out.batch_left_out.push_back(
-            {{"offer", of.name}, {"hosts", hosts},
-             {"why", str("a global batch of ", fit.global(), " (", gpus, " GPUs x ", fit.micro,
-                         fit.count(0) > 1 ? str(" x ", fit.count(0), " accumulated") : std::string(), ") is beyond the ",
-                         out.evidence.max_global, " with evidence that ", w.optimizer,
-                         " reaches the accuracy: ", out.evidence.source)}});
-        continue;
-      }
-      // A multi-rank bench measured GPUs within one host; between hosts the all-reduce term counts.
-      const double per_gpu = sp.ips_per_gpu * (of.gpus_per_host > 1 ? sp.scaling : 1.0);
-      const double global_batch = double(fit.global());
-      const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
-      // A step: accum micro-batches of `micro` images each, at the measured images/s. What a
-      // micro-batch costs beyond its images (its gradients added into the sum) was measured on
-      // the CPU within the noise, K = 4 against K = 1 at the same micro-batch (-3.5% to +3.2%,
-      // docs/PERFORMANCE.md, "Gradient accumulation"): none is counted. Not measured on a GPU.
-      // Several GPUs wait for the slowest each step: the spread a run of several ranks measured.
-      const double step_s = double(fit.micro) * fit.count(0) / per_gpu * (gpus > 1 ? costs.rank_spread : 1.0);
-      for (bool spot : {true, false}) {
-        PlanRow r;
-        r.offer = &of;
-        r.batch = fit;
-        r.unproven = unproven;
-        r.spot = spot;
-        r.hosts = hosts;
-        r.price = spot ? of.spot : of.on_demand;
-        SpotJob job;
-        job.hosts = hosts;
-        job.step_s = step_s;
-        job.grad_bytes = 4.0 * double(out.parameters);
-        job.link_bytes_s = of.network_gbps * 1e9 / 8.0;
-        job.overlap = in.overlap;
-        job.survivors = in.recovery == "survivors";
-        job.replacement_s = costs.restart_s;  // a replacement host is up about when a restart would be
-        job.host_mtbf_s = spot ? of.spot_mtbf_h * 3600.0 : 0.0;
-        job.notice_s = of.notice_s;
-        job.ckpt_cost_s = costs.ckpt_cost_s;
-        job.ckpt_write_s = costs.ckpt_write_s;
-        job.restart_s = costs.restart_s;
-        r.g = estimate_goodput(job);
-        r.work_s = steps * step_s;
-        r.wall_s = costs.startup_s + r.work_s / r.g.goodput;
-        r.reclaims = spot ? r.wall_s * hosts / job.host_mtbf_s : 0.0;
-        r.cost = r.wall_s / 3600.0 * hosts * r.price;
-        if (!(r.g.goodput > 1e-6) || !std::isfinite(r.wall_s)) {  // reclaims faster than it restarts
-          out.hopeless.push_back(str(of.name, " on ", hosts, " hosts, spot: the job would be reclaimed every ",
-                                     fmt_fixed(r.g.job_mtbf_s, 1), " s, faster than it restarts"));
-          continue;
-        }
-        out.rows.push_back(r);
-      }
-    }
+    // A multi-rank bench measured GPUs within one host; between hosts the all-reduce term counts.
+    rated.push_back({&of, 0, sp.ips_per_gpu * (of.gpus_per_host > 1 ? sp.scaling : 1.0)});
+    for (int hosts = 1; hosts <= in.max_hosts; hosts *= 2)
+      plan_fleet(in, {{&of, hosts, rated.back().ips_per_gpu}}, images, out);
   }
+  // Mixes (PlanInput::mix): hosts of two offers of other GPUs, as many GPUs per host, in one job.
+  for (size_t a = 0; in.mix && a < rated.size(); ++a)
+    for (size_t b = a + 1; b < rated.size(); ++b) {
+      const Offer &oa = *rated[a].offer, &ob = *rated[b].offer;
+      if (oa.gpus_per_host != ob.gpus_per_host || same_gpu(oa.gpu, ob.gpu)) continue;
+      for (int ha = 1; ha < in.max_hosts; ha *= 2)
+        for (int hb = 1; ha + hb <= in.max_hosts; hb *= 2)
+          plan_fleet(in, {{&oa, ha, rated[a].ips_per_gpu}, {&ob, hb, rated[b].ips_per_gpu}}, images, out);
+    }
   return out;
 }
 

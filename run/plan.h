@@ -108,12 +108,20 @@ struct PlanRow {
   const Offer* offer = nullptr;  // into the offers plan_offers was given
   bool spot = false;
   int hosts = 1;
-  double price = 0;  // per host-hour
+  // A mix (PlanInput::mix): hosts of a second offer beside `hosts` of `offer`, as many GPUs per
+  // host, each GPU's share of the global batch following its rate (the batch's counts).
+  const Offer* with = nullptr;
+  int with_hosts = 0;
+  double price = 0;  // per host-hour (a mix's: its hosts' mean)
   double wall_s = 0, cost = 0, reclaims = 0;
   double work_s = 0;  // the steps at full speed: what of wall_s is training that survives
   BatchSplit batch;   // the global batch as this fleet reaches it (run/global_batch.h)
   bool unproven = false;  // its global batch is beyond the evidence (PlanInput::show_unproven)
   Goodput g;
+  int all_hosts() const { return hosts + with_hosts; }
+  int gpus() const { return all_hosts() * offer->gpus_per_host; }
+  // "8x H100 80GB" or "8x H100 80GB x2 + 8x A100 80GB x1" (hosts of each).
+  std::string fleet() const;
 };
 
 struct PlanInput {
@@ -123,6 +131,9 @@ struct PlanInput {
   std::string recovery = "today";  // today | survivors (docs/SCALING.md)
   RunCosts costs;
   bool show_unproven = false;  // keep rows beyond the batch evidence, marked, instead of leaving them out
+  // Also fleets that mix two offers of other GPUs and as many GPUs per host (1, 2, 4, ... hosts
+  // of each, up to max_hosts in all): each GPU's share of the global batch follows its rate.
+  bool mix = false;
 };
 
 struct Planned {

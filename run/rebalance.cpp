@@ -18,17 +18,14 @@ std::string list(const std::vector<int>& v) {
 
 }  // namespace
 
-namespace {
-int64_t smallest_micro(const BatchSplit& first) { return std::max(Rebalancer::kSmallestMicro, (first.micro + 3) / 4); }
-}  // namespace
-
 Rebalancer::Rebalancer(const BatchSplit& first)
-    : rates_(size_t(first.world()), 0.0), min_micro_(smallest_micro(first)) {}
+    : rates_(size_t(first.world()), 0.0), min_micro_(smallest_micro(first.micro)) {}
 
 std::string Rebalancer::why_shares_stay(const BatchSplit& first) {
-  if (first.units() > first.world() || (first.micro % 2 == 0 && first.micro / 2 >= smallest_micro(first))) return "";
+  if (first.units() > first.world() || (first.micro % 2 == 0 && first.micro / 2 >= smallest_micro(first.micro)))
+    return "";
   return str("each rank trains one micro-batch of ", first.micro, " per step, too few images to halve (at least ",
-             2 * kSmallestMicro, "); give each rank several micro-batches (--accum-steps) for shares to follow the "
+             2 * smallest_micro(1), "); give each rank several micro-batches (--accum-steps) for shares to follow the "
              "ranks' rates");
 }
 
@@ -44,16 +41,7 @@ std::optional<BatchSplit> Rebalancer::weigh(const RankWatch::Window& w, const Ba
     const double rate = double(current.counts[r] * current.micro) / compute;
     rates_[r] = rates_[r] > 0 ? kSmoothing * rate + (1 - kSmoothing) * rates_[r] : rate;
   }
-  // The best counts of the step's micro-batches; while they leave the step a margin longer than
-  // an ideal split, the same with micro-batches of half the size (each rank's rate per micro-batch
-  // doubles; what a smaller micro-batch costs beyond its images is not counted).
-  // (Shares and slowdowns depend only on the rates' ratios: images/s serve for any micro-batch.)
-  BatchSplit next = current;
-  next.counts = counts_by_rate(next.units(), rates_);
-  while (split_slowdown(next.counts, rates_) > 1 + kMargin && next.micro % 2 == 0 && next.micro / 2 >= min_micro_) {
-    next.micro /= 2;
-    next.counts = counts_by_rate(current.global() / next.micro, rates_);
-  }
+  const BatchSplit next = split_by_rate(current, rates_, min_micro_, kMargin);
   const double now = split_slowdown(current.counts, rates_), then = split_slowdown(next.counts, rates_);
   if (next == current || then > now * (1 - kMargin)) {
     calls_ = 0;

@@ -7,7 +7,7 @@
 // two windows in a row, and never in the window after a change. Where whole micro-batches are too
 // coarse for the rates (the best counts still leave the step a margin longer than an ideal split),
 // the micro-batch is halved, at most down to a quarter of the run's first and never below 8
-// images: every rank's batch-norm statistics then come from smaller micro-batches, so an even
+// images (split_by_rate, smallest_micro): every rank's batch-norm statistics then come from smaller micro-batches, so an even
 // fleet, which never needs it, keeps its own. Every rank weighs the same figures alike, so all
 // reach the same verdict at the same step with no extra agreement.
 #pragma once
@@ -27,7 +27,6 @@ class Rebalancer {
   static constexpr double kSmoothing = 0.5;  // weight of a new window's rate in the smoothed one
   static constexpr double kMargin = 0.10;    // a change must shorten the step by at least this
   static constexpr int kConfirm = 2;         // windows in a row that must call for it
-  static constexpr int64_t kSmallestMicro = 8;
 
   // first: the run's split when it started (its micro-batch bounds the halving).
   explicit Rebalancer(const BatchSplit& first);

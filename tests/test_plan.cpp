@@ -153,6 +153,58 @@ TEST(Plan, TheLaunchLineIsOneTheLauncherTakes) {
   EXPECT_NE(dry.out.find("+ mpirun --hostfile hosts.txt -np "), std::string::npos) << dry.out;
 }
 
+// --mix: hosts of two offers in one job, each GPU's share of the global batch by its speed. With
+// a deadline that one H200 misses and two H200s meet at a higher price, the cheapest fleet that
+// meets it is an A100 beside an H200 (3 of every 4 micro-batches to the H200); its launch line
+// is one the launcher and `spotrain train` take, and its row says which hosts it mixes.
+TEST(Plan, AMixOfTwoOffersIsPricedAndItsLaunchLineRuns) {
+  const std::string d = scratch("mix");
+  write_file(d + "/offers.toml", offer("a100", "A100", 1, 3.2, 0.95) + offer("h200", "H200", 1, 9, 4.0));
+  json a100 = json::parse(read_file(kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json"));
+  a100["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB";
+  a100["images_per_sec"] = 2500.0;
+  write_file(d + "/a100.json", a100.dump());
+  const std::string args = " plan --catalog offers.toml --epochs 90 --data synthetic --max-hosts 2 --deadline 4h --bench " +
+                           kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench a100.json --json plan.json";
+  auto plain = run_command("cd " + d + " && " + kBin + args);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find(" + "), std::string::npos) << "no mix without --mix:\n" << plain.out;
+  auto r = run_command("cd " + d + " && " + kBin + args + " --mix");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json p = json::parse(read_file(d + "/plan.json"));
+  const json& chosen = p["chosen"];
+  ASSERT_TRUE(chosen["mix"].is_object()) << chosen.dump();
+  EXPECT_EQ(chosen["mix"]["offers"], json({"a100", "h200"}));
+  EXPECT_EQ(chosen["mix"]["hosts"], json({1, 1}));
+  EXPECT_EQ(chosen["purchase"], "spot");
+  // 512 images a step: micro-batches of 128, one on the A100 and three on the H200.
+  EXPECT_EQ(chosen["global_batch"], 512);
+  EXPECT_EQ(chosen["batch_per_gpu"], 128);
+  EXPECT_EQ(chosen["mix"]["micro_batches"], json({1, 3}));
+  // A step: the H200's three micro-batches (the slower side), over the images an epoch holds.
+  const double step = 3 * 128 / 6825.83, steps = std::ceil(90 * 1281167.0 / 512);
+  for (const json& row : p["rows"])
+    if (row["offer"] == chosen["offer"] && row["purchase"] == "on_demand") {
+      EXPECT_NEAR(row["wall_seconds"].get<double>(), p["costs"]["startup_seconds"].get<double>() + steps * step, 1.0);
+    }
+  EXPECT_NE(r.out.find("A100 x1 + H200 x1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hosts.txt: 1 host(s) of a100 and 1 of h200"), std::string::npos) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\nlaunch: ([^\n]+))"))) << r.out;
+  std::string cmd = m[1];
+  EXPECT_NE(cmd.find(" 2 --model resnet50 "), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--batch-size 128 --image-size 224 --accum-steps 2"), std::string::npos) << cmd;
+  cmd.replace(cmd.find("examples/"), 9, kSrc + "/examples/");
+  write_file(d + "/hosts.txt", "a100-1 slots=1\nh200-1 slots=1\n");
+  auto dry = run_command("cd " + d + " && DRY_RUN=1 SPOTRAIN=" + kBin + " " + cmd);
+  ASSERT_EQ(dry.code, 0) << cmd << "\n" << dry.out;
+  EXPECT_NE(dry.out.find("+ mpirun --hostfile hosts.txt -np 2 "), std::string::npos) << dry.out;
+  // What the ranks would run: the settings parse and check.
+  const std::string train = cmd.substr(cmd.find(" --model "));
+  auto check = run_command("cd " + d + " && " + kBin + " train" + train + " --dry-run");
+  EXPECT_EQ(check.code, 0) << train << "\n" << check.out;
+}
+
 // The JSON holds what the table printed, and the choice is what its rule says.
 TEST(Plan, TheJsonAndCsvAgreeWithTheChoice) {
   const std::string d = scratch("json");

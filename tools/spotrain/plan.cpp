@@ -45,6 +45,7 @@ struct PlanOptions {
   std::string catalog;
   PlanWork w;
   int max_hosts = 64;
+  bool mix = false;
   std::string deadline;
   double budget = 0;
   std::vector<std::string> bench;
@@ -59,11 +60,17 @@ struct PlanOptions {
 using Row = PlanRow;
 
 json row_json(const Row& r, const PlanOptions& o) {
-  return json{{"offer", r.offer->name},
-              {"gpu", r.offer->gpu},
+  json mix = nullptr;  // a mix: each offer's hosts and each GPU's micro-batches per step
+  if (r.with)
+    mix = {{"offers", {r.offer->name, r.with->name}}, {"gpus", {r.offer->gpu, r.with->gpu}},
+           {"hosts", {r.hosts, r.with_hosts}},
+           {"micro_batches", {r.batch.count(0), r.batch.count(r.gpus() - 1)}}};
+  return json{{"offer", r.fleet()},
+              {"gpu", r.with ? r.offer->gpu + " + " + r.with->gpu : r.offer->gpu},
               {"purchase", r.spot ? "spot" : "on_demand"},
-              {"hosts", r.hosts},
-              {"gpus", r.hosts * r.offer->gpus_per_host},
+              {"hosts", r.all_hosts()},
+              {"gpus", r.gpus()},
+              {"mix", mix},
               {"price_per_host_hour", r.price},
               {"wall_seconds", r.wall_s},
               {"expected_reclaims", r.reclaims},
@@ -89,7 +96,7 @@ std::string hours(double s) {
 std::string secs(double s) { return fmt_fixed(s, s < 1 ? 2 : s < 10 ? 1 : 0); }
 
 std::string describe(const Row& r) {
-  return str(r.offer->name, ", ", r.hosts, r.hosts == 1 ? " host" : " hosts", ", ", r.spot ? "spot" : "on demand",
+  return str(r.fleet(), ", ", r.all_hosts(), r.all_hosts() == 1 ? " host" : " hosts", ", ", r.spot ? "spot" : "on demand",
              ": ", hours(r.wall_s), ", $", fmt_fixed(r.cost, 2), r.spot ? str(", ", fmt_fixed(r.reclaims, 2),
              " reclaims expected") : std::string());
 }
@@ -97,18 +104,21 @@ std::string describe(const Row& r) {
 // The command that runs the chosen row: the launcher with its ranks, the run's settings, a
 // checkpoint interval from the reclaim rate on spot, and the plan kept with the run.
 std::string launch_line(const Row& r, const PlanOptions& o) {
-  const bool survivors = r.spot && r.hosts > 1 && o.recovery == "survivors";
+  const bool survivors = r.spot && r.all_hosts() > 1 && o.recovery == "survivors";
   std::string s = survivors ? "HOST_DISCOVERY='cat hosts.txt' MIN_HOSTS=1 " : "";
   if (r.offer->gpus_per_host > 1) s += str("RANKS_PER_NODE=", r.offer->gpus_per_host, " ");
-  s += str("examples/resnet50/launch/mpirun.sh ", survivors ? "-" : "hosts.txt", " ", r.hosts * r.offer->gpus_per_host,
+  s += str("examples/resnet50/launch/mpirun.sh ", survivors ? "-" : "hosts.txt", " ", r.gpus(),
            " --model ", o.w.model, " --data ", o.w.data, " --precision ", o.w.precision, " --batch-size ", r.batch.micro,
            " --image-size ", o.w.image_size);
-  if (r.batch.count(0) > 1) s += str(" --accum-steps ", r.batch.count(0));
+  // Each GPU starts from an even share of the global batch (a mix's then follows its speed).
+  const int64_t accum = r.batch.units() / r.gpus();
+  if (accum > 1) s += str(" --accum-steps ", accum);
   if (o.w.optimizer != "sgd") s += " --optimizer " + o.w.optimizer;
   s += o.w.steps > 0 ? str(" --steps ", o.w.steps) : str(" --epochs ", o.w.epochs);
   if (r.spot) {
-    std::ostringstream mtbf;  // as short as it is exact: 12h, 0.25h
-    mtbf << r.offer->spot_mtbf_h << "h";
+    std::ostringstream mtbf;  // as short as it is exact: 12h, 0.25h; a mix's per host on average
+    mtbf << (r.with ? r.all_hosts() / (r.hosts / r.offer->spot_mtbf_h + r.with_hosts / r.with->spot_mtbf_h)
+                    : r.offer->spot_mtbf_h) << "h";
     s += " --ckpt-every auto --mtbf " + mtbf.str();
   }
   if (!o.json_out.empty()) s += " --plan " + o.json_out;
@@ -127,8 +137,9 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
   std::string t = "offer,gpu,purchase,hosts,gpus,price_per_host_hour,wall_hours,expected_reclaims,goodput,"
                   "cost_usd,checkpoint_interval_seconds\n";
   for (const Row& r : rows)
-    t += str(csv_field(r.offer->name), ",", csv_field(r.offer->gpu), ",", r.spot ? "spot" : "on_demand", ",", r.hosts,
-             ",", r.hosts * r.offer->gpus_per_host, ",", r.price, ",", fmt_fixed(r.wall_s / 3600.0, 4), ",",
+    t += str(csv_field(r.fleet()), ",", csv_field(r.with ? r.offer->gpu + " + " + r.with->gpu : r.offer->gpu), ",",
+             r.spot ? "spot" : "on_demand", ",", r.all_hosts(), ",", r.gpus(), ",", r.price, ",",
+             fmt_fixed(r.wall_s / 3600.0, 4), ",",
              fmt_fixed(r.reclaims, 3), ",", fmt_fixed(r.g.goodput, 4), ",", fmt_fixed(r.cost, 2), ",",
              r.spot ? fmt_fixed(r.g.interval_s, 1) : std::string(), "\n");
   write_file_atomic(path, t, "the --csv file");
@@ -276,6 +287,7 @@ int run_plan(const PlanOptions& o) {
   PlanInput in;
   in.work = o.w;
   in.max_hosts = o.max_hosts;
+  in.mix = o.mix;
   in.overlap = o.overlap;
   in.recovery = o.recovery;
   in.costs = costs_from(o.from_run);
@@ -327,10 +339,14 @@ int run_plan(const PlanOptions& o) {
               deadline_s > 0 || o.budget > 0 ? "meets" : "");
   for (const Row& r : rows) {
     const std::string mark = deadline_s > 0 || o.budget > 0 ? (meets(r) && within(r) ? "yes" : "no") : "";
-    const std::string batch = str(r.batch.micro, r.batch.count(0) > 1 ? str("x", r.batch.count(0)) : std::string(),
-                                  r.unproven ? "!" : "");
-    std::printf("%-24s %-9s %5d %5d %9s %10s %9s %8.3f %11.2f %10s %s%s\n", r.offer->name.substr(0, 24).c_str(),
-                r.spot ? "spot" : "on demand", r.hosts, r.hosts * r.offer->gpus_per_host, batch.c_str(),
+    // A mix: its GPUs and hosts of each, and each GPU's micro-batches (faster, slower).
+    const std::string batch =
+        r.with ? str(r.batch.micro, "x", r.batch.count(0), "/", r.batch.count(r.gpus() - 1), r.unproven ? "!" : "")
+               : str(r.batch.micro, r.batch.count(0) > 1 ? str("x", r.batch.count(0)) : std::string(), r.unproven ? "!" : "");
+    const std::string fleet =
+        r.with ? str(r.offer->gpu, " x", r.hosts, " + ", r.with->gpu, " x", r.with_hosts) : r.offer->name;
+    std::printf("%-24s %-9s %5d %5d %9s %10s %9s %8.3f %11.2f %10s %s%s\n", fleet.substr(0, 24).c_str(),
+                r.spot ? "spot" : "on demand", r.all_hosts(), r.gpus(), batch.c_str(),
                 hours(r.wall_s).c_str(),
                 r.spot ? fmt_fixed(r.reclaims, 2).c_str() : "-", r.g.goodput, r.cost,
                 r.spot ? (fmt_fixed(r.g.interval_s, 0) + " s").c_str() : "epoch ends", mark.c_str(),
@@ -418,6 +434,10 @@ int run_plan(const PlanOptions& o) {
   std::printf("chosen: %s\n", describe(*chosen).c_str());
 
   std::printf("launch: %s\n", launch_line(*chosen, o).c_str());
+  if (chosen->with)
+    std::printf("hosts.txt: %d host(s) of %s and %d of %s, one a line; each GPU's share of the global batch follows "
+                "its speed as the job runs (--straggler-action rebalance, the default)\n",
+                chosen->hosts, chosen->offer->name.c_str(), chosen->with_hosts, chosen->with->name.c_str());
   if (chosen->spot && chosen->g.notice_covers_stop)
     std::printf("note: the goodput of %s counts on its %s s notice: add your provider's --preempt-notice (aws, gcp, "
                 "azure or a URL) to the launch line, or deliver the notice as SIGTERM, so that a reclaim stops with "
@@ -463,6 +483,10 @@ Command add_plan(CLI::App& app) {
   p->add_flag("--show-unproven", o->show_unproven,
               "keep the fleets whose global batch is beyond the evidence, marked, instead of leaving them out");
   p->add_option("--max-hosts", o->max_hosts, "host counts 1, 2, 4, ... up to this")->capture_default_str();
+  p->add_flag("--mix", o->mix,
+              "also price fleets that mix hosts of two offers of other GPUs (as many GPUs per host) in one job: "
+              "each GPU's share of the global batch follows its speed, as training's does (rows 'A100 x2 + H100 x1', "
+              "batch/GPU 'micro x faster/slower')");
   p->add_option("--deadline", o->deadline, "the run must end within this, e.g. 24h, 90m");
   p->add_option("--budget", o->budget, "the run must cost at most this many USD");
   p->add_option("--bench", o->bench,
