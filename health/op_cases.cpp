@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "engine/fast_paths.h"
+#include "kernels/wrong_op_backend.h"
 
 namespace spotrain::health {
 
@@ -54,15 +55,13 @@ std::unique_ptr<Backend> make_op_backend(const OpTarget& t, int threads) {
   o.tf32 = t.tf32;
   o.poison = true;
   o.cpu_activations = t.layout;
-  return make_backend(t.device, o);
+  return plant_wrong_ops_if_asked(make_backend(t.device, o));
 }
 
 std::unique_ptr<Backend> make_op_reference(int threads) {
   BackendOptions o;
   o.threads = threads;
-  std::unique_ptr<Backend> ref = make_backend("cpu", o);
-  ref->take_planted_faults(false);  // a planted wrong op shows against it
-  return ref;
+  return make_backend("cpu", o);  // never wrapped: a planted wrong op shows against it
 }
 
 // ---- checks ---------------------------------------------------------------------------------

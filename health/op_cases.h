@@ -30,8 +30,9 @@ const std::vector<OpTarget>& cpu_op_targets();
 const std::vector<OpTarget>& cuda_op_targets();
 
 // The backend under test for t: its layout and TF32 mode, every new output poisoned (NaN
-// bytes) so an element an op fails to write shows. threads: 0 for all cores. Throws Error for
-// "cuda" where there is none (cuda_backend_ready()).
+// bytes) so an element an op fails to write shows, wrapped so that a planted wrong op
+// (SPOTRAIN_WRONG_OP) computes wrong. threads: 0 for all cores. Throws Error for "cuda" where
+// there is none (cuda_backend_ready()).
 std::unique_ptr<Backend> make_op_backend(const OpTarget& t, int threads = 0);
 // The reference: the CPU backend in its own (blocked) layout, computing in fp32; a planted
 // wrong op (SPOTRAIN_WRONG_OP) never reaches it.
