@@ -118,10 +118,10 @@ std::string precision_of(const OpTarget& t) {
   return t.dt == DType::bf16 ? "bf16" : t.dt == DType::f16 ? "fp16" : "fp32";
 }
 
-// Every op of the backend against the CPU reference on the op suite's cases, per target.
+// Every op of the backend against the float64 reference on the op suite's cases, per target.
 void check_ops(Run& r, const std::string& device, int threads) {
   const std::vector<OpTarget>& targets = device == "cuda" ? cuda_op_targets() : cpu_op_targets();
-  std::unique_ptr<Backend> ref = make_op_reference(threads);
+  std::unique_ptr<Backend> ref = make_op_reference();
   for (const OpTarget& t : targets) {
     if (!r.o().precision.empty() && precision_of(t) != r.o().precision) continue;
     const std::string name = str("ops ", device, " ", t.name);
