@@ -43,6 +43,12 @@ class FastPathChecks {
   std::string why_off(const std::string& fast_path) const;
   // Whether it was checked in this process (passed or failed).
   bool checked(const std::string& fast_path) const { return checked_.count(fast_path) > 0; }
+  // What its check in this process found: "passed: <figure>" or "failed: <difference>"; ""
+  // when it was not checked.
+  std::string verdict(const std::string& fast_path) const {
+    auto it = checked_.find(fast_path);
+    return it == checked_.end() ? std::string() : it->second;
+  }
 
   // A check passed: `figure` ("normalized difference 3.1e-06 within 5e-03"), logged by none.
   void passed(const std::string& fast_path, const std::string& figure);
