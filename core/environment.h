@@ -34,11 +34,14 @@
 //                                      it again there (to measure what remaking it saves and costs)
 //   SPOTRAIN_CPU_LAYOUT=blocked|nhwc   CPU diagnostic: the activations' layout, in place of the
 //                                      one preferred_cpu_activations picks (to compare them)
-//   SPOTRAIN_WRONG_OP=OP[,OP...]       plant a wrong op: the backend doubles the output of each
-//                                      op named (as the op profiler names it: conv2d_forward,
-//                                      upload_pixels, bn_relu+conv2d_forward+stats, ...), so a
-//                                      test sees `doctor` and the fast paths' first-use checks
-//                                      catch a kernel that computes something else
+//   SPOTRAIN_WRONG_OP=OP[,OP...]       plant a wrong op: the tensor each op named returns (as
+//                                      the op profiler names it: conv2d_forward, upload_pixels,
+//                                      bn_relu+conv2d_forward+stats, ...) comes back doubled, so
+//                                      a test sees `doctor` and the fast paths' first-use checks
+//                                      catch a kernel that computes something else. A wrapper
+//                                      around the backend does it (kernels/wrong_op_backend.h),
+//                                      put there by the Session and the op suite only while the
+//                                      hook names an op; ops returning no tensor are not planted
 #pragma once
 #include <cstdint>
 #include <string>

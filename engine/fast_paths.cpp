@@ -14,7 +14,7 @@
 
 namespace spotrain {
 
-double fast_path_tolerance(bool sixteen_bit) { return sixteen_bit ? 3e-2 : 1e-4; }
+double fast_path_tolerance(OpKind kind, OpPrecision precision) { return 2 * op_tolerance(kind, precision); }
 
 namespace {
 

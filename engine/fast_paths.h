@@ -1,15 +1,16 @@
 // The first-use checks of the fast paths (--fusion auto's fused chains, captured steps, the
 // 8-bit upload): each compares itself with its reference the first time it runs on a node, and
-// where they differ beyond the op suite's tolerance it is turned off for the run with one
-// warning naming it and the difference. Failed verdicts are kept in the run folder
-// (fast-paths.json, keyed by the device itself: host and GPU UUID, not the GPU model) so that a
-// restart on the same device does not try the path again; any other device checks afresh.
+// where they differ beyond the op suite's bounds (kernels/op_tolerances.h) it is turned off for
+// the run with one warning naming it and the difference. Failed verdicts are kept in the run
+// folder (fast-paths.json, keyed by the device itself: host and GPU UUID, not the GPU model) so
+// that a restart on the same device does not try the path again; any other device checks afresh.
 #pragma once
 #include <map>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/op_tolerances.h"
 
 namespace spotrain {
 
@@ -18,9 +19,11 @@ inline constexpr const char* kFastPathFusion = "fusion";           // --fusion a
 inline constexpr const char* kFastPathCapture = "captured-steps";  // --cuda-graph
 inline constexpr const char* kFastPathPixels = "8-bit-upload";     // Backend::upload_pixels
 
-// The relative difference a check allows: normalized error (||got - want|| / ||want||) at
-// the compute dtype, as the op suite's tolerances for the GEMM-like ops.
-double fast_path_tolerance(bool sixteen_bit);
+// The normalized difference (||got - want|| / ||want||) a check allows between a fast path's
+// result and its reference path's, both on this backend, for a result of op kind `kind` at
+// `precision`: the op suite holds each of the two within op_tolerance(kind, precision) of the
+// float64 reference, so they may differ by the sum, twice that.
+double fast_path_tolerance(OpKind kind, OpPrecision precision);
 
 // ||got - want|| / ||want||, infinite where got has a NaN or inf that want has not, or the
 // sizes differ; 0 when both are all zeros. On host fp32 tensors or plain vectors.
@@ -57,6 +60,12 @@ class FastPathChecks {
   std::string why_off(const std::string& fast_path) const;
   // Whether it was checked in this process (passed or failed).
   bool checked(const std::string& fast_path) const { return checked_.count(fast_path) > 0; }
+  // What its check in this process found: "passed: <figure>" or "failed: <difference>"; ""
+  // when it was not checked.
+  std::string verdict(const std::string& fast_path) const {
+    auto it = checked_.find(fast_path);
+    return it == checked_.end() ? std::string() : it->second;
+  }
 
   // A check passed: `figure` ("normalized difference 3.1e-06 within 5e-03"), logged by none.
   void passed(const std::string& fast_path, const std::string& figure);

@@ -66,7 +66,7 @@ struct Trial {
   FusionVerdict v;
   // The check: "" where the fused run computed what the layers apart did, else what differed.
   std::string difference;
-  double worst = 0;        // the largest normalized difference found
+  double worst = 0;        // the largest normalized difference found, as a share of its bound
   bool unjudged = false;   // the run apart gave inf or NaN: neither checked nor kept
 };
 
@@ -77,23 +77,24 @@ bool all_finite(const Tensor& host) {
   return true;
 }
 
-// The fused run's tensors against those of the run apart.
-void check(Backend& be, const FusionChain& chain,
-           const std::vector<std::pair<std::string, Tensor>>& fused,
-           const std::vector<std::pair<std::string, Tensor>>& apart, double tol, Trial& t) {
+// The fused run's tensors against those of the run apart, each within the bound of the fused
+// op that makes it (fast_path_tolerance).
+void check(Backend& be, const FusionChain& chain, const std::vector<FusionChain::Outcome>& fused,
+           const std::vector<FusionChain::Outcome>& apart, OpPrecision precision, Trial& t) {
   double worst_over_tol = -1;
   for (size_t i = 0; i < apart.size(); ++i) {
-    const Tensor want = be.to_host(apart[i].second);
+    const Tensor want = be.to_host(apart[i].t);
     if (!all_finite(want)) {
       t.unjudged = true;
       return;
     }
-    const double e = normalized_difference(be.to_host(fused[i].second), want);
-    t.worst = std::max(t.worst, e);
+    const double e = normalized_difference(be.to_host(fused[i].t), want);
+    const double tol = fast_path_tolerance(apart[i].kind, precision);
+    t.worst = std::max(t.worst, e / tol);
     if (!(e <= tol) && (std::isnan(e) || e / tol > worst_over_tol)) {
       worst_over_tol = std::isnan(e) ? std::numeric_limits<double>::infinity() : e / tol;
       t.difference = str("that ", chain.name(), " fused differs from its layers apart in ",
-                         apart[i].first, " by a normalized difference of ", fmt_sci(e),
+                         apart[i].what, " by a normalized difference of ", fmt_sci(e),
                          " (allowed ", fmt_sci(tol), ")");
     }
   }
@@ -104,7 +105,7 @@ void check(Backend& be, const FusionChain& chain,
 // round of each. The last run each way is the one the check compares: the check is of the
 // kernels the timing ran, on the chain's real input.
 Trial try_chain(Backend& be, FusionChain& chain, const Tensor& x, const TuneVerdict* cached,
-                double tol) {
+                OpPrecision precision) {
   FusionChain::Scratch apart_s = chain.make_scratch(be), fused_s = chain.make_scratch(be);
   FusionChain::Result apart, fused;
   auto run_apart = [&] { apart = chain.run(be, x, false, apart_s); };
@@ -125,7 +126,7 @@ Trial try_chain(Backend& be, FusionChain& chain, const Tensor& x, const TuneVerd
     }
     t.v.fused = t.v.fused_ms <= kFusionWinsBelow * t.v.apart_ms;
   }
-  check(be, chain, chain.outcome(fused, fused_s), chain.outcome(apart, apart_s), tol, t);
+  check(be, chain, chain.outcome(fused, fused_s), chain.outcome(apart, apart_s), precision, t);
   return t;
 }
 
@@ -151,7 +152,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
     std::map<const Layer*, size_t> head;  // a chain's first convolution -> the chain
     for (size_t i = 0; i < chains.size(); ++i) head[&chains[i].head()] = i;
     TuningCache* cache = be.tuning_cache();
-    const double tol = fast_path_tolerance(x.dtype() != DType::f32);
+    const OpPrecision precision = op_precision(x.dtype(), false, be.device() == Device::cuda);
     std::map<std::string, Trial> by_shape;  // chains of one shape are timed and checked once
     std::string failure;  // the first check that failed
     double worst = 0;
@@ -178,7 +179,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
           t = known->second;
         } else {
           const TuneVerdict* hit = cache ? cache->find(kCacheKey + key) : nullptr;
-          t = try_chain(be, c, in, hit, tol);
+          t = try_chain(be, c, in, hit, precision);
           // Timed where the fused graphs may have been planned past the backend's budget,
           // their first engine untimed (every graph planned before the cut was timed).
           t.v.provisional = !t.v.cached && be.kernel_timing_cut();
@@ -209,9 +210,9 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
       if (checks) checks->failed(kFastPathFusion, what);
       else log_info(str("warning: --fusion auto: the first-use check found ", what));
     } else if (cannot.empty() && checks && !by_shape.empty()) {
-      checks->passed(kFastPathFusion, str("largest normalized difference ", fmt_sci(worst),
-                                          " within ", fmt_sci(tol), " over ", by_shape.size(),
-                                          " chain shapes"));
+      checks->passed(kFastPathFusion, str("the largest normalized difference at ", fmt_fixed(100 * worst, 1),
+                                          "% of its bound (", op_precision_name(precision),
+                                          ", twice the op suite's) over ", by_shape.size(), " chain shapes"));
     }
   }
 

@@ -6,6 +6,7 @@
 #include "engine/fusion_choice.h"
 #include "kernels/device_info.h"
 #include "kernels/op_profiler.h"
+#include "kernels/wrong_op_backend.h"
 
 namespace spotrain {
 
@@ -14,7 +15,8 @@ Session::Session(const SessionOptions& opt) {
   worker_ = std::make_unique<CommWorker>(*comm_, opt.comm_timeout);
   set_log_enabled(comm_->rank() == 0);
   if (opt.device != "cpu") select_cuda_device(comm_->local_rank());  // one GPU per rank
-  backend_ = make_backend(opt.device, opt.backend);
+  // SPOTRAIN_WRONG_OP (a test hook): the backend wrapped so that the named ops compute wrong.
+  backend_ = plant_wrong_ops_if_asked(make_backend(opt.device, opt.backend));
   if (comm_->size() > 1 && backend_->stream()) start_device_comm(opt);
   if (opt.profile) profiler_ = std::make_unique<OpProfiler>(*backend_);
 }

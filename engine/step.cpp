@@ -17,6 +17,8 @@ StepRunner::StepRunner(Model& model, Sgd& sgd, LossScaler& scaler, Precision pre
       sgd_(sgd),
       scaler_(scaler),
       dtype_(spotrain::compute_dtype(precision)),
+      op_precision_(op_precision(dtype_, precision == Precision::tf32,
+                                 model.backend().device() == Device::cuda)),
       sync_(sync),
       world_(world),
       defer_(model.backend().queues_ops()),
@@ -45,7 +47,7 @@ Tensor StepRunner::upload(const Tensor& images, const PixelNorm* norm) {
   // The first 8-bit batch: its upload against the same images normalized on the host in fp32
   // and uploaded as such (both rounded to the compute dtype once).
   Tensor want = be.upload_images(normalize_pixels_on_host(images, *norm), dtype_);
-  const double tol = fast_path_tolerance(dtype_ != DType::f32);
+  const double tol = fast_path_tolerance(OpKind::rounding, op_precision_);
   const double e = normalized_difference(be.to_host(be.cast(x, DType::f32)),
                                          be.to_host(be.cast(want, DType::f32)));
   if (e <= tol) {
@@ -482,7 +484,8 @@ void StepRunner::record_checked(const Tensor& x, const int32_t* labels, float lr
     } catch (const std::exception& e) {
       error = e.what();
     }
-    const double tol = fast_path_tolerance(dtype_ != DType::f32);
+    // A step's results come out of convolutions' gradients: the bound of a convolution.
+    const double tol = fast_path_tolerance(OpKind::conv, op_precision_);
     if (!error.empty()) {
       // Not kept as a verdict: the path could not run here (out of memory, say), which says
       // nothing of what it computes; a restart tries again.

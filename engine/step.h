@@ -216,6 +216,7 @@ class StepRunner {
   Sgd& sgd_;
   LossScaler& scaler_;
   DType dtype_;
+  OpPrecision op_precision_;  // whose op suite bounds the first-use checks take (fast_paths.h)
   GradSync* sync_;
   int world_;
   bool queued_ = false;      // a step whose figures are not read yet

@@ -19,7 +19,9 @@
 #include "core/philox.h"
 #include "core/environment.h"
 #include "engine/checkpoint_state.h"
+#include "engine/fast_paths.h"
 #include "engine/session.h"
+#include "engine/step.h"
 #include "health/gpu_health.h"
 #include "health/op_cases.h"
 #include "kernels/device_info.h"
@@ -118,15 +120,24 @@ std::string precision_of(const OpTarget& t) {
   return t.dt == DType::bf16 ? "bf16" : t.dt == DType::f16 ? "fp16" : "fp32";
 }
 
-// Every op of the backend against the CPU reference on the op suite's cases, per target.
+// Every op of the backend against the float64 reference on the op suite's cases, per target
+// (the CPU's blocked fp32 path, the one CPU training takes, among them). Targets that differ
+// only in dtype share one backend, and a GPU's takes cuDNN's heuristics' kernels (no timing
+// search): the doctor builds two CUDA backends, not four, and times nothing here.
 void check_ops(Run& r, const std::string& device, int threads) {
   const std::vector<OpTarget>& targets = device == "cuda" ? cuda_op_targets() : cpu_op_targets();
-  std::unique_ptr<Backend> ref = make_op_reference(threads);
+  std::unique_ptr<Backend> ref = make_op_reference();
+  std::unique_ptr<Backend> be;
+  const OpTarget* made_for = nullptr;  // the target `be` was made for
   for (const OpTarget& t : targets) {
     if (!r.o().precision.empty() && precision_of(t) != r.o().precision) continue;
     const std::string name = str("ops ", device, " ", t.name);
     r.guarded(name, [&] {
-      std::unique_ptr<Backend> be = make_op_backend(t, threads);
+      if (!be || !same_op_backend(*made_for, t)) {
+        be.reset();
+        be = make_op_backend(t, threads, /*autotune=*/false);
+        made_for = &t;
+      }
       const double t0 = now_seconds();
       const std::vector<OpCheck> checks = run_op_cases(*be, *ref, t);
       int failed = 0;
@@ -142,7 +153,7 @@ void check_ops(Run& r, const std::string& device, int threads) {
       if (failed > 5) r.add(name, Verdict::fail, str(failed - 5, " more checks failed"));
       if (failed == 0)
         r.add(name, Verdict::ok,
-              str(checks.size(), " checks in ", fmt_fixed(now_seconds() - t0, 1),
+              str(checks.size(), " checks against the float64 reference in ", fmt_fixed(now_seconds() - t0, 1),
                   " s, the worst at ", fmt_fixed(100 * worst, 1), "% of its tolerance"));
     });
   }
@@ -201,14 +212,38 @@ int64_t host_memory_bytes() {
   return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
 }
 
-// A few training steps: images/s against the rate expected for this device, peak memory
-// against the device's. Returns the checkpoint size of the model (bytes).
-int64_t check_steps(Run& r, const std::string& device, double gemm_rate) {
+// The first-use checks the steps ran (engine/fast_paths.h), one line each: passed, failed, or
+// why a path was not checked here.
+void report_fast_paths(Run& r, const std::string& device, FastPathChecks& checks, bool captures) {
+  auto line = [&](const char* path, const std::string& unchecked) {
+    const std::string v = checks.verdict(path);
+    const std::string name = str("fast path ", path);
+    if (v.rfind("passed: ", 0) == 0) r.add(name, Verdict::ok, "first-use check passed: " + v.substr(8));
+    else if (v.rfind("failed: ", 0) == 0) r.add(name, Verdict::fail, "first-use check failed: " + v.substr(8));
+    else r.add(name, unchecked.empty() ? Verdict::warn : Verdict::ok,
+               unchecked.empty() ? "its first-use check did not run" : unchecked);
+  };
+  line(kFastPathPixels, "");
+  if (captures) line(kFastPathCapture, "");
+  else r.add(str("fast path ", kFastPathCapture), Verdict::ok, str("not used on ", device, ": steps run as they come"));
+  line(kFastPathFusion, "not timed here (the doctor's steps run --fusion none, no timing search); the fused "
+                        "ops themselves are the op suite's cases above");
+}
+
+// A few training steps, without timing searches (cuDNN's heuristics' kernels, --fusion none;
+// captured steps as training has them): images/s against the rate expected for this device,
+// peak memory against the device's, and the first-use checks of the fast paths the steps ran
+// (the first step takes its batch as 8-bit pixels). `under_load` is called while the timed
+// steps run on a GPU (queued, not yet waited for). Returns the checkpoint size of the model
+// (bytes).
+int64_t check_steps(Run& r, const std::string& device, double gemm_rate, const std::function<void()>& under_load) {
   const DoctorOptions& o = r.o();
   RunConfig cfg;
   cfg.model = o.model;
   cfg.device = device;
   cfg.threads = o.threads;
+  cfg.autotune = false;  // bounded by design: no kernel timing search ...
+  cfg.fusion = "none";   // ... and no --fusion auto timing (no kernel cache either: setup.cpp)
   if (!o.precision.empty()) cfg.precision = o.precision;
   else cfg.precision = device == "cuda" ? "fp16" : "fp32";
   const bool small = o.model.rfind("resnet", 0) == 0 && o.model != "resnet18" && o.model != "resnet34" &&
@@ -225,22 +260,35 @@ int64_t check_steps(Run& r, const std::string& device, double gemm_rate) {
     Training t = session.make_training(training_spec(cfg, first_split(1, cfg.batch_size, cfg.accum_steps), 0, classes, channels));
     ckpt = checkpoint_bytes(*t.model, true);
     Backend& be = session.backend();
-    Tensor images = Tensor::host({cfg.batch_size, channels, cfg.image_size, cfg.image_size},
-                                 DType::f32, Layout::nhwc);
+    // One batch of 8-bit pixels with ImageNet's normalization, and the same normalized floats.
+    Tensor pixels = Tensor::host({cfg.batch_size, channels, cfg.image_size, cfg.image_size}, DType::u8,
+                                 Layout::nhwc);
     Philox rng(cfg.seed, 0xD0C);
-    for (int64_t i = 0; i < images.numel(); ++i) images.data<float>()[i] = rng.normal();
+    uint8_t* px = static_cast<uint8_t*>(pixels.write_raw());
+    for (int64_t i = 0; i < pixels.numel(); ++i) px[i] = uint8_t(rng.below(256));
+    PixelNorm norm;
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, sd[3] = {0.229f, 0.224f, 0.225f};
+    for (int k = 0; k < 3; ++k) {
+      norm.mean[k] = mean[k];
+      norm.std[k] = sd[k];
+    }
     std::vector<int32_t> labels(size_t(cfg.batch_size));
     for (auto& l : labels) l = int32_t(rng.below(uint32_t(classes)));
-    Tensor x = be.upload_images(images, t.runner->compute_dtype());
-    // Warm-up: the first step chooses kernels (a GPU's captured steps record after two).
+    Tensor x = be.upload_images(normalize_pixels_on_host(pixels, norm), t.runner->compute_dtype());
+    // Warm-up: the first step chooses kernels and checks the 8-bit upload (a GPU's captured
+    // steps record after two, checked against an eager step).
     const int warm = device == "cuda" ? StepRunner::kEagerBeforeCapture + 1 : 1;
-    for (int s = 0; s < warm; ++s) t.runner->run_uploaded(x, labels.data(), 0.01f, 0.f);
+    t.runner->run(pixels, labels.data(), 0.01f, 0.f, nullptr, nullptr, &norm);
+    for (int s = 1; s < warm; ++s) t.runner->run_uploaded(x, labels.data(), 0.01f, 0.f);
     be.synchronize();
     const double t0 = now_seconds();
-    double loss = 0;
-    for (int s = 0; s < o.steps; ++s) loss = t.runner->run_uploaded(x, labels.data(), 0.01f, 0.f).loss.loss;
+    for (int s = 0; s < o.steps; ++s) t.runner->queue_uploaded(x, labels.data(), 0.01f, 0.f);
+    if (under_load) under_load();  // a GPU still runs the steps queued last
+    t.runner->settle();
+    const std::vector<StepResult> done = t.runner->take_results();
     be.synchronize();
     const double rate = double(cfg.batch_size) * o.steps / (now_seconds() - t0);
+    const double loss = done.empty() ? std::nan("") : done.back().loss.loss;
     SPOTRAIN_CHECK(std::isfinite(loss), "the loss after ", warm + o.steps, " steps is ", loss);
     double want = 0;
     std::string basis;
@@ -270,6 +318,7 @@ int64_t check_steps(Run& r, const std::string& device, double gemm_rate) {
     r.add(name + " memory", share > 0.95 ? Verdict::fail : share > 0.85 ? Verdict::warn : Verdict::ok,
           str(gib(peak), device == "cuda" ? " peak on the GPU" : " peak resident", " of ", gib(have)),
           "warn above 85%, fail above 95%");
+    report_fast_paths(r, device, t.runner->fast_path_checks(), be.capture() != nullptr);
   });
   return ckpt;
 }
@@ -345,12 +394,16 @@ std::vector<DoctorCheck> run_doctor(const DoctorOptions& opt,
                                                         const std::string& limit) {
     r.add(name, Verdict(v), figure, limit);
   });
-  const int64_t ckpt = check_steps(r, device, gemm);
-  if (gpu) check_gpu_health_under_load(gpu_info().pci_bus_id, [&r](const std::string& name, int v,
-                                                                    const std::string& figure,
-                                                                    const std::string& limit) {
-    r.add(name, Verdict(v), figure, limit);
-  });
+  // NVML's clocks and link are read while the steps run (an idle GPU lowers both on purpose).
+  std::function<void()> under_load;
+  if (gpu)
+    under_load = [&r] {
+      check_gpu_health_under_load(gpu_info().pci_bus_id, [&r](const std::string& name, int v,
+                                                              const std::string& figure, const std::string& limit) {
+        r.add(name, Verdict(v), figure + " (read while the steps ran)", limit);
+      });
+    };
+  const int64_t ckpt = check_steps(r, device, gemm, under_load);
   if (!opt.ckpt_dir.empty()) check_ckpt_dir(r, ckpt > 0 ? ckpt : int64_t(200) << 20);
   return r.checks();
 }

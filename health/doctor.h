@@ -1,8 +1,12 @@
 // `spotrain doctor`: whether this node computes right and at its expected speed before a run
-// pays for it, in one short pass (a minute at most): every op of the backend against the CPU
-// reference on the op suite's cases, a few training steps against the rate expected for this
-// device, the GPU's own health through NVML, the checkpoint folder's room and write rate, and
-// the CPU's GEMM rate. Each check is one line, ok, warn or fail, with its figure and limit.
+// pays for it, in one short pass: every op of the backend against the float64 reference on the
+// op suite's cases (the CPU's blocked fp32 path a target of its own), a few training steps
+// against the rate expected for this device with the first-use verdicts of the fast paths they
+// ran, the GPU's own health through NVML (clocks and link read while the steps run), the
+// checkpoint folder's room and write rate, and the CPU's GEMM rate. Bounded by design (a minute
+// on a GPU node): nothing searches by timing (no kernel autotuning, --fusion none) and
+// backends that differ only in dtype are built once. Each check is one line, ok, warn or fail,
+// with its figure and limit.
 #pragma once
 #include <functional>
 #include <string>

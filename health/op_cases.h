@@ -1,6 +1,7 @@
 // The op suite's cases, one set shared by the test suite (tests/test_backend_ops.cpp: each case
 // a test per target) and `spotrain doctor` (each case on this machine's backends): every op of
-// kernels/ops.h on a backend under test against the CPU reference, each result one OpCheck.
+// kernels/ops.h on a backend under test against the float64 reference (kernels/reference/),
+// within kernels/op_tolerances.h's bounds, each result one OpCheck.
 #pragma once
 
 #include <cstdint>
@@ -9,33 +10,38 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/op_tolerances.h"
 #include "kernels/ops.h"
 
 namespace spotrain::health {
 
-// One backend under test: a device, the CPU's activation layout, a precision, and the
-// normalized error allowed for GEMM-like ops (conv, linear, batch norm) against the fp32
-// reference.
+// One backend under test: a device, the CPU's activation layout and a precision, whose
+// tolerances kernels/op_tolerances.h holds.
 struct OpTarget {
-  const char* name;    // "nhwc_fp32", "bf16", ...: the target in a check's line
+  const char* name;    // "blocked_fp32", "bf16", ...: the target in a check's line
   const char* device;  // "cpu" or "cuda"
   Layout layout;       // the CPU's activations (the GPU's are NHWC)
   DType dt;
   bool tf32;
-  double tol;
+  OpPrecision precision() const;
 };
-// The CPU as a backend under test: NHWC at fp32, bf16 and fp16, blocked at bf16 and fp16.
+// The CPU as a backend under test: blocked at fp32 (the path CPU training takes), bf16 and
+// fp16, NHWC at fp32, bf16 and fp16.
 const std::vector<OpTarget>& cpu_op_targets();
 // The CUDA backend: fp32, tf32, bf16, fp16.
 const std::vector<OpTarget>& cuda_op_targets();
 
 // The backend under test for t: its layout and TF32 mode, every new output poisoned (NaN
-// bytes) so an element an op fails to write shows. threads: 0 for all cores. Throws Error for
-// "cuda" where there is none (cuda_backend_ready()).
-std::unique_ptr<Backend> make_op_backend(const OpTarget& t, int threads = 0);
-// The reference: the CPU backend in its own (blocked) layout, computing in fp32; a planted
-// wrong op (SPOTRAIN_WRONG_OP) never reaches it.
-std::unique_ptr<Backend> make_op_reference(int threads = 0);
+// bytes) so an element an op fails to write shows, wrapped so that a planted wrong op
+// (SPOTRAIN_WRONG_OP) computes wrong. threads: 0 for all cores; autotune: whether a GPU times
+// its kernels' candidates at first use (as training does by default; the doctor does not).
+// Throws Error for "cuda" where there is none (cuda_backend_ready()).
+std::unique_ptr<Backend> make_op_backend(const OpTarget& t, int threads = 0, bool autotune = true);
+// Whether one backend made for `a` serves as the backend under test for `b` too: the same
+// device, layout and TF32 mode (the precision is each op's dtype).
+bool same_op_backend(const OpTarget& a, const OpTarget& b);
+// The reference: the float64 backend (kernels/reference/); no planted wrong op reaches it.
+std::unique_ptr<Backend> make_op_reference();
 
 // One check of one case on one target: a normalized error within its limit, or an exact
 // property (`exact`: holds or not, with what differed).
@@ -52,7 +58,7 @@ struct OpCheck {
   std::string line() const;
 };
 
-// A case's context: the backend under test, the reference, the target's dtype and tolerance,
+// A case's context: the backend under test, the reference, the target's dtype and tolerances,
 // the helpers every case uses, and the checks it has made.
 class OpCaseRun {
  public:
@@ -62,7 +68,8 @@ class OpCaseRun {
   Backend* ref() const { return &ref_; }
   const OpTarget& target() const { return t_; }
   DType dt() const { return t_.dt; }
-  double tol() const { return t_.tol; }
+  // The normalized error allowed for `kind` at this target's precision (kernels/op_tolerances.h).
+  double tol(OpKind kind) const { return op_tolerance(kind, t_.precision()); }
   bool on_gpu() const { return be_.device() == Device::cuda; }
 
   // An activation of host values h (NHWC), as an op in the middle of a network receives it:
@@ -76,6 +83,8 @@ class OpCaseRun {
 
   // Records a check at the current scope: err <= limit; returns whether it passed.
   bool near(const std::string& what, double err, double limit);
+  // near(what, err(got, want), tol(kind)): a result against the reference's.
+  bool near(const std::string& what, const Tensor& got, const Tensor& want, OpKind kind);
   // Records an exact check; `detail` says what differed when it fails.
   bool expect(const std::string& what, bool ok, const std::string& detail = "");
   // Records that got == want element by element (as std::vector's ==).
@@ -159,8 +168,6 @@ std::vector<float> values(Backend& be, const Tensor& t);
 double nerr(const std::vector<float>& got, const std::vector<float>& want);
 // |got - want| / |want| of one number (infinite for a NaN got where want is finite).
 double rel_err(double got, double want);
-// Storage rounding: the tolerance of elementwise results in dt.
-double elem_tol(DType dt);
 // A shape as a check's line writes it: "[2,16,9,9]".
 std::string dims(const Shape& s);
 

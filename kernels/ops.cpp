@@ -7,7 +7,6 @@
 #include <string>
 #include <type_traits>
 
-#include "core/environment.h"
 #include "kernels/op_profiler.h"
 
 namespace spotrain {
@@ -32,18 +31,15 @@ template <class Run, class Shape>
 auto Backend::timed(const char* op, Shape&& shape, Run&& run) -> decltype(run()) {
   struct Depth {  // restored when the op throws too
     int& d;
-    ~Depth() { --d; }
-  } depth{++op_depth_};
+    const char*& running;
+    ~Depth() {
+      if (--d == 0) running = "";
+    }
+  } depth{++op_depth_, running_op_};
   SPOTRAIN_CHECK(op_depth_ <= kMaxOpDepth, "internal: backend ops nested ", op_depth_,
                  " deep at ", op, " (", name(),
                  "): a fallback calls the public op it implements (see kernels/ops.h)");
-  if constexpr (std::is_same_v<decltype(run()), Tensor>) {
-    // SPOTRAIN_WRONG_OP (core/environment.h): a planted wrong kernel, its output doubled.
-    if (op_depth_ == 1 && planted_faults_ && wrong_op_planted(op)) {
-      Tensor r = run();
-      return add_forward_impl(r, r, false);
-    }
-  }
+  if (op_depth_ == 1) running_op_ = op;
   if (!profiler_ || op_depth_ > 1) return run();  // inside another op: counted as that op
   const OpProfiler::Open o = profiler_->begin();
   if constexpr (std::is_void_v<decltype(run())>) {

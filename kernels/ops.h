@@ -344,9 +344,6 @@ class Backend {
   // Times every op from now on (nullptr: stop); the profiler must outlive its attachment.
   void set_profiler(OpProfiler* p) { profiler_ = p; }
   OpProfiler* profiler() const { return profiler_; }
-  // Whether SPOTRAIN_WRONG_OP's planted faults reach this backend (core/environment.h): on by
-  // default; off for a reference the faulty backend is compared against.
-  void take_planted_faults(bool on) { planted_faults_ = on; }
 
   // What upload_pixels takes: a host 8-bit NHWC batch of 1 to 3 channels, made into fp32,
   // bf16 or fp16 (throws Error).
@@ -439,7 +436,11 @@ class Backend {
                                               Tensor& dbeta, Tensor& dz);
   static constexpr int kMaxOpDepth = 32;
 
-  bool planted_faults_ = true;  // take_planted_faults()
+  // The public op running now, as the op profiler names it ("bn_relu+conv2d_forward+stats"),
+  // the outermost where ops nest; "" between ops. A backend that wraps another (the planted
+  // wrong op of kernels/wrong_op_backend.h) reads it in its *_impl.
+  const char* running_op() const { return running_op_; }
+
   LossResult queued_loss_;  // softmax_xent_queue's result where it computes at once
   bool queued_overflow_ = false;  // unscale_check_queue's verdict where it decides at once
 
@@ -450,6 +451,7 @@ class Backend {
   auto timed(const char* op, Shape&& shape, Run&& run) -> decltype(run());
   OpProfiler* profiler_ = nullptr;
   int op_depth_ = 0;  // public ops running now (composed ops call others)
+  const char* running_op_ = "";  // running_op()
 };
 
 struct BackendOptions {

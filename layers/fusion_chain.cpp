@@ -119,15 +119,14 @@ FusionChain::Result FusionChain::run(Backend& be, const Tensor& x, bool fused, S
   return r;
 }
 
-std::vector<std::pair<std::string, Tensor>> FusionChain::outcome(const Result& r,
-                                                                 const Scratch& s) const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  out.emplace_back(str("the output of ", links_.back()->b().name()), r.y);
-  out.emplace_back(str("the input gradient of ", links_.front()->bn().name()), r.dx);
+std::vector<FusionChain::Outcome> FusionChain::outcome(const Result& r, const Scratch& s) const {
+  std::vector<Outcome> out;
+  out.push_back({str("the output of ", links_.back()->b().name()), r.y, OpKind::fused_forward});
+  out.push_back({str("the input gradient of ", links_.front()->bn().name()), r.dx, OpKind::fused_backward});
   for (size_t i = 0; i < links_.size(); ++i) {
-    out.emplace_back(links_[i]->b().weight_.name + "'s gradient", s.dw[i]);
-    out.emplace_back(links_[i]->bn().gamma_.name + "'s gradient", s.dgamma[i]);
-    out.emplace_back(links_[i]->bn().beta_.name + "'s gradient", s.dbeta[i]);
+    out.push_back({links_[i]->b().weight_.name + "'s gradient", s.dw[i], OpKind::fused_weights});
+    out.push_back({links_[i]->bn().gamma_.name + "'s gradient", s.dgamma[i], OpKind::fused_backward});
+    out.push_back({links_[i]->bn().beta_.name + "'s gradient", s.dbeta[i], OpKind::fused_backward});
   }
   return out;
 }

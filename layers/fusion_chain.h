@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_tolerances.h"
 #include "layers/layers.h"
 
 namespace spotrain {
@@ -46,9 +47,15 @@ class FusionChain {
   Result run(Backend& be, const Tensor& x, bool fused, Scratch& s);
 
   // The tensors of a run that a check compares, each with what it is ("the output of
-  // layer1.0.conv2", "layer1.0.bn1.weight's gradient"): the output, the input gradient, then
-  // the parameter gradients.
-  std::vector<std::pair<std::string, Tensor>> outcome(const Result& r, const Scratch& s) const;
+  // layer1.0.conv2", "layer1.0.bn1.weight's gradient") and the kind of fused op that makes it
+  // (whose tolerance the check takes, kernels/op_tolerances.h): the output, the input
+  // gradient, then the parameter gradients.
+  struct Outcome {
+    std::string what;
+    Tensor t;
+    OpKind kind;
+  };
+  std::vector<Outcome> outcome(const Result& r, const Scratch& s) const;
 
   // Every chain fuse_conv_bn_conv linked in `net` (fused or not now), in visiting order.
   static std::vector<FusionChain> all_in(Layer& net);

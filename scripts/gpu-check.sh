@@ -475,8 +475,9 @@ if [[ -n "$bin" ]]; then
     note "libs: $(tail -n 1 "$logs/libs.log")"
   fi
   run_step version 30 "${ours[@]}" "$bin/spotrain" --version
-  # The node check first: every op against the CPU reference at each precision, a few
-  # ResNet-50 steps against the measured rate, NVML's health (spotrain doctor, health/).
+  # The node check first: every op against the float64 reference at each precision, a few
+  # ResNet-50 steps against the measured rate with their fast paths' first-use verdicts,
+  # NVML's health (spotrain doctor, health/; no timing search, within a minute by design).
   if want doctor; then
     run_step doctor 90 "${ours[@]}" "$bin/spotrain" doctor --device cuda --json "$logs/doctor.json" \
       --ckpt-dir "$out/doctor-ckpt"

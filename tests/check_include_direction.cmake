@@ -2,9 +2,12 @@
 # library folders and fails when a folder includes one it must not (docs/ARCHITECTURE.md):
 #   core <- kernels <- layers <- engine <- observe <- run <- health <- tools
 #   core <- io, comm, checkpoints   (used by engine and run); core <- spot (used by run)
+#   kernels <- kernels/reference <- health   (the float64 reference: the op suite's only)
 # (health: the checks `spotrain doctor` and the tests share, such as the op suite's cases)
-# Each folder below is one node of that picture; kernels/cpu and kernels/cuda are nodes of
-# their own, so the table says that they never include each other. Run: cmake -DROOT=<src> -P this.
+# Each folder below is one node of that picture; kernels/cpu, kernels/cuda and
+# kernels/reference are nodes of their own, so the table says that they never include each
+# other and that no training code (layers, engine, run, ...) reaches the reference. Run:
+# cmake -DROOT=<src> -P this.
 if(NOT ROOT)
   message(FATAL_ERROR "pass -DROOT=<source directory>")
 endif()
@@ -14,6 +17,7 @@ set(allowed_core "")
 set(allowed_kernels "core;kernels/cpu;kernels/cuda")  # the factory makes either backend
 set(allowed_kernels/cpu "core;kernels")
 set(allowed_kernels/cuda "core;kernels")
+set(allowed_kernels/reference "core;kernels")
 set(allowed_layers "core;kernels")
 set(allowed_io "core")
 set(allowed_comm "core")
@@ -22,10 +26,10 @@ set(allowed_spot "core")
 set(allowed_engine "core;kernels;layers;io;comm;checkpoints")
 set(allowed_observe "core;kernels;layers;io;comm;checkpoints;engine")
 set(allowed_run "core;kernels;layers;io;comm;checkpoints;spot;engine;observe")
-set(allowed_health "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run")
+set(allowed_health "core;kernels;kernels/reference;layers;io;comm;checkpoints;spot;engine;observe;run")
 set(allowed_tools "core;kernels;layers;io;comm;checkpoints;spot;engine;observe;run;health")
-set(folders core kernels kernels/cpu kernels/cuda layers io comm checkpoints spot engine observe
-    run health tools)
+set(folders core kernels kernels/cpu kernels/cuda kernels/reference layers io comm checkpoints spot
+    engine observe run health tools)
 
 # The folder (node) a path belongs to: its longest prefix among `folders`.
 function(folder_of path out)

@@ -1,14 +1,17 @@
 // The op suite as tests: every case of health/op_cases.h (the cases `spotrain doctor` runs too)
-// on each backend under test against the CPU reference, one test per target and case, each
-// failed check reported by its line; then what only a test checks (refusals, kernel choices).
+// on each backend under test against the float64 reference (kernels/reference/), one test per
+// target and case, each failed check reported by its line; then what only a test checks
+// (refusals, kernel choices).
 //
-// Backends under test: the CPU itself in the other layout (NHWC) and at 16 bits (bf16, fp16:
-// 16-bit storage, its own casts and fp32 fallbacks), which CI runs on every commit, so the
-// suite's own logic, layouts and references are tried before a GPU ever sees them; and the
-// CUDA backend (fp32, tf32, bf16, fp16), which skips without a GPU. The reference refuses
-// operands in mixed layouts, so a case that feeds it an activation in the wrong layout fails
-// here (two such test bugs once reached an H200). tests/check_op_coverage.cmake checks that
-// every op of kernels/ops.h is called on the backend under test by the shared cases.
+// Backends under test: the CPU in its blocked layout at fp32 (the path CPU training takes) and
+// at 16 bits (bf16, fp16: 16-bit storage, its own casts and fp32 fallbacks), and in the other
+// layout (NHWC), which CI runs on every commit, so the suite's own logic, layouts and
+// tolerances are tried before a GPU ever sees them; and the CUDA backend (fp32, tf32, bf16,
+// fp16), which skips without a GPU. The blocked CPU refuses operands in mixed layouts, so a
+// case that feeds the backend under test an activation in the wrong layout fails here (two
+// such test bugs once reached an H200); the reference takes NHWC activations only.
+// tests/check_op_coverage.cmake checks that every op of kernels/ops.h is called on the backend
+// under test by the shared cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +26,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/environment.h"
 #include "health/op_cases.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/ops.h"
@@ -37,14 +41,15 @@ void PrintTo(const OpTarget& t, std::ostream* os) { *os << t.device << "_" << t.
 namespace {
 
 // The backend under test and the reference for target t, as the doctor makes them (2 threads:
-// CI's machines are small and shared); a CUDA target skips without a GPU.
+// CI's machines are small and shared; a GPU times its kernels' candidates, as training does);
+// a CUDA target skips without a GPU.
 struct Backends {
   std::unique_ptr<Backend> be, ref;
 };
 bool make_backends(const OpTarget& t, Backends& out) {
   if (std::string(t.device) == "cuda" && !cuda_backend_ready()) return false;
   out.be = make_op_backend(t, 2);
-  out.ref = make_op_reference(2);
+  out.ref = make_op_reference();
   return true;
 }
 
@@ -129,6 +134,13 @@ class BackendOpsTarget : public ::testing::TestWithParam<OpTarget> {
   Backend* be = nullptr;
 };
 std::string target_name(const ::testing::TestParamInfo<OpTarget>& i) { return i.param.name; }
+
+// The CPU target named `name`.
+const OpTarget& cpu_target(const std::string& name) {
+  for (const OpTarget& t : cpu_op_targets())
+    if (name == t.name) return t;
+  throw Error("no CPU target " + name);
+}
 
 // upload_pixels takes 8-bit pixels only.
 TEST_P(BackendOpsTarget, UploadPixelsRefusesFloatValues) {
@@ -227,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, BackendOpsTarget, ::testing::ValuesIn(cuda_op_tar
 // check naming the case, where it stopped and the message, and the cases after it still run.
 TEST(BackendOpsHarness, ChecksNameTheirCauseAndAnErrorStopsOnlyItsCase) {
   auto be = make_backend("cpu", BackendOptions{});
-  const OpTarget& t = cpu_op_targets()[0];
+  const OpTarget& t = cpu_target("nhwc_fp32");
   OpCaseRun r(*be, *be, t, "Example");
   {
     auto at = r.scope("[2,16,9,9] k3 s2");
@@ -261,7 +273,7 @@ TEST(BackendOpsHarness, ChecksNameTheirCauseAndAnErrorStopsOnlyItsCase) {
 // The doctor runs every case in turn on one backend (the tests give each case a fresh one):
 // no case depends on a backend that has run nothing before it.
 TEST(BackendOpsHarness, EveryCasePassesOnOneSharedBackend) {
-  const OpTarget& t = cpu_op_targets()[1];  // nhwc_bf16
+  const OpTarget& t = cpu_target("nhwc_bf16");
   Backends b;
   ASSERT_TRUE(make_backends(t, b));
   const std::vector<OpCheck> checks = run_op_cases(*b.be, *b.ref, t);
@@ -271,6 +283,33 @@ TEST(BackendOpsHarness, EveryCasePassesOnOneSharedBackend) {
     cases += i == 0 || checks[i].op_case != checks[i - 1].op_case;
   }
   EXPECT_EQ(cases, op_cases().size());
+}
+
+// A planted wrong op (SPOTRAIN_WRONG_OP: make_op_backend wraps the backend under test, which
+// then doubles that op's output) fails exactly the checks of that op, each by a normalized
+// error of 1 against the float64 reference (which no planted op reaches); the rest pass.
+TEST(BackendOpsHarness, APlantedWrongOpFailsItsOwnChecksOnly) {
+  struct Planted {
+    Planted() { test_hooks_for_test().wrong_ops = {"conv2d_forward"}; }
+    ~Planted() { test_hooks_for_test().wrong_ops.clear(); }
+  };
+  const OpTarget& t = cpu_target("blocked_fp32");
+  std::vector<OpCheck> checks;
+  {
+    Planted planted;
+    Backends b;
+    ASSERT_TRUE(make_backends(t, b));
+    checks = run_op_cases(*b.be, *b.ref, t, "ConvolutionForwardBackwardDataAndWeights");
+  }
+  int wrong = 0;
+  for (const OpCheck& c : checks) {
+    const bool forward = c.what.rfind("conv2d_forward", 0) == 0 && c.what.find("output") == std::string::npos;
+    EXPECT_EQ(c.passed(), !forward) << c.line();
+    if (!forward) continue;
+    ++wrong;
+    EXPECT_NEAR(c.err, 1.0, 1e-6) << c.line();
+  }
+  EXPECT_EQ(wrong, 3 * 5 * 2) << "three forward checks, five shapes, two kinds of input";
 }
 
 // Shifted inputs are what they claim: each channel's mean 3 to 5 standard deviations off zero.
@@ -293,10 +332,10 @@ TEST(BackendOpsHarness, ShiftedInputsLieThreeToFiveDeviationsOffZero) {
 
 // ---- the suite's own footing ------------------------------------------------------------------
 
-// The reference refuses operands in two layouts: an activation fed to it in the wrong layout
-// (an upload_images tensor where a layer in the middle of a network takes its input) ends the
-// test with an error instead of comparing against a wrong reference.
-TEST(BackendOpsReference, RefusesAnActivationInTheWrongLayout) {
+// The blocked CPU target refuses operands in two layouts: an activation fed to it in the wrong
+// layout (an upload_images tensor where a layer in the middle of a network takes its input) ends
+// the test with an error instead of comparing a wrong result.
+TEST(BackendOpsLayouts, TheBlockedCpuRefusesAnActivationInTheWrongLayout) {
   auto ref = make_backend("cpu", BackendOptions{});
   const Shape s{4, 32, 14, 14};
   Tensor h = host_nhwc(s, 930);

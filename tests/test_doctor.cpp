@@ -1,7 +1,9 @@
 // `spotrain doctor` as a user runs it: on this healthy CPU node it passes every check (ops
-// against the reference, the GEMM rate, ResNet-50 training steps, the checkpoint folder) and
-// exits 0; with a planted wrong op (SPOTRAIN_WRONG_OP) or a full checkpoint disk
-// (SPOTRAIN_FREE_BYTES) it exits 1 naming the cause; --json says the same.
+// against the float64 reference, the blocked fp32 path training takes among the targets, the
+// GEMM rate, ResNet-50 training steps and the first-use checks they ran, the checkpoint
+// folder) and exits 0; with a planted wrong op (SPOTRAIN_WRONG_OP: a convolution, or the 8-bit
+// upload) or a full checkpoint disk (SPOTRAIN_FREE_BYTES) it exits 1 naming the cause; --json
+// says the same.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -43,8 +45,10 @@ TEST(Doctor, AHealthyCpuNodePassesEveryCheck) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(lines_of(r.out, "fail").empty());
   const auto ok = lines_of(r.out, "ok");
-  for (const char* target : {"nhwc_fp32", "nhwc_bf16", "nhwc_fp16", "blocked_bf16", "blocked_fp16"})
-    EXPECT_TRUE(has_line(ok, "ops cpu ", target)) << target;
+  for (const char* target : {"blocked_fp32", "blocked_bf16", "blocked_fp16", "nhwc_fp32", "nhwc_bf16", "nhwc_fp16"})
+    EXPECT_TRUE(has_line(ok, std::string("ops cpu ") + target + ":", "against the float64 reference")) << target;
+  EXPECT_TRUE(has_line(ok, "fast path 8-bit-upload", "first-use check passed"));
+  EXPECT_TRUE(has_line(ok, "fast path captured-steps", "not used on cpu"));
   const auto all = [&] {
     auto v = ok;
     for (const auto& l : lines_of(r.out, "warn")) v.push_back(l);
@@ -72,10 +76,24 @@ TEST(Doctor, APlantedWrongOpFailsNamingIt) {
   EXPECT_EQ(r.code, 1) << r.out;
   const auto fail = lines_of(r.out, "fail");
   ASSERT_FALSE(fail.empty()) << r.out;
+  EXPECT_TRUE(has_line(fail, "ops cpu blocked_fp32", "conv2d_forward")) << r.out;
   EXPECT_TRUE(has_line(fail, "ops cpu nhwc_fp32", "conv2d_forward")) << r.out;
   EXPECT_NE(r.out.find("doctor: NOT healthy"), std::string::npos);
   CommandResult control = run_command(kBin + " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1");
   EXPECT_EQ(control.code, 0) << control.out;
+}
+
+// A wrong 8-bit upload fails the op suite's upload_pixels check and, in the training steps,
+// the 8-bit upload's first-use check, whose verdict the doctor prints.
+TEST(Doctor, AWrongEightBitUploadFailsItsOpAndItsFirstUseCheck) {
+  CommandResult r = run_command("SPOTRAIN_WRONG_OP=upload_pixels " + kBin +
+                                " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1");
+  std::printf("%s", r.out.c_str());
+  EXPECT_EQ(r.code, 1) << r.out;
+  const auto fail = lines_of(r.out, "fail");
+  EXPECT_TRUE(has_line(fail, "ops cpu blocked_fp32", "upload_pixels")) << r.out;
+  EXPECT_TRUE(has_line(fail, "fast path 8-bit-upload", "first-use check failed")) << r.out;
+  EXPECT_FALSE(has_line(fail, "conv2d_forward")) << "only the planted op fails: " << r.out;
 }
 
 // A checkpoint folder without room for --keep checkpoints fails the space check, naming the

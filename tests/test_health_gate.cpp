@@ -86,7 +86,7 @@ TEST_F(HealthGate, ASlowLinkAndABrokenDoctorAreLeftOutAndTheRestTrain) {
                                          train_args()));
   std::printf("%s", r.out.c_str());
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "health gate: left out " + host(2) + ": doctor: fail ops cpu nhwc_fp32: op conv2d_forward"))
+  EXPECT_TRUE(contains(r.out, "health gate: left out " + host(2) + ": doctor: fail ops cpu blocked_fp32: op conv2d_forward"))
       << r.out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex("health gate: left out " + std::regex_replace(host(3), std::regex("\\."), "\\.") +

@@ -13,6 +13,7 @@
 #include "engine/fusion_choice.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/tuning_cache.h"
+#include "kernels/wrong_op_backend.h"
 #include "layer_test_util.h"
 #include "layers/fusion_chain.h"
 
@@ -585,7 +586,8 @@ TEST(FusionAuto, TimingGivesEachChainAVerdictChecksItAndTouchesNoState) {
 
 // ---- --fusion auto's first-use check, kernel cache and ranks --------------------------------
 
-// SPOTRAIN_WRONG_OP for the test's length: the backend doubles the named op's output.
+// SPOTRAIN_WRONG_OP for the test's length: a backend wrapped by plant_wrong_ops
+// (kernels/wrong_op_backend.h) doubles the named op's output.
 class PlantWrongOp {
  public:
   explicit PlantWrongOp(const std::string& op) { test_hooks_for_test().wrong_ops = {op}; }
@@ -639,7 +641,7 @@ class FusionAutoWrongOp : public ::testing::TestWithParam<WrongOp> {};
 // chain, the tensor and the difference, recorded in the fast paths' verdicts (their file too,
 // so a restart on this device does not try again). The model is left as it was.
 TEST_P(FusionAutoWrongOp, TurnsEveryChainOffWithOneWarningAndIsRecorded) {
-  auto be = cpu_backend(1);
+  auto be = plant_wrong_ops(cpu_backend(1));
   const auto model = auto_fused_resnet(*be, "resnet20", 1, 7);
   Model& m = *model;
   const Floats p0 = host_floats(*be, m.flat_params()), b0 = host_floats(*be, m.flat_buffers());

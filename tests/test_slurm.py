@@ -450,7 +450,7 @@ def main():
                         dict(gate_env, HEALTH_TEST_BREAK_HOST=cluster.host), steps=4)
         j = finished(broken, 120)
         out_broken = output(broken)
-        if (j["JobState"] != "FAILED" or "left out %s: doctor: fail ops cpu nhwc_fp32" % cluster.host not in out_broken
+        if (j["JobState"] != "FAILED" or "left out %s: doctor: fail ops cpu blocked_fp32" % cluster.host not in out_broken
                 or "fewer than MIN_HOSTS=1; not starting" not in out_broken or "step 1/" in out_broken):
             fail("HEALTH_CHECK=1 with the node's doctor broken: the job ended %s\n%s" % (j["JobState"], out_broken))
         log("health gate under Slurm: a healthy node trained, a broken one was named and the job ended 1 "

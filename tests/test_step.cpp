@@ -672,25 +672,36 @@ TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
 
 namespace {
 
-// Plants a wrong op (its output doubled: core/environment.h) for as long as it lives.
+// Plants a wrong op (its output doubled: core/environment.h) for as long as it lives; a
+// Session made meanwhile wraps its backend so that the op computes wrong.
 struct PlantedWrongOp {
   explicit PlantedWrongOp(const char* op) { test_hooks_for_test().wrong_ops = {op}; }
   ~PlantedWrongOp() { test_hooks_for_test().wrong_ops.clear(); }
 };
 
-// A stand-in recorder whose recorded step computes with a wrong convolution: the captured step
-// then differs from the eager step it was recorded from.
+// A stand-in recorder whose recorded step computes with a wrong convolution (its output
+// doubled while recording): the captured step then differs from the eager step it was
+// recorded from.
 class WrongRecorder : public NotingRecorder {
  public:
   using NotingRecorder::NotingRecorder;
   void begin_recording(int64_t batch, bool mixed) override {
     NotingRecorder::begin_recording(batch, mixed);
-    test_hooks_for_test().wrong_ops = {"conv2d_forward"};
+    recording_ = true;
   }
   void end_recording() override {
-    test_hooks_for_test().wrong_ops.clear();
+    recording_ = false;
     NotingRecorder::end_recording();
   }
+
+ protected:
+  Tensor conv2d_forward_impl(const Tensor& x, const Tensor& w, const ConvParams& p) override {
+    Tensor y = NotingRecorder::conv2d_forward_impl(x, w, p);
+    return recording_ ? add_forward_impl(y, y, false) : y;
+  }
+
+ private:
+  bool recording_ = false;
 };
 
 }  // namespace
@@ -784,13 +795,14 @@ TEST(FastPathChecks, AFailedVerdictIsKeptForARestartOnTheSameDevice) {
 TEST(FastPathChecks, AnEightBitUploadThatDiffersIsTurnedOff) {
   RunConfig cfg = small_fp16_config();
   cfg.precision = "fp32";
-  Trainer a(cfg), u(cfg);
+  Trainer a(cfg);
+  PlantedWrongOp wrong("upload_pixels");  // u's session is made with the op planted: wrapped
+  Trainer u(cfg);
   LossScaler sa{LossScalerOptions{}}, su{LossScalerOptions{}};
   StepRunner ra(a.model(), a.optimizer(), sa, Precision::fp32), ru(u.model(), u.optimizer(), su, Precision::fp32);
   PixelNorm norm;
   norm.mean[0] = 0.2860f;
   norm.std[0] = 0.3530f;
-  PlantedWrongOp wrong("upload_pixels");
   testing::internal::CaptureStdout();
   for (int step = 0; step < 2; ++step) {
     Batch b = random_batch(8, 170 + uint64_t(step));

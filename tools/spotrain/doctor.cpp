@@ -102,8 +102,9 @@ int run_doctor_command(const DoctorArgs& a) {
 Command add_doctor(CLI::App& app) {
   auto a = std::make_shared<DoctorArgs>();
   auto* d = app.add_subcommand("doctor",
-                               "check this node before a run: ops against the CPU reference, a few "
-                               "training steps' speed and memory, GPU health, the checkpoint folder");
+                               "check this node before a run: ops against the float64 reference, a few "
+                               "training steps' speed and memory and their fast paths' first-use checks, "
+                               "GPU health, the checkpoint folder");
   d->add_option("--device", a->opt.device, "auto|cpu|cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   d->add_option("--precision", a->opt.precision,

@@ -14,7 +14,7 @@
 # Settings (environment variables; mpirun.sh passes its own):
 #   MIN_HOSTS            the fewest hosts that must pass (default 1)
 #   HEALTH_DOCTOR_ARGS   spotrain doctor's arguments on each host (default "--model resnet20
-#                        --steps 2": every op of the device against the CPU reference, the CPU's
+#                        --steps 2": every op of the device against the float64 reference, the CPU's
 #                        GEMM rate or the GPU's health, a few steps of a small model; 2 s on a
 #                        CPU node here). Add --ckpt-dir DIR to check each host's checkpoint
 #                        folder (room for --keep checkpoints, write rate) too.
