@@ -22,6 +22,14 @@ LauncherSettings read_launcher() {
   }
   if (const char* v = std::getenv("SPOTRAIN_LEAVE_HOSTS")) l.leave_hosts = std::string(v) == "1";
   if (const char* v = std::getenv("SPOTRAIN_MIN_HOSTS")) l.min_hosts = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("SPOTRAIN_HOST_RATES")) {
+    std::istringstream in(v);
+    for (std::string one; in >> one;) {
+      const size_t eq = one.rfind('=');
+      const double rate = eq == std::string::npos ? 0 : std::atof(one.c_str() + eq + 1);
+      if (eq > 0 && rate > 0) l.host_rates[one.substr(0, eq)] = rate;
+    }
+  }
   return l;
 }
 

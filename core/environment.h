@@ -10,6 +10,9 @@
 //   SPOTRAIN_LEAVE_HOSTS=1             the launcher restarts a job without a host it stopped to
 //                                      leave behind (--straggler-action leave, run/leave_rule.h)
 //   SPOTRAIN_MIN_HOSTS=N               ... but not below N hosts (default 1)
+//   SPOTRAIN_HOST_RATES="A=R B=R ..."  each host's training images/s as the health gate measured
+//                                      it (mpirun.sh with HEALTH_CHECK=1): the first shares of the
+//                                      global batch follow them (run/rebalance.h)
 //
 // The test hooks and diagnostics (none is meant for production runs):
 //   SPOTRAIN_FAULT=KIND:RANK:STEP[,...] die (SIGKILL, as a lost node), hang (sleep forever) or
@@ -44,6 +47,7 @@
 //                                      hook names an op; ops returning no tensor are not planted
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +58,7 @@ struct LauncherSettings {
   std::vector<std::string> hosts;  // SPOTRAIN_HOSTS, in order
   bool leave_hosts = false;
   int min_hosts = 1;
+  std::map<std::string, double> host_rates;  // SPOTRAIN_HOST_RATES (positive rates only)
 };
 
 struct TestHooks {

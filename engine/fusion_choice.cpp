@@ -1,4 +1,4 @@
-// plan_fusion, choose_fusion and their helpers (see fusion_choice.h).
+// fusion_mode, choose_fusion and their helpers (see fusion_choice.h).
 #include "engine/fusion_choice.h"
 
 #include <algorithm>
@@ -11,13 +11,13 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "kernels/op_profiler.h"
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 #include "layers/fusion_chain.h"
 
 namespace spotrain {
 
-FusionPlan plan_fusion(const std::string& setting, const Backend& be, DType compute) {
-  FusionPlan p;
+FusionMode fusion_mode(const std::string& setting, const Backend& be, DType compute) {
+  FusionMode p;
   if (setting == "none") return p;
   if (setting == "bn") {
     p.links = p.on = true;
@@ -151,7 +151,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
   } else {
     std::map<const Layer*, size_t> head;  // a chain's first convolution -> the chain
     for (size_t i = 0; i < chains.size(); ++i) head[&chains[i].head()] = i;
-    TuningCache* cache = be.tuning_cache();
+    KernelCache* cache = be.kernel_cache();
     const OpPrecision precision = op_precision(x.dtype(), false, be.device() == Device::cuda);
     std::map<std::string, Trial> by_shape;  // chains of one shape are timed and checked once
     std::string failure;  // the first check that failed
@@ -241,7 +241,7 @@ std::vector<FusionVerdict> choose_fusion(Model& model, const Tensor& x, FastPath
     set_fusion(model, false);
     return {};
   }
-  TuningCache* cache = be.tuning_cache();
+  KernelCache* cache = be.kernel_cache();
   for (size_t i = 0; i < chains.size(); ++i) {
     out[i].fused = on[i] != 0;
     chains[i].set_fused(out[i].fused);

@@ -1,4 +1,4 @@
-// --fusion auto|bn|none: what the model is built with (plan_fusion), and, for auto (the
+// --fusion auto|bn|none: what the model is built with (fusion_mode), and, for auto (the
 // default), which conv, BN+ReLU, conv chains run fused: only those where timing on the device
 // says they beat the same layers run apart, and only while the fused runs compute what the
 // layers apart do (their first-use check, engine/fast_paths.h). Decided once, at the first
@@ -16,7 +16,7 @@ namespace spotrain {
 
 // --fusion made into what the model is built with (ResNetOptions::fusion_links, fusion_on)
 // and whether the first training step chooses (StepRunner::choose_fusion_at_first_step).
-struct FusionPlan {
+struct FusionMode {
   bool links = false;   // the chains are linked
   bool on = false;      // and start fused
   bool choose = false;  // choose_fusion decides each at the first step
@@ -25,7 +25,7 @@ struct FusionPlan {
 // where `be` runs the fused ops as fused kernels at `compute` (composed of the separate ops,
 // as on the CPU, at fp32/tf32 or under --deterministic on a GPU, they cannot win: the chains
 // stay apart untimed). Throws Error, naming the choices, for anything else.
-FusionPlan plan_fusion(const std::string& setting, const Backend& be, DType compute);
+FusionMode fusion_mode(const std::string& setting, const Backend& be, DType compute);
 
 struct FusionVerdict {
   std::string chain;             // FusionChain::name()

@@ -87,7 +87,7 @@ void Session::initialize_model(Model& model, uint64_t seed) {
 
 Training Session::make_training(const TrainingSpec& spec) {
   Training t;
-  const FusionPlan fusion = plan_fusion(spec.fusion, *backend_, compute_dtype(spec.precision));
+  const FusionMode fusion = fusion_mode(spec.fusion, *backend_, compute_dtype(spec.precision));
   ResNetOptions net = spec.net;
   net.fusion_links = fusion.links;
   net.fusion_on = fusion.on;

@@ -38,7 +38,7 @@ struct SessionOptions {
 struct TrainingSpec {
   ResNetOptions net;  // its fusion_links and fusion_on are made of `fusion`
   // --fusion auto|bn|none, which make_training turns into the model's links, their initial
-  // on/off and whether the first step chooses (plan_fusion, engine/fusion_choice.h).
+  // on/off and whether the first step chooses (fusion_mode, engine/fusion_choice.h).
   std::string fusion = "none";
   uint64_t seed = 0;  // weight initialization
   Precision precision = Precision::fp32;

@@ -26,7 +26,7 @@ namespace spotrain {
 
 class OpProfiler;   // kernels/op_profiler.h
 class DeviceClock;  // kernels/op_profiler.h
-class TuningCache;  // kernels/tuning_cache.h
+class KernelCache;  // kernels/kernel_cache.h
 class StepCapture;  // kernels/step_capture.h
 
 struct ConvParams {
@@ -331,10 +331,10 @@ class Backend {
   // A clock on the device that marks points in its queue, for OpProfiler (the CPU runs its ops
   // as they are called: the host clock serves).
   virtual DeviceClock* device_clock() { return nullptr; }
-  // The kernel cache the backend keeps its timed choices in (kernels/tuning_cache.h), where
+  // The kernel cache the backend keeps its timed choices in (kernels/kernel_cache.h), where
   // the engine keeps the verdicts of its own timing too (--fusion auto's); nullptr where
   // nothing is timed (the CPU).
-  virtual TuningCache* tuning_cache() { return nullptr; }
+  virtual KernelCache* kernel_cache() { return nullptr; }
   // Whether kernels chosen from now on are taken untimed because the run's budget for timing
   // them is spent (the CUDA backend's fused graphs past PlanBudget): a restart, with a budget
   // of its own, times them and may run others, so what is measured on them now is not to be
@@ -470,7 +470,7 @@ struct BackendOptions {
   // use on the real shape and keep the fastest (--autotune); false takes cuDNN's heuristics'
   // first choice (--no-autotune). --deterministic always takes the heuristics'.
   bool autotune = true;
-  // GPU: the file the timed choices are remembered in (kernels/tuning_cache.h; "" = none),
+  // GPU: the file the timed choices are remembered in (kernels/kernel_cache.h; "" = none),
   // so a restarted job runs its chosen kernels from the first step.
   std::string kernel_cache = "";
 };

@@ -49,7 +49,7 @@ class WrongOpBackend final : public Backend {
   bool fuses_conv_bn(DType compute) const override { return in_->fuses_conv_bn(compute); }
   bool remakes_bn_relu_inputs() const override { return in_->remakes_bn_relu_inputs(); }
   DeviceClock* device_clock() override { return in_->device_clock(); }
-  TuningCache* tuning_cache() override { return in_->tuning_cache(); }
+  KernelCache* kernel_cache() override { return in_->kernel_cache(); }
 
  protected:
   // ---- the ops: the inner backend's, the result of a planted one doubled ----

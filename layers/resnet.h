@@ -24,7 +24,7 @@ struct ResNetOptions {
   // BatchNorm2d+ReLU, Conv2d run of a block's main branch, so that a convolution can compute
   // the batch statistics of the BN+ReLU after it and the next convolution apply that BN as it
   // reads; and whether the links start switched on (each chain can be switched later:
-  // FusionChain). The engine makes these of --fusion (engine/fusion_choice.h, plan_fusion).
+  // FusionChain). The engine makes these of --fusion (engine/fusion_choice.h, fusion_mode).
   bool fusion_links = false;
   bool fusion_on = false;
 };

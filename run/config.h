@@ -126,7 +126,7 @@ enum SettingFlags : unsigned {
     "and keep the fastest (else cuDNN's heuristics' first choice)", kShowDefault | kPerNode, "")  \
   X(std::string, kernel_cache, "auto", "--kernel-cache",                                          \
     "GPU: the file the timed kernel choices are kept in, per GPU, driver, cuDNN and shape, so a " \
-    "restart skips the timing: auto (the run folder's kernel-choices.json; bench: "             \
+    "restart skips the timing: auto (the run folder's kernel-cache.json; bench: "             \
     "~/.cache/spotrain/), none, or a path", kShowDefault | kPerNode, "")                          \
   X(bool, cuda_graph, true, "--cuda-graph,!--no-cuda-graph",                                     \
     "GPU, one rank: record a training step as a CUDA Graph once, then replay it each step "     \

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 
 namespace spotrain {
 
@@ -22,7 +22,7 @@ SessionOptions session_options(const RunConfig& cfg) {
   // --deterministic and --no-autotune take the heuristics' choices: nothing to read or write.
   so.backend.kernel_cache = cfg.deterministic || !cfg.autotune
                                 ? ""
-                                : TuningCache::resolve_path(cfg.kernel_cache, cfg.ckpt_dir);
+                                : KernelCache::resolve_path(cfg.kernel_cache, cfg.ckpt_dir);
   so.comm_timeout = cfg.comm_timeout;
   so.device_comm = cfg.device_comm;
   return so;

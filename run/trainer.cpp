@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -155,9 +156,12 @@ Trainer::Trainer(const RunConfig& cfg) : cfg_(validated(cfg)), created_(now_seco
     log_info(str("run folder ", cfg_.ckpt_dir, ": ", storage_.describe(world)));
     if (storage_.writer) folder_ = std::make_unique<RunFolder>(cfg_);
   }
+  if (world > 1)  // every rank's host, as the straggler lines, the shares and the leave rule name it
+    session_->worker().run("the ranks' host names", [&] { hosts_ = gather_host_labels(session_->comm()); });
   try {  // where training starts, and so the global batch and this rank's share of it
     start_ = find_resume_point(cfg_, *session_, storage_);
     split_ = run_split(cfg_, start_, world);
+    seed_shares();
     SPOTRAIN_CHECK(split_.global() <= data_.train->size(), "checkpoint ", start_.checkpoint,
                    " was trained at a global batch of ", split_.global(), ", larger than the training set here (",
                    data_.train->size(), " samples of ", cfg_.data, "); resume it on the data it was trained on");
@@ -275,20 +279,40 @@ void Trainer::begin(Loop& loop) {
   const int world = session_->world();
   if (world == 1 || test_hooks().no_rank_watch) return;
   // Each rank's times, at every progress line.
-  std::vector<std::string> hosts;
-  session_->worker().run("the ranks' host names", [&] { hosts = gather_host_labels(session_->comm()); });
-  loop.rank_watch = std::make_unique<RankWatch>(world, session_->rank(), cfg_.straggler_threshold, std::move(hosts));
+  loop.rank_watch = std::make_unique<RankWatch>(world, session_->rank(), cfg_.straggler_threshold, hosts_);
   loop.rank_watch->set_shares(split_.counts);
   loop.progress.watch_ranks(loop.rank_watch.get());
   loop.leave = std::make_unique<LeaveRule>(cfg_, session_->worker());
-  if (cfg_.straggler_action == "warn") return;
-  const std::string why_even = cfg_.deterministic ? "--deterministic (a share that follows the ranks' rates changes "
-                                                    "the order of the gradient's sum)"
-                                                  : Rebalancer::why_shares_stay(split_);
+  const std::string why_even = why_shares_stay();
   if (why_even.empty())
     loop.rebalance = std::make_unique<Rebalancer>(split_);
-  else
+  else if (cfg_.straggler_action != "warn")
     log_info(str("--straggler-action ", cfg_.straggler_action, ": shares of the global batch stay even: ", why_even));
+}
+
+std::string Trainer::why_shares_stay() const {
+  if (session_->world() == 1) return "one rank";
+  if (cfg_.straggler_action == "warn") return "--straggler-action warn";
+  if (cfg_.deterministic)
+    return "--deterministic (a share that follows the ranks' rates changes the order of the gradient's sum)";
+  return Rebalancer::why_shares_stay(split_);
+}
+
+void Trainer::seed_shares() {
+  // The health gate's rates (SPOTRAIN_HOST_RATES from mpirun.sh), where it measured every host.
+  const std::map<std::string, double>& known = launcher_settings().host_rates;
+  if (known.empty() || !why_shares_stay().empty()) return;
+  std::vector<double> rates;
+  for (const std::string& h : hosts_) {
+    const auto it = known.find(h);
+    if (it == known.end()) return;  // a host the gate did not measure: an even start
+    rates.push_back(it->second);
+  }
+  const BatchSplit seeded = split_by_rate(split_, rates, smallest_micro(split_.micro), Rebalancer::kMargin);
+  if (seeded == split_) return;
+  log_info(str("shares of the global batch start from the health gate's rates: ", seeded.text(), " (",
+               split_.text(), " evenly)"));
+  split_ = seeded;
 }
 
 TrainPosition Trainer::step(Loop& loop, io::Loader& loader, io::Batch& b, int64_t epoch,

@@ -72,6 +72,10 @@ class Trainer {
   void log_start(const Schedule& s);
   // Before the first step: the resume's records, the start lines, the rank watch.
   void begin(Loop& loop);
+  // Why the shares of the global batch cannot follow the ranks' rates ("" where they can).
+  std::string why_shares_stay() const;
+  // The first shares: by the health gate's rates where it measured every rank's host.
+  void seed_shares();
   // Queues the step of batch `b` (the next after `at`; with several micro-batches per step its
   // first, the others taken from `loader` as they are queued) and hands the figures read back
   // so far to the progress line; returns the position after it.
@@ -100,6 +104,7 @@ class Trainer {
   DataPair data_;
   RunStorage storage_;                 // where the checkpoints are kept (--ckpt-dir)
   std::unique_ptr<RunFolder> folder_;  // each writer of a copy (rank 0 where shared)
+  std::vector<std::string> hosts_;     // every rank's host (comm/hosts.h; several ranks)
   ResumePoint start_;                  // where training starts (found by the constructor)
   // The global batch and each rank's micro-batches of it (run/global_batch.h): decided before
   // the parts below are built (a checkpoint of another rank count keeps its global batch); its

@@ -596,16 +596,16 @@ fi
 if want tuning && [[ -n "$bin" && -n "$gpu" ]]; then
   bench fp16-heuristic fp16 none --no-autotune
   bench fp16-fusion-heuristic fp16 none --fusion bn --no-autotune
-  rm -rf "$out/run-tuning" "$out/kernel-choices.json"
+  rm -rf "$out/run-tuning" "$out/kernel-cache.json"
   tuning=(train --model resnet50 --data synthetic --image-size 224 --train-limit 4096 --test-limit 256
           --batch-size 256 --precision fp16 --steps 8 --log-every 1 --device cuda
-          --kernel-cache "$out/kernel-choices.json" --ckpt-dir "")
+          --kernel-cache "$out/kernel-cache.json" --ckpt-dir "")
   run_step train-kernel-cache-cold 120 "${ours[@]}" "$bin/spotrain" "${tuning[@]}"
   run_step train-kernel-cache-warm 120 "${ours[@]}" "$bin/spotrain" "${tuning[@]}"
   grep -q "timed choices for this GPU" "$logs/train-kernel-cache-warm.log" ||
     restatus "$(laststatus): the cache was NOT read"
-  cp "$out/kernel-choices.json" "$logs/" 2>/dev/null
-  rm -f "$out/kernel-choices.json"
+  cp "$out/kernel-cache.json" "$logs/" 2>/dev/null
+  rm -f "$out/kernel-cache.json"
 fi
 
 # Levers one by one: fp16 with the block's last BN, Add and ReLU as separate ops, and fp16

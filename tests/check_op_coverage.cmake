@@ -20,7 +20,7 @@ file(READ ${ROOT}/tests/test_backend_ops.cpp tests)
 # kernel cache): nothing to compare.
 set(not_computed device name allocator threads precision_note gpu_pci_bus_id device_line
     host_staging_allocator synchronize queues_ops stream capture device_clock save_kernel_choices
-    tuning_cache fuses_conv_bn normalizes_pixels kernel_timing_cut)
+    kernel_cache fuses_conv_bn normalizes_pixels kernel_timing_cut)
 
 string(REGEX MATCHALL "virtual[^;{]*[ *&>]([a-z0-9_]+)\\(" decls "${ops_h}")
 set(ops "")

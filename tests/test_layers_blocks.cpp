@@ -3,6 +3,8 @@
 // the shortcut's gradient (seen through an OpProfiler), and gradient checkpointing: every mode
 // gives bitwise the same gradients and running statistics as the plain graph.
 // Inputs are fresh Philox draws (never zeros); outputs and gradients are NaN-poisoned first.
+#include <unistd.h>
+
 #include <cstdio>
 #include <functional>
 #include <set>
@@ -12,7 +14,7 @@
 #include "engine/fast_paths.h"
 #include "engine/fusion_choice.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 #include "kernels/wrong_op_backend.h"
 #include "layer_test_util.h"
 #include "layers/fusion_chain.h"
@@ -50,11 +52,11 @@ void randomize_params(Layer& l, uint32_t stream) {
   }
 }
 
-// --fusion as the engine builds the model with it (plan_fusion, on the CPU at fp32): none, bn
+// --fusion as the engine builds the model with it (fusion_mode, on the CPU at fp32): none, bn
 // (linked and fused) or auto (linked and apart, each chain to be switched).
 void set_fusion_option(ResNetOptions& o, const std::string& fusion) {
   static const std::unique_ptr<Backend> be = cpu_backend(1);
-  const FusionPlan p = plan_fusion(fusion, *be, DType::f32);
+  const FusionMode p = fusion_mode(fusion, *be, DType::f32);
   EXPECT_FALSE(p.choose) << "the CPU composes the fused ops: nothing to time";
   o.fusion_links = p.links;
   o.fusion_on = p.on;
@@ -600,9 +602,9 @@ class PlantWrongOp {
 class CachingCpu final : public cpu::CpuBackend {
  public:
   CachingCpu() : cpu::CpuBackend(BackendOptions{1, false}) {}
-  TuningCache* tuning_cache() override { return &cache; }
+  KernelCache* kernel_cache() override { return &cache; }
   bool kernel_timing_cut() const override { return cut_after >= 0 && fused_forwards >= cut_after; }
-  TuningCache cache{"", "cpu test"};
+  KernelCache cache{"", "cpu test"};
   int fused_forwards = 0;
   int cut_after = -1;
 
@@ -618,8 +620,10 @@ Tensor resnet20_batch(Backend& be) {
   return be.upload_images(make_tensor(normals(8 * 12 * 12, 90), {8, 1, 12, 12}, Layout::nhwc));
 }
 
+// A file of this process's own in the temporary folder (tests of one binary run side by side
+// under ctest -j).
 std::string temp_file(const std::string& name) {
-  const std::string f = ::testing::TempDir() + name;
+  const std::string f = ::testing::TempDir() + std::to_string(::getpid()) + "-" + name;
   std::remove(f.c_str());
   return f;
 }

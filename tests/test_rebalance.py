@@ -15,7 +15,9 @@ speeds they are given, not the machine's, and one can be made exactly half as fa
 - a stop of the uneven fleet (SPOTRAIN_FAULT term at step 30) resumes on two hosts: the steps
   after it train the global batches of the even run, in order, sample for sample;
 - a host slowed mid-run (its quota halved once the run is under way) gets a smaller share within
-  four progress windows, and once restored its share comes back to even within six.
+  four progress windows, and once restored its share comes back to even within six;
+- with mpirun.sh's health gate (HEALTH_CHECK=1) the doctors' measured rates seed the first
+  shares: the half-speed host takes fewer micro-batches from the first step.
 
 Steps are counted, not seconds: a quota slows a host by its share of time whatever the
 machine's speed. Exit 77 (skipped) where network namespaces or CPU cgroups cannot be made.
@@ -189,6 +191,24 @@ def main():
         check(down[0] - slowed <= 20, "mid-run: slowed after step %d, a smaller share at step %d (%s)" %
               (slowed, down[0], down[1]))
         check(back[0] - restored <= 30, "mid-run: restored after step %d, even again at step %d" % (restored, back[0]))
+
+        # 4. Seeded by the health gate: its doctors measure the third host at half speed, and the
+        # job's first step already gives it fewer micro-batches. (Hosts of 0.8 and 0.4 of a core,
+        # one thread each: a doctor fails a node below a quarter of its expected GEMM rate; the
+        # links' spread under the quotas is not this test's.)
+        for i, share in ((1, 0.8), (2, 0.8), (3, 0.4)):
+            fleet.quota(i, share)
+        seeded = os.path.join(work, "seeded")
+        rc, out, _ = fleet.launch(TRAIN + ["--steps", "5", "--ckpt-dir", seeded],
+                                  env={"HEALTH_CHECK": "1", "HEALTH_DOCTOR_ARGS": "--model resnet20 --steps 2 --threads 1",
+                                       "HEALTH_LINK_ARGS": "--link-min-share 0"})
+        print("\n".join(l for l in out.splitlines() if "health gate" in l or "shares" in l))
+        first = next((r["ranks"] for r in step_records(seeded) if "ranks" in r), None)
+        check(rc == 0 and "shares of the global batch start from the health gate's rates: micro-batches of 16:" in out,
+              "seeded: the job starts from the gate's rates (exit %d)" % rc)
+        check(first is not None and first[2]["micro_batches"] < 4 and sum(k["micro_batches"] for k in first) == 12,
+              "seeded: the first window's shares give the slow host fewer (%s)" %
+              ([k.get("micro_batches") for k in first] if first else None))
     finally:
         fleet.down()
         if not failures:

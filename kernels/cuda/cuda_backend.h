@@ -18,7 +18,7 @@
 #include "kernels/op_profiler.h"
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 
 namespace spotrain::cuda {
 
@@ -70,7 +70,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   DeviceStream* stream() override { return reinterpret_cast<DeviceStream*>(compute_); }
   StepCapture* capture() override { return this; }
   DeviceClock* device_clock() override { return this; }
-  TuningCache* tuning_cache() override { return tuning_.get(); }
+  KernelCache* kernel_cache() override { return kernel_cache_.get(); }
   // Fused graphs planned from now on take the heuristics' first engine, untimed.
   bool kernel_timing_cut() const override {
     return opt_.autotune && plan_budget_.rival_seconds >= plan_budget_.limit;
@@ -204,7 +204,7 @@ class CudaBackend final : public Backend, public StepCapture, public DeviceClock
   std::string name_;
   // The timed kernel choices, remembered per GPU, driver and library versions
   // (BackendOptions::kernel_cache).
-  std::unique_ptr<TuningCache> tuning_;
+  std::unique_ptr<KernelCache> kernel_cache_;
   int device_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;

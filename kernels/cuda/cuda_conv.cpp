@@ -38,13 +38,13 @@ struct AlgoSearch {
   bool deterministic = false;  // cuDNN's heuristics, restricted to deterministic algorithms
   bool strict = false;         // fp32 without tensor cores
   bool autotune = true;        // timed (FindEx); else the heuristics' first choice
-  TuningCache* cache = nullptr;
+  KernelCache* cache = nullptr;
   std::string shape;           // the shape and math; with the direction, the key in the cache
   std::string how;             // out: how the algorithm was chosen, for --profile
 };
 
 // The search for a shape (`key`, conv_cache_'s) computed with `math`, as the options ask.
-AlgoSearch algo_search(const BackendOptions& o, TuningCache* cache, const std::string& key,
+AlgoSearch algo_search(const BackendOptions& o, KernelCache* cache, const std::string& key,
                        cudnnMathType_t math, bool strict) {
   return AlgoSearch{o.deterministic, strict, o.autotune, cache, str(key, " math ", int(math)), ""};
 }
@@ -281,7 +281,7 @@ Tensor CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const 
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
+      AlgoSearch search = algo_search(opt_, kernel_cache_.get(), e.key, conv_math(x.dtype()), strict);
       auto r = choose_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
           search, "convolution forward",
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
@@ -330,7 +330,7 @@ bool CudaBackend::backward_data_into(const Tensor& dy, const Tensor& w, const Te
     Tensor trial = beta != 0.f ? alloc_like(x) : dx;
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
+      AlgoSearch search = algo_search(opt_, kernel_cache_.get(), e.key, conv_math(x.dtype()), strict);
       auto r =
           choose_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
               search, "convolution backward-data",
@@ -410,7 +410,7 @@ void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy
     SPOTRAIN_CHECK(!capturing_, kNewShapeWhileCapturing);
     try {
       CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, conv_math(x.dtype())));
-      AlgoSearch search = algo_search(opt_, tuning_.get(), e.key, conv_math(x.dtype()), strict);
+      AlgoSearch search = algo_search(opt_, kernel_cache_.get(), e.key, conv_math(x.dtype()), strict);
       auto r =
           choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
               search, "convolution backward-filter",

@@ -167,13 +167,13 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : opt_(opt), pool_(new_devic
   int driver = 0;
   (void)cudaDriverGetVersion(&driver);
   const std::string release = gpu_info().driver;
-  tuning_ = std::make_unique<TuningCache>(
+  kernel_cache_ = std::make_unique<KernelCache>(
       opt.kernel_cache, str(prop.name, " sm_", prop.major, prop.minor, ", driver ",
                             release.empty() || release == "none" ? std::to_string(driver) : release,
                             ", cuDNN ", v,
                             ", cuBLAS ", blas_v));
-  if (tuning_->loaded() > 0)
-    log_info(str("kernel cache ", tuning_->path(), ": ", tuning_->loaded(),
+  if (kernel_cache_->loaded() > 0)
+    log_info(str("kernel cache ", kernel_cache_->path(), ": ", kernel_cache_->loaded(),
                  " timed choices for this GPU, driver and cuDNN"));
 }
 
@@ -186,7 +186,7 @@ void CudaBackend::save_kernel_choices() {
                  fmt_fixed(plan_budget_.rival_seconds, 1), " s of it on engines to time",
                  plan_budget_.said_spent ? ": the budget was spent" : "", ")"));
   }
-  if (tuning_ && tuning_->unsaved() > 0) tuning_->save();
+  if (kernel_cache_ && kernel_cache_->unsaved() > 0) kernel_cache_->save();
 }
 
 int CudaBackend::record_mark() {

@@ -24,7 +24,7 @@ FusedGraph* CudaBackend::fusion_graph(ConvEntry& e, int which) {
     SPOTRAIN_CHECK(!capturing_, "internal: a fusion graph first planned while capturing a step");
     // Timed at its first run and remembered per shape (--autotune, --kernel-cache), within
     // the run's planning budget.
-    GraphTuning t{opt_.autotune, tuning_.get(), str("graph ", fusion_graph_name(which), " ", e.key),
+    GraphTuning t{opt_.autotune, kernel_cache_.get(), str("graph ", fusion_graph_name(which), " ", e.key),
                   &plan_budget_};
     ++plan_budget_.graphs;
     try {

@@ -18,7 +18,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/cudnn_api.h"
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 
 namespace spotrain::cuda {
 
@@ -86,7 +86,7 @@ struct PlanBudget {
 // under `key`; or (autotune false, or `budget` spent) the heuristics' first that plans.
 struct GraphTuning {
   bool autotune = false;
-  TuningCache* cache = nullptr;
+  KernelCache* cache = nullptr;
   std::string key;  // the graph and its shape
   PlanBudget* budget = nullptr;  // the run's (none: no bound)
 };

@@ -4,8 +4,10 @@
 # then the link check, `spotrain doctor --links`, across the hosts whose doctor ran to its end
 # (one that failed its checks still serves as a reference for the links' median), one rank a
 # host: every pair of hosts point to point, each host's best pair against the median, and one
-# all-reduce. Prints the hosts that pass on stdout, one a line, and on stderr one line per host
-# left out with the reason; exits 1 with one error line when fewer than MIN_HOSTS pass.
+# all-reduce. Prints the hosts that pass on stdout, one a line with the training images/s its
+# doctor measured when it did (`node01 20.2`: mpirun.sh starts the job's shares of the global
+# batch from these), and on stderr one line per host left out with the reason; exits 1 with one
+# error line when fewer than MIN_HOSTS pass.
 #
 #   examples/resnet50/launch/health_gate.sh HOSTFILE
 #
@@ -127,6 +129,7 @@ done
 
 doctor_s=$(elapsed)
 declare -A reason=()  # host -> why it is left out
+declare -A rate=()    # host -> the training images/s its doctor measured
 linked=()             # hosts whose doctor ran to its end: the link check's ranks
 for i in "${!hosts[@]}"; do
   h=${hosts[i]} rc=$(cat "$work/rc-$i") out="$work/doctor-$i"
@@ -134,6 +137,8 @@ for i in "${!hosts[@]}"; do
   if ((rc == 0)); then
     say "$h: ${summary#doctor: }"
     linked+=("$h")
+    r=$(sed -nE 's/^(ok|warn) +steps .* speed: ([0-9.]+) images\/s.*/\2/p' "$out" | head -n 1)
+    [[ -z "$r" ]] || rate[$h]=$r
   elif [[ "$summary" == "doctor: NOT healthy"* ]]; then
     first=$(grep -m1 -E '^fail ' "$out" | tr -s ' ' || true)
     reason[$h]="doctor: ${first:-$summary}"
@@ -196,4 +201,4 @@ if ((${#kept[@]} < MIN_HOSTS)); then
   exit 1
 fi
 say "${#kept[@]} of ${#hosts[@]} host(s) passed in $(elapsed) s (the doctors ${doctor_s} s)${kept[*]:+: ${kept[*]}}"
-printf '%s\n' ${kept[@]+"${kept[@]}"}
+for h in ${kept[@]+"${kept[@]}"}; do echo "$h${rate[$h]:+ ${rate[$h]}}"; done

@@ -79,7 +79,9 @@
 #                     left out named with the reason (NP at most their ranks; at a first start
 #                     that sets the job's global batch); fewer than MIN_HOSTS (default 1) pass:
 #                     exit 1. With HOST_DISCOVERY a host left out is not asked again for
-#                     LEAVE_FOR seconds. 13-17 s for 3 CPU hosts here; not with DRY_RUN.
+#                     LEAVE_FOR seconds. The training rate each host's doctor measured seeds the
+#                     job's first shares of the global batch (the default --straggler-action
+#                     rebalance). 13-17 s for 3 CPU hosts here; not with DRY_RUN.
 #   SURVIVOR_WAIT     once a rank has died, Open MPI signals the others SIGCONT, then SIGTERM,
 #                     then SIGKILL, this many seconds apart (odls_base_sigkill_timeout; default
 #                     5, Open MPI's own 1), and mpirun returns after the last. Between the
@@ -215,12 +217,13 @@ export SPOTRAIN_STOP_EXIT_CODE=0  # a finished stop exits 0: see "Preemption" be
 # The hosts of each start, by the names this script knows them by: each rank names its own
 # host so in its straggler lines (set per start by launch_cmd).
 export SPOTRAIN_HOSTS=
+export SPOTRAIN_HOST_RATES=  # with HEALTH_CHECK=1: each host's rate, from the gate (health_gate)
 if [[ -n "$HOST_DISCOVERY" ]]; then
   # --straggler-action leave may stop the job to leave a host behind: this script restarts it.
   export SPOTRAIN_LEAVE_HOSTS=1 SPOTRAIN_MIN_HOSTS=$MIN_HOSTS
 fi
 for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG OMP_NUM_THREADS LD_LIBRARY_PATH PATH \
-         SPOTRAIN_FAULT SPOTRAIN_STOP_EXIT_CODE SPOTRAIN_HOSTS SPOTRAIN_LEAVE_HOSTS SPOTRAIN_MIN_HOSTS \
+         SPOTRAIN_FAULT SPOTRAIN_STOP_EXIT_CODE SPOTRAIN_HOSTS SPOTRAIN_HOST_RATES SPOTRAIN_LEAVE_HOSTS SPOTRAIN_MIN_HOSTS \
          ${EXTRA_ENV:-}; do
   [[ -n "${!v+set}" ]] && cmd+=(-x "$v")
 done
@@ -292,6 +295,9 @@ health_gate() {
       "$state_dir/passed" "$src" >>"$left_out"
   fi
   mv "$state_dir/hosts-kept" "$HOSTFILE"
+  # Each host's training rate as its doctor measured it: the job's first shares of the global
+  # batch follow them (SPOTRAIN_HOST_RATES).
+  SPOTRAIN_HOST_RATES=$(awk 'NF >= 2 { printf "%s%s=%s", sep, $1, $2; sep = " " }' "$state_dir/passed")
   HOSTS_NOW=$(grep -c . "$state_dir/passed")
   NP_NOW=$((HOSTS_NOW * RANKS_PER_NODE < NP ? HOSTS_NOW * RANKS_PER_NODE : NP))
 }

@@ -21,12 +21,12 @@ struct TuneVerdict {
   std::string times() const;
 };
 
-class TuningCache {
+class KernelCache {
  public:
   // `path`: the file ("" keeps the verdicts in memory only). `device`: the GPU, its driver and
   // library versions; verdicts recorded under another device string are kept in the file but
   // never used. Reads the file if it exists.
-  TuningCache(std::string path, std::string device);
+  KernelCache(std::string path, std::string device);
 
   // The verdict for `key` (an op and its shape) on this device, or nullptr.
   const TuneVerdict* find(const std::string& key) const;
@@ -48,8 +48,8 @@ class TuningCache {
   const std::string& load_problem() const { return load_problem_; }
 
   // The file a run uses for `setting` (--kernel-cache): "none" -> "", "auto" -> the run
-  // folder's kernel-choices.json where there is a run folder, else
-  // $XDG_CACHE_HOME/spotrain/kernel-choices.json (~/.cache when unset; "" without a home);
+  // folder's kernel-cache.json where there is a run folder, else
+  // $XDG_CACHE_HOME/spotrain/kernel-cache.json (~/.cache when unset; "" without a home);
   // anything else is the file itself.
   static std::string resolve_path(const std::string& setting, const std::string& run_folder);
 

@@ -1,8 +1,8 @@
-// TuningCache (see tuning_cache.h). The file:
+// KernelCache (see kernel_cache.h). The file:
 //   {"format": "spotrain kernel choices 1",
 //    "devices": {"<device>": {"<op and shape>": {"choice": ..., "ms": ..., "runner_up": ...,
 //                                               "runner_up_ms": ...}, ...}, ...}}
-#include "kernels/tuning_cache.h"
+#include "kernels/kernel_cache.h"
 
 #include <nlohmann/json.hpp>
 
@@ -65,7 +65,7 @@ std::string TuneVerdict::times() const {
              runner_up.empty() ? std::string() : str(", runner-up ", runner_up, " ", fmt_fixed(runner_up_ms, 3), " ms"));
 }
 
-TuningCache::TuningCache(std::string path, std::string device)
+KernelCache::KernelCache(std::string path, std::string device)
     : path_(std::move(path)), device_(std::move(device)) {
   if (path_.empty()) return;
   try {
@@ -85,17 +85,17 @@ TuningCache::TuningCache(std::string path, std::string device)
   }
 }
 
-const TuneVerdict* TuningCache::find(const std::string& key) const {
+const TuneVerdict* KernelCache::find(const std::string& key) const {
   auto it = mine_.find(key);
   return it == mine_.end() ? nullptr : &it->second;
 }
 
-void TuningCache::put(const std::string& key, TuneVerdict v) {
+void KernelCache::put(const std::string& key, TuneVerdict v) {
   mine_[key] = v;
   pending_[key] = std::move(v);
 }
 
-bool TuningCache::save() {
+bool KernelCache::save() {
   if (path_.empty() || pending_.empty()) return false;
   try {
     const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
@@ -124,14 +124,14 @@ bool TuningCache::save() {
   }
 }
 
-std::string TuningCache::resolve_path(const std::string& setting, const std::string& run_folder) {
+std::string KernelCache::resolve_path(const std::string& setting, const std::string& run_folder) {
   if (setting == "none") return "";
   if (setting != "auto") return setting;
-  if (!run_folder.empty()) return (std::filesystem::path(run_folder) / "kernel-choices.json").string();
+  if (!run_folder.empty()) return (std::filesystem::path(run_folder) / "kernel-cache.json").string();
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return (std::filesystem::path(xdg) / "spotrain" / "kernel-choices.json").string();
+    return (std::filesystem::path(xdg) / "spotrain" / "kernel-cache.json").string();
   if (const char* home = std::getenv("HOME"); home && *home)
-    return (std::filesystem::path(home) / ".cache" / "spotrain" / "kernel-choices.json").string();
+    return (std::filesystem::path(home) / ".cache" / "spotrain" / "kernel-cache.json").string();
   return "";
 }
 
