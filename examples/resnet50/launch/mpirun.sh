@@ -35,12 +35,13 @@
 #                     connect back (a host listed before its network is up), after
 #                     RESTART_DELAY. The job's global batch (ranks x --batch-size x
 #                     --accum-steps at its first start) is kept on every rank count it gets:
-#                     pass the same arguments every time and spotrain picks the micro-batches
-#                     per step on resume: fewer ranks keep --batch-size and take more (4 ranks
-#                     x B shrunk to 2: 2 x B x 2, the same memory per GPU), more ranks take
-#                     fewer, then a smaller per-rank batch. A rank count where neither divides
-#                     is refused, naming those that work; this script warns at the start when
-#                     one it may get (a multiple of RANKS_PER_NODE up to NP) would be.
+#                     pass the same arguments every time and spotrain splits it on resume:
+#                     global / ranks images per rank, as one micro-batch where that is at most
+#                     --batch-size, else as the fewest equal micro-batches of at most
+#                     --batch-size and at least half of it (4 ranks x B shrunk to 2: 2 x B x 2,
+#                     the same memory per GPU). A rank count with no such split is refused,
+#                     naming those that work; this script warns at the start when one it may
+#                     get (a multiple of RANKS_PER_NODE up to NP) would be (`spotrain batch`).
 #   MIN_HOSTS         with HOST_DISCOVERY: fewer hosts up than this (default 1) and the script
 #                     waits, asking again after RESTART_DELAY, doubled up to RESTART_DELAY_MAX,
 #                     for at most HOST_WAIT_MAX seconds (default 3600; then it exits 76)
