@@ -15,13 +15,26 @@ struct LossScalerState {
   int64_t consecutive_overflows = 0;
 };
 
-// The optimizer's step count and hyper-parameters (saved as attributes, for readers).
-struct OptimizerRecord {
+// The optimizer's hyper-parameters as a run sets them: engine/optimizer.h's SgdOptions is this
+// struct, and a checkpoint keeps them as attributes, for readers.
+struct OptimizerSettings {
+  float momentum = 0.9f;
+  bool nesterov = false;
+  float weight_decay = 5e-5f;
+  bool decay_bn_and_bias = false;  // false: BN scale/shift and biases get no weight decay
+  // "sgd" or "lars" (--optimizer: a resume must ask for the same). LARS's defaults are the
+  // MLPerf reference's (mlcommons/training, image_classification/tensorflow2/lars_optimizer.py:
+  // eeta=0.001; epsilon 0.0 there becomes Keras's backend epsilon, 1e-7, by `epsilon or
+  // backend_config.epsilon()`). With decay_bn_and_bias, BN and bias parameters are adapted and
+  // decayed like the others. A checkpoint writes the LARS settings for "lars" only.
+  std::string kind = "sgd";
+  float lars_trust = 0.001f;
+  float lars_epsilon = 1e-7f;
+};
+
+// The optimizer's step count and settings.
+struct OptimizerRecord : OptimizerSettings {
   int64_t steps = -1;  // -1: the checkpoint holds no optimizer state
-  double momentum = 0, weight_decay = 0;
-  bool nesterov = false, decay_bn_and_bias = false;
-  std::string kind = "sgd";  // "sgd" or "lars" (--optimizer): a resume must ask for the same
-  double lars_trust = 0, lars_epsilon = 0;  // written for "lars" only
 };
 
 }  // namespace spotrain

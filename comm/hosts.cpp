@@ -37,6 +37,8 @@ std::vector<std::string> own_addresses() {
 
 std::string short_name(const std::string& name) { return name.substr(0, name.find('.')); }
 
+bool numeric(const std::string& name) { return name.find_first_not_of("0123456789.:abcdefABCDEF") == std::string::npos; }
+
 }  // namespace
 
 std::string this_host_label() {
@@ -44,7 +46,7 @@ std::string this_host_label() {
   const std::vector<std::string>& hosts = launcher_settings().hosts;
   if (hosts.empty()) return me;
   for (const std::string& h : hosts)
-    if (h == me || short_name(h) == short_name(me)) return h;
+    if (same_host(h, me)) return h;
   const std::vector<std::string> mine = own_addresses();
   for (const std::string& h : hosts)
     if (std::find(mine.begin(), mine.end(), h) != mine.end()) return h;
@@ -67,6 +69,10 @@ std::vector<std::string> gather_host_labels(Communicator& comm) {
   }
   for (std::string& s : labels) s = s.substr(0, s.find('\0'));
   return labels;
+}
+
+bool same_host(const std::string& a, const std::string& b) {
+  return a == b || (!numeric(a) && !numeric(b) && short_name(a) == short_name(b));
 }
 
 int count_hosts(const std::vector<std::string>& labels) {

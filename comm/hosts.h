@@ -19,6 +19,10 @@ std::string this_host_label();
 // every rank calls it at the same point; a few small all-gathers.
 std::vector<std::string> gather_host_labels(Communicator& comm);
 
+// Whether two names are one host's: the same, or the same short name ("node07" and
+// "node07.cluster.local"; addresses are compared whole).
+bool same_host(const std::string& a, const std::string& b);
+
 // How many distinct hosts `labels` name.
 int count_hosts(const std::vector<std::string>& labels);
 

@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -103,6 +106,16 @@ void commit_file(const std::string& tmp, const std::string& path, const std::str
     SPOTRAIN_THROW("cannot rename ", what, " ", tmp, " to ", path, ": ", std::strerror(err));
   }
   fsync_path(folder_of(path), true);
+}
+
+std::optional<std::string> read_file_if_any(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  SPOTRAIN_CHECK(in && !in.bad(), "cannot be read");
+  return text.str();
 }
 
 }  // namespace spotrain

@@ -4,6 +4,7 @@
 // Every writer of a file that someone else reads (checkpoints, `latest`, the run folder's
 // settings, shards' index, Prometheus, reports, eval --json) goes through here.
 #pragma once
+#include <optional>
 #include <string>
 
 namespace spotrain {
@@ -28,6 +29,10 @@ std::string temp_path_for(const std::string& path);
 
 // fsync of a file, or of a folder (its entries: a rename made durable).
 void fsync_path(const std::string& path, bool is_dir);
+
+// The whole of a file such a writer replaces, or nullopt where it does not exist; throws Error
+// ("cannot be read") where it exists but cannot be read.
+std::optional<std::string> read_file_if_any(const std::string& path);
 
 // An exclusive lock on "PATH.lock" (flock) while alive, for writers that read a shared file,
 // merge their part into it and replace it whole (the kernel cache, the fast paths' verdicts):

@@ -74,15 +74,8 @@ CheckpointSnapshot snapshot_checkpoint(Model& model, Sgd* sgd, const CheckpointI
     Tensor m = host_copy(sgd->momentum(), momentum_buf);
     for (auto* p : model.params())
       s.momentum.emplace_back(p->name, Tensor::view(m, model.offset_of(p), p->value.shape()));
-    const SgdOptions& o = sgd->options();
+    static_cast<OptimizerSettings&>(s.optimizer) = sgd->options();
     s.optimizer.steps = sgd->steps();
-    s.optimizer.momentum = o.momentum;
-    s.optimizer.nesterov = o.nesterov;
-    s.optimizer.weight_decay = o.weight_decay;
-    s.optimizer.decay_bn_and_bias = o.decay_bn_and_bias;
-    s.optimizer.kind = o.kind;
-    s.optimizer.lars_trust = o.lars_trust;
-    s.optimizer.lars_epsilon = o.lars_epsilon;
   }
   s.wait_copies = [waits] {
     for (auto& w : waits) w();

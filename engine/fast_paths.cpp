@@ -70,13 +70,9 @@ namespace {
 // The file's verdicts ({"devices": {device: {path: difference}}}); an empty document where
 // the file does not exist. Throws Error where it exists but cannot be read or parsed.
 nlohmann::json read_verdicts(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
-  std::ifstream in(path);
-  SPOTRAIN_CHECK(in, "cannot be opened");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const std::optional<std::string> text = read_file_if_any(path);
+  if (!text) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   SPOTRAIN_CHECK(!j.is_discarded(), "is not JSON");
   SPOTRAIN_CHECK(j.is_object() && j.contains("devices") && j["devices"].is_object(),
                  "has no \"devices\" object");

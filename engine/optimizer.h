@@ -8,23 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "checkpoints/training_record.h"
 #include "engine/model.h"
 
 namespace spotrain {
 
-struct SgdOptions {
-  float momentum = 0.9f;
-  bool nesterov = false;
-  float weight_decay = 5e-5f;
-  bool decay_bn_and_bias = false;  // false: BN scale/shift and biases get no weight decay
-  // "sgd" or "lars". LARS's defaults are the MLPerf reference's (mlcommons/training,
-  // image_classification/tensorflow2/lars_optimizer.py: eeta=0.001; epsilon 0.0 there becomes
-  // Keras's backend epsilon, 1e-7, by `epsilon or backend_config.epsilon()`). With
-  // decay_bn_and_bias, BN and bias parameters are adapted and decayed like the others.
-  std::string kind = "sgd";
-  float lars_trust = 0.001f;
-  float lars_epsilon = 1e-7f;
-};
+// The optimizer's settings: checkpoints/training_record.h's, which a checkpoint keeps.
+using SgdOptions = OptimizerSettings;
 
 class Sgd {
  public:

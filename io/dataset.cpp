@@ -89,15 +89,22 @@ struct IdxImages {
   std::vector<uint8_t> pixels;  // (count, h, w, 1)
 };
 
+// Reads an IDX file's header (`n` bytes into hdr) and checks its magic number; `what` is the
+// file's kind as its errors name it ("image", "label").
+void read_idx_header(GzReader& f, const std::string& path, unsigned char* hdr, size_t n, uint32_t want,
+                     const char* what) {
+  const size_t got = f.read(hdr, n);
+  SPOTRAIN_CHECK(got == n, path, " is truncated: expected ", n == 8 ? "an " : "a ", n, "-byte IDX ", what,
+                 " header, found ", got, " bytes");
+  const uint32_t magic = big_endian32(hdr);
+  SPOTRAIN_CHECK(magic == want, path, " is not an IDX ", what, " file: magic ", hex32(magic), ", expected ",
+                 hex32(want));
+}
+
 IdxImages read_idx_images(const std::string& path) {
   GzReader f(path);
   unsigned char hdr[16];
-  size_t got = f.read(hdr, sizeof hdr);
-  SPOTRAIN_CHECK(got == sizeof hdr, path, " is truncated: expected a 16-byte IDX image header, found ",
-                 got, " bytes");
-  uint32_t magic = big_endian32(hdr);
-  SPOTRAIN_CHECK(magic == kIdxImagesMagic, path, " is not an IDX image file: magic ", hex32(magic),
-                 ", expected ", hex32(kIdxImagesMagic));
+  read_idx_header(f, path, hdr, sizeof hdr, kIdxImagesMagic, "image");
   IdxImages out;
   out.count = big_endian32(hdr + 4);
   uint32_t rows = big_endian32(hdr + 8), cols = big_endian32(hdr + 12);
@@ -123,12 +130,7 @@ IdxImages read_idx_images(const std::string& path) {
 std::vector<int32_t> read_idx_labels(const std::string& path, int num_classes) {
   GzReader f(path);
   unsigned char hdr[8];
-  size_t got = f.read(hdr, sizeof hdr);
-  SPOTRAIN_CHECK(got == sizeof hdr, path, " is truncated: expected an 8-byte IDX label header, found ",
-                 got, " bytes");
-  uint32_t magic = big_endian32(hdr);
-  SPOTRAIN_CHECK(magic == kIdxLabelsMagic, path, " is not an IDX label file: magic ", hex32(magic),
-                 ", expected ", hex32(kIdxLabelsMagic));
+  read_idx_header(f, path, hdr, sizeof hdr, kIdxLabelsMagic, "label");
   const uint64_t count = big_endian32(hdr + 4);
   SPOTRAIN_CHECK(count > 0, path, " holds no labels (its header says 0)");
   std::vector<uint8_t> raw;

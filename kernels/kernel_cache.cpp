@@ -24,13 +24,9 @@ constexpr const char* kFormat = "spotrain kernel choices 1";
 // The file's JSON; an empty document where it does not exist. Throws Error on a file that
 // exists but cannot be read or is not a cache of this format.
 nlohmann::json read_cache(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
-  std::ifstream in(path);
-  SPOTRAIN_CHECK(in, "cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  const std::optional<std::string> text = read_file_if_any(path);
+  if (!text) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   SPOTRAIN_CHECK(!j.is_discarded(), "is not JSON");
   SPOTRAIN_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
                      j["format"].get<std::string>() == kFormat && j.contains("devices") &&

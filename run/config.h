@@ -152,8 +152,9 @@ enum SettingFlags : unsigned {
     kShowDefault, "")                                                                             \
   X(std::string, straggler_action, "rebalance", "--straggler-action",                           \
     "rebalance (each rank's share of the global batch, in whole micro-batches, follows its "     \
-    "measured rate: give each rank several micro-batches, --accum-steps, for shares to move; off " \
-    "with --deterministic), warn (only name stragglers in the log, metrics and --prometheus) or " \
+    "measured rate; micro-batches too coarse for the rates are halved, down to a quarter of the "  \
+    "first and not below 8 images; off with --deterministic), warn (only name stragglers in the " \
+    "log, metrics and --prometheus) or "                                                          \
     "leave (rebalance, and under mpirun.sh with HOST_DISCOVERY stop with a checkpoint to restart " \
     "without a host that stayed a straggler for --straggler-windows windows in a row when the "  \
     "goodput model says the rest of the run ends sooner without it)",                            \

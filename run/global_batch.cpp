@@ -51,14 +51,13 @@ int64_t even_micro(int64_t global, int world, int64_t max_micro) {
   return 0;
 }
 
-// "1, 2, 4 or 8", or "1, 2, ... or one of 5 larger counts".
+// "1, 2, 4 or 8 ranks", or "1, 2, ... or one of 5 larger rank counts".
 std::string count_list(const std::vector<int>& ok) {
   std::string s;
   const size_t shown = std::min<size_t>(ok.size(), 12);
   for (size_t i = 0; i < shown; ++i)
     s += str(i == 0 ? "" : i + 1 == shown && shown == ok.size() ? " or " : ", ", ok[i]);
-  if (shown < ok.size()) s += str(" or one of ", ok.size() - shown, " larger counts");
-  return s;
+  return shown < ok.size() ? s + str(" or one of ", ok.size() - shown, " larger rank counts") : s + " ranks";
 }
 
 }  // namespace
@@ -79,7 +78,7 @@ bool split_evenly(int64_t global, int world, int64_t max_micro, BatchSplit* out,
                            global / world, " images per rank and step)")
                      : std::string(),
              "; the global batch is ranks x per-rank batch x micro-batches per step. It divides over ",
-             ok.empty() ? std::string("no rank count") : count_list(ok) + " ranks",
+             ok.empty() ? std::string("no rank count") : count_list(ok),
              divides ? str(", or with a --batch-size that divides ", global / world) : std::string());
   return false;
 }
@@ -123,14 +122,27 @@ std::vector<int> counts_by_rate(int64_t units, const std::vector<double>& rates,
 
 int64_t smallest_micro(int64_t first_micro) { return std::max<int64_t>(8, (first_micro + 3) / 4); }
 
-BatchSplit split_by_rate(const BatchSplit& split, const std::vector<double>& rates, int64_t min_micro, double margin) {
-  BatchSplit next = split;
-  next.counts = counts_by_rate(next.units(), rates);
-  while (split_slowdown(next.counts, rates) > 1 + margin && next.micro % 2 == 0 && next.micro / 2 >= min_micro) {
-    next.micro /= 2;
-    next.counts = counts_by_rate(split.global() / next.micro, rates);
+double split_cost(const BatchSplit& split, const std::vector<double>& rates, int64_t first_micro) {
+  double cost = split_slowdown(split.counts, rates);
+  for (int64_t m = split.micro; m < first_micro; m *= 2) cost *= 1 + kHalvingCost;
+  return cost;
+}
+
+BatchSplit split_by_rate(int64_t global, int64_t first_micro, const std::vector<double>& rates, double margin) {
+  SPOTRAIN_CHECK(first_micro > 0 && global % first_micro == 0, "internal: a global batch of ", global,
+                 " in micro-batches of ", first_micro);
+  BatchSplit best;
+  best.micro = first_micro;
+  best.counts = counts_by_rate(global / first_micro, rates);
+  const int64_t smallest = smallest_micro(first_micro);
+  while (split_slowdown(best.counts, rates) > 1 + margin && best.micro % 2 == 0 && best.micro / 2 >= smallest) {
+    BatchSplit half;
+    half.micro = best.micro / 2;
+    half.counts = counts_by_rate(global / half.micro, rates);
+    if (split_cost(half, rates, first_micro) >= split_cost(best, rates, first_micro)) break;
+    best = half;
   }
-  return next;
+  return best;
 }
 
 double split_slowdown(const std::vector<int>& counts, const std::vector<double>& rates) {

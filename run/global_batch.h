@@ -60,12 +60,18 @@ std::vector<int> counts_by_rate(int64_t units, const std::vector<double>& rates,
 // images into: a quarter of it, and never below 8 images (batch norm's statistics come from each
 // micro-batch).
 int64_t smallest_micro(int64_t first_micro);
-// `split`'s global batch dealt out by `rates` (images per second, one per rank): counts_by_rate
-// of its micro-batches; while those leave the step more than `margin` longer than an ideal split,
-// the same with micro-batches of half the size, as long as they stay at least `min_micro` images
-// (what a smaller micro-batch costs beyond its images is not counted). Shares and slowdowns
-// depend only on the rates' ratios.
-BatchSplit split_by_rate(const BatchSplit& split, const std::vector<double>& rates, int64_t min_micro, double margin);
+// What a micro-batch of half the images costs more per image: 2.5-3.5% a halving measured on the
+// CPU (ResNet-20 at 64 -> 32 -> 16, ResNet-50 at 32 -> 16 -> 8, docs/PERFORMANCE.md, "A fleet of
+// unequal hosts"); taken as 5%, as a GPU's smaller GEMMs and more launches per image cost more.
+constexpr double kHalvingCost = 0.05;
+// A split's step at `rates` against an ideal split of micro-batches of `first_micro` images:
+// split_slowdown, times (1 + kHalvingCost) for each halving of first_micro.
+double split_cost(const BatchSplit& split, const std::vector<double>& rates, int64_t first_micro);
+// A global batch of `global` images dealt out by `rates` (images per second, one per rank; only
+// their ratios count): counts_by_rate of micro-batches of `first_micro` images, and while those
+// leave the step more than `margin` longer than an ideal split, of half as many images where that
+// costs less (split_cost), down to smallest_micro(first_micro).
+BatchSplit split_by_rate(int64_t global, int64_t first_micro, const std::vector<double>& rates, double margin);
 // The step's time under `counts` at `rates` (micro-batches per second of each rank), relative
 // to the ideal where every rank finishes together: max_r(counts[r] / rates[r]) against
 // units / sum(rates). 1 is a perfect split.

@@ -377,7 +377,7 @@ void plan_fleet(const PlanInput& in, const std::vector<FleetPart>& parts, double
                         out.evidence.source));
   // Each GPU's share of it follows its rate, as training's does by default (run/rebalance.h):
   // an even fleet keeps its even split; a mix moves micro-batches to the faster GPUs.
-  const BatchSplit split = split_by_rate(fit, rates, smallest_micro(fit.micro), Rebalancer::kMargin);
+  const BatchSplit split = split_by_rate(fit.global(), fit.micro, rates, Rebalancer::kMargin);
   const double global_batch = double(split.global());
   const double steps = w.steps > 0 ? double(w.steps) : std::ceil(images / global_batch);
   // A step: each GPU's micro-batches at its measured images/s, the slowest setting the pace.
@@ -385,8 +385,10 @@ void plan_fleet(const PlanInput& in, const std::vector<FleetPart>& parts, double
   // on the CPU within the noise, K = 4 against K = 1 at the same micro-batch (-3.5% to +3.2%,
   // docs/PERFORMANCE.md, "Gradient accumulation"): none is counted. Not measured on a GPU. Several
   // GPUs wait for the slowest each step: the spread a run of several ranks measured.
+  // Micro-batches halved for a mix cost kHalvingCost a halving more per image.
   double step_s = 0;
   for (size_t r = 0; r < rates.size(); ++r) step_s = std::max(step_s, double(split.counts[r] * split.micro) / rates[r]);
+  for (int64_t m = split.micro; m < fit.micro; m *= 2) step_s *= 1 + kHalvingCost;
   step_s *= gpus > 1 ? costs.rank_spread : 1.0;
   for (bool spot : {true, false}) {
     PlanRow r;

@@ -19,14 +19,14 @@ std::string list(const std::vector<int>& v) {
 }  // namespace
 
 Rebalancer::Rebalancer(const BatchSplit& first)
-    : rates_(size_t(first.world()), 0.0), min_micro_(smallest_micro(first.micro)) {}
+    : rates_(size_t(first.world()), 0.0), first_micro_(first.micro) {}
 
 std::string Rebalancer::why_shares_stay(const BatchSplit& first) {
   if (first.units() > first.world() || (first.micro % 2 == 0 && first.micro / 2 >= smallest_micro(first.micro)))
     return "";
-  return str("each rank trains one micro-batch of ", first.micro, " per step, too few images to halve (at least ",
-             2 * smallest_micro(1), "); give each rank several micro-batches (--accum-steps) for shares to follow the "
-             "ranks' rates");
+  return str("each rank trains one micro-batch of ", first.micro, " per step, which cannot be halved (",
+             first.micro % 2 ? "an odd number of images" : str("fewer than ", 2 * smallest_micro(1), " images"),
+             "); give each rank several micro-batches (--accum-steps) for shares to follow the ranks' rates");
 }
 
 std::optional<BatchSplit> Rebalancer::weigh(const RankWatch::Window& w, const BatchSplit& current) {
@@ -41,8 +41,10 @@ std::optional<BatchSplit> Rebalancer::weigh(const RankWatch::Window& w, const Ba
     const double rate = double(current.counts[r] * current.micro) / compute;
     rates_[r] = rates_[r] > 0 ? kSmoothing * rate + (1 - kSmoothing) * rates_[r] : rate;
   }
-  const BatchSplit next = split_by_rate(current, rates_, min_micro_, kMargin);
-  const double now = split_slowdown(current.counts, rates_), then = split_slowdown(next.counts, rates_);
+  // From the run's first micro-batch: halved only as far as the rates need now (a host restored
+  // to full speed gets whole micro-batches back).
+  const BatchSplit next = split_by_rate(current.global(), first_micro_, rates_, kMargin);
+  const double now = split_cost(current, rates_, first_micro_), then = split_cost(next, rates_, first_micro_);
   if (next == current || then > now * (1 - kMargin)) {
     calls_ = 0;
     return std::nullopt;

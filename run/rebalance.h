@@ -6,8 +6,9 @@
 // smoothed over windows; a new split is taken only when it would shorten the step by a margin
 // two windows in a row, and never in the window after a change. Where whole micro-batches are too
 // coarse for the rates (the best counts still leave the step a margin longer than an ideal split),
-// the micro-batch is halved, at most down to a quarter of the run's first and never below 8
-// images (split_by_rate, smallest_micro): every rank's batch-norm statistics then come from smaller micro-batches, so an even
+// the micro-batch is halved where that pays for what smaller micro-batches cost (kHalvingCost), at
+// most down to a quarter of the run's first and never below 8 images (split_by_rate,
+// smallest_micro), and given back when the rates no longer need it: every rank's batch-norm statistics then come from smaller micro-batches, so an even
 // fleet, which never needs it, keeps its own. Every rank weighs the same figures alike, so all
 // reach the same verdict at the same step with no extra agreement.
 #pragma once
@@ -45,7 +46,7 @@ class Rebalancer {
 
  private:
   std::vector<double> rates_;
-  int64_t min_micro_;       // the smallest micro-batch halving may reach
+  int64_t first_micro_;     // the run's first micro-batch: halvings count from it
   int calls_ = 0;           // windows in a row that called for a change
   bool settling_ = false;   // the next window straddles the change just made
   std::string line_;

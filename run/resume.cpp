@@ -1,4 +1,4 @@
-// resume_training and record_resume (see resume.h).
+// find_resume_point, run_split, load_resume_point, init_from_weights and record_resume (see resume.h).
 #include "run/resume.h"
 
 #include <algorithm>

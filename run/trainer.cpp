@@ -304,11 +304,11 @@ void Trainer::seed_shares() {
   if (known.empty() || !why_shares_stay().empty()) return;
   std::vector<double> rates;
   for (const std::string& h : hosts_) {
-    const auto it = known.find(h);
+    const auto it = std::find_if(known.begin(), known.end(), [&](const auto& k) { return same_host(k.first, h); });
     if (it == known.end()) return;  // a host the gate did not measure: an even start
     rates.push_back(it->second);
   }
-  const BatchSplit seeded = split_by_rate(split_, rates, smallest_micro(split_.micro), Rebalancer::kMargin);
+  const BatchSplit seeded = split_by_rate(split_.global(), split_.micro, rates, Rebalancer::kMargin);
   if (seeded == split_) return;
   log_info(str("shares of the global batch start from the health gate's rates: ", seeded.text(), " (",
                split_.text(), " evenly)"));

@@ -5,6 +5,7 @@ this machine run at the speeds they are given. Also: reading a run's metrics rec
 comparing checkpoints' weights."""
 import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -77,6 +78,36 @@ class Fleet:
 
     def down(self):
         subprocess.run([HOSTS, "down", self.prefix], capture_output=True)
+
+
+def open_fleet(prefix, n, work, spotrain):
+    """The fleet, or None with a line saying why it cannot be made here (the test then skips)."""
+    try:
+        return Fleet(prefix, n, work, spotrain)
+    except SystemExit:
+        print("skipped: network namespaces cannot be made here")
+        return None
+
+
+class Checks:
+    """A test's checks: each printed "ok" or "FAIL" with what it checked, the failures kept."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            self.failures.append(what)
+        return ok
+
+    def finish(self, work):
+        """The test's exit code; its files are removed when every check passed, else kept and named."""
+        if not self.failures:
+            shutil.rmtree(work, ignore_errors=True)
+            return 0
+        print("%d check(s) failed; files kept in %s" % (len(self.failures), work))
+        return 1
 
 
 def records(run_dir):

@@ -54,7 +54,10 @@ CheckpointSnapshot sample_snapshot(int64_t step) {
   s.model = {{"conv1.weight", random_host({4, 1, 3, 3}, 1)}, {"bn1.running_mean", random_host({4}, 2)}};
   s.momentum = {{"conv1.weight", random_host({4, 1, 3, 3}, 3)}};
   s.ema = {{"conv1.weight", random_host({4, 1, 3, 3}, 4)}, {"bn1.running_mean", random_host({4}, 5)}};
-  s.optimizer = OptimizerRecord{41, 0.9, 5e-4, true, false};
+  s.optimizer.steps = 41;
+  s.optimizer.momentum = 0.9f;
+  s.optimizer.weight_decay = 5e-4f;
+  s.optimizer.nesterov = true;
   return s;
 }
 

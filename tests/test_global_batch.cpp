@@ -64,7 +64,7 @@ TEST(GlobalBatch, NoSplitNamesTheRankCountsThatWork) {
   EXPECT_NE(e.find("or with a --batch-size that divides 509"), std::string::npos) << e;
   // Many counts: the first twelve, and how many more.
   e = refusal(1 << 20, 3, 1);
-  EXPECT_NE(e.find("It divides over 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048 or one of 9 larger counts"),
+  EXPECT_NE(e.find("It divides over 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048 or one of 9 larger rank counts"),
             std::string::npos) << e;
   EXPECT_EQ(rank_counts_that_split(96, 32, 8), (std::vector<int>{1, 2, 3, 4, 6, 8}));
 }
@@ -222,7 +222,10 @@ TEST(Rebalancer, WholeMicroBatchesTooCoarseAreHalved) {
   EXPECT_EQ(next->micro, 16);  // 64 / 4: (5, 5, 2) of 12, where 6 of 32 could not split well
   EXPECT_EQ(next->counts, (std::vector<int>{5, 5, 2}));
   EXPECT_NE(r.last_line().find("(were 1, 1, 1 of 64: whole ones were too coarse)"), std::string::npos) << r.last_line();
-  EXPECT_NE(Rebalancer::why_shares_stay(first_split(3, 15, 1)).find("too few images to halve"), std::string::npos);
+  EXPECT_NE(Rebalancer::why_shares_stay(first_split(3, 15, 1)).find("cannot be halved (an odd number of images)"),
+            std::string::npos);
+  EXPECT_NE(Rebalancer::why_shares_stay(first_split(3, 14, 1)).find("cannot be halved (fewer than 16 images)"),
+            std::string::npos);
   EXPECT_NE(Rebalancer::why_shares_stay(first_split(2, 8, 1)), "");
   EXPECT_EQ(Rebalancer::why_shares_stay(first_split(2, 8, 2)), "");
 }

@@ -70,6 +70,24 @@ std::string offer(const std::string& name, const std::string& gpu, int gpus, dou
   return s.str();
 }
 
+// The launch line a plan printed (its "launch: " line), and what the launcher makes of it with
+// DRY_RUN=1 in `dir`, given `hosts` as hosts.txt.
+struct Launched {
+  std::string cmd;
+  CommandResult dry;
+};
+Launched dry_run_launch(const std::string& plan_out, const std::string& dir, const std::string& hosts) {
+  Launched l;
+  std::smatch m;
+  if (!std::regex_search(plan_out, m, std::regex(R"(\nlaunch: ([^\n]+))"))) return l;
+  l.cmd = m[1];
+  std::string cmd = l.cmd;
+  cmd.replace(cmd.find("examples/"), 9, kSrc + "/examples/");
+  write_file(dir + "/hosts.txt", hosts);
+  l.dry = run_command("cd " + dir + " && DRY_RUN=1 SPOTRAIN=" + kBin + " " + cmd);
+  return l;
+}
+
 // The last line a failed command printed: the one that must name the cause.
 std::string last_line(const std::string& out) {
   auto l = lines(out);
@@ -141,16 +159,12 @@ TEST(Plan, TheLaunchLineIsOneTheLauncherTakes) {
   write_file(d + "/offers.toml", offer("8x H200", "H200", 8, 60, 18, 12));
   auto r = run_command("cd " + d + " && " + kBin + " plan --catalog offers.toml --epochs 1 --max-hosts 2 --json plan.json");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\nlaunch: ([^\n]+))"))) << r.out;
-  std::string cmd = m[1];
-  EXPECT_NE(cmd.find("RANKS_PER_NODE=8 "), std::string::npos) << cmd;
-  EXPECT_NE(cmd.find("--plan plan.json"), std::string::npos) << cmd;
-  cmd.replace(cmd.find("examples/"), 9, kSrc + "/examples/");
-  write_file(d + "/hosts.txt", "node01 slots=8\nnode02 slots=8\n");
-  auto dry = run_command("cd " + d + " && DRY_RUN=1 SPOTRAIN=" + kBin + " " + cmd);
-  ASSERT_EQ(dry.code, 0) << cmd << "\n" << dry.out;
-  EXPECT_NE(dry.out.find("+ mpirun --hostfile hosts.txt -np "), std::string::npos) << dry.out;
+  const Launched l = dry_run_launch(r.out, d, "node01 slots=8\nnode02 slots=8\n");
+  ASSERT_FALSE(l.cmd.empty()) << r.out;
+  EXPECT_NE(l.cmd.find("RANKS_PER_NODE=8 "), std::string::npos) << l.cmd;
+  EXPECT_NE(l.cmd.find("--plan plan.json"), std::string::npos) << l.cmd;
+  ASSERT_EQ(l.dry.code, 0) << l.cmd << "\n" << l.dry.out;
+  EXPECT_NE(l.dry.out.find("+ mpirun --hostfile hosts.txt -np "), std::string::npos) << l.dry.out;
 }
 
 // --mix: hosts of two offers in one job, each GPU's share of the global batch by its speed. With
@@ -181,26 +195,23 @@ TEST(Plan, AMixOfTwoOffersIsPricedAndItsLaunchLineRuns) {
   EXPECT_EQ(chosen["global_batch"], 512);
   EXPECT_EQ(chosen["batch_per_gpu"], 128);
   EXPECT_EQ(chosen["mix"]["micro_batches"], json({1, 3}));
-  // A step: the H200's three micro-batches (the slower side), over the images an epoch holds.
-  const double step = 3 * 128 / 6825.83, steps = std::ceil(90 * 1281167.0 / 512);
+  // A step: the H200's three micro-batches (the slower side), each of half the 256 images the
+  // speed was measured at (kHalvingCost more per image), over the images an epoch holds.
+  const double step = 3 * 128 / 6825.83 * (1 + spotrain::kHalvingCost), steps = std::ceil(90 * 1281167.0 / 512);
   for (const json& row : p["rows"])
     if (row["offer"] == chosen["offer"] && row["purchase"] == "on_demand") {
       EXPECT_NEAR(row["wall_seconds"].get<double>(), p["costs"]["startup_seconds"].get<double>() + steps * step, 1.0);
     }
   EXPECT_NE(r.out.find("A100 x1 + H200 x1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("hosts.txt: 1 host(s) of a100 and 1 of h200"), std::string::npos) << r.out;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\nlaunch: ([^\n]+))"))) << r.out;
-  std::string cmd = m[1];
-  EXPECT_NE(cmd.find(" 2 --model resnet50 "), std::string::npos) << cmd;
-  EXPECT_NE(cmd.find("--batch-size 128 --image-size 224 --accum-steps 2"), std::string::npos) << cmd;
-  cmd.replace(cmd.find("examples/"), 9, kSrc + "/examples/");
-  write_file(d + "/hosts.txt", "a100-1 slots=1\nh200-1 slots=1\n");
-  auto dry = run_command("cd " + d + " && DRY_RUN=1 SPOTRAIN=" + kBin + " " + cmd);
-  ASSERT_EQ(dry.code, 0) << cmd << "\n" << dry.out;
-  EXPECT_NE(dry.out.find("+ mpirun --hostfile hosts.txt -np 2 "), std::string::npos) << dry.out;
+  const Launched l = dry_run_launch(r.out, d, "a100-1 slots=1\nh200-1 slots=1\n");
+  ASSERT_FALSE(l.cmd.empty()) << r.out;
+  EXPECT_NE(l.cmd.find(" 2 --model resnet50 "), std::string::npos) << l.cmd;
+  EXPECT_NE(l.cmd.find("--batch-size 128 --image-size 224 --accum-steps 2"), std::string::npos) << l.cmd;
+  ASSERT_EQ(l.dry.code, 0) << l.cmd << "\n" << l.dry.out;
+  EXPECT_NE(l.dry.out.find("+ mpirun --hostfile hosts.txt -np 2 "), std::string::npos) << l.dry.out;
   // What the ranks would run: the settings parse and check.
-  const std::string train = cmd.substr(cmd.find(" --model "));
+  const std::string train = l.cmd.substr(l.cmd.find(" --model "));
   auto check = run_command("cd " + d + " && " + kBin + " train" + train + " --dry-run");
   EXPECT_EQ(check.code, 0) << train << "\n" << check.out;
 }

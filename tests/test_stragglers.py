@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from netns_fleet import HOSTS, Fleet, records, same_weights
+from netns_fleet import HOSTS, Checks, open_fleet, records, same_weights
 
 PREFIX = "strag"
 TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--log-every", "10",
@@ -89,17 +89,9 @@ def main():
         print("skipped: no h5diff (Debian: hdf5-tools)")
         return 77
     work = tempfile.mkdtemp(prefix="stragglers.")
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
-
-    try:
-        fleet = Fleet(PREFIX, 3, work, SPOTRAIN)
-    except SystemExit:
-        print("skipped: network namespaces cannot be made here")
+    check = Checks()
+    fleet = open_fleet(PREFIX, 3, work, SPOTRAIN)
+    if fleet is None:
         return 77
     try:
         slow_host = "%s.3" % fleet.net
@@ -178,11 +170,7 @@ def main():
         check(len(stays) > 0, "stay: a straggling host was weighed and stays (%s)" % stays)
     finally:
         fleet.down()
-        if not failures:
-            shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed; files kept in %s" % (len(failures), work))
-    return 1 if failures else 0
+    return check.finish(work)
 
 
 if __name__ == "__main__":

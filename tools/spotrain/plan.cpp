@@ -339,7 +339,7 @@ int run_plan(const PlanOptions& o) {
               deadline_s > 0 || o.budget > 0 ? "meets" : "");
   for (const Row& r : rows) {
     const std::string mark = deadline_s > 0 || o.budget > 0 ? (meets(r) && within(r) ? "yes" : "no") : "";
-    // A mix: its GPUs and hosts of each, and each GPU's micro-batches (faster, slower).
+    // A mix: its GPUs and hosts of each, and each GPU's micro-batches (the first offer's, the second's).
     const std::string batch =
         r.with ? str(r.batch.micro, "x", r.batch.count(0), "/", r.batch.count(r.gpus() - 1), r.unproven ? "!" : "")
                : str(r.batch.micro, r.batch.count(0) > 1 ? str("x", r.batch.count(0)) : std::string(), r.unproven ? "!" : "");
@@ -486,7 +486,7 @@ Command add_plan(CLI::App& app) {
   p->add_flag("--mix", o->mix,
               "also price fleets that mix hosts of two offers of other GPUs (as many GPUs per host) in one job: "
               "each GPU's share of the global batch follows its speed, as training's does (rows 'A100 x2 + H100 x1', "
-              "batch/GPU 'micro x faster/slower')");
+              "batch/GPU 'micro x the first offer's micro-batches / the second's', in the catalog's order)");
   p->add_option("--deadline", o->deadline, "the run must end within this, e.g. 24h, 90m");
   p->add_option("--budget", o->budget, "the run must cost at most this many USD");
   p->add_option("--bench", o->bench,
