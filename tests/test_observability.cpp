@@ -67,8 +67,11 @@ std::vector<json> records(const std::string& metrics, const std::string& type = 
   return out;
 }
 
+// One compute thread: these runs check what is recorded and drawn, not speed, and each keeps to
+// the one core ctest gives it (two OpenMP threads beside another test wait on each other at every
+// op: the report's run took 77-116 s under ctest -j2 that way, 2-3 s alone).
 std::string train_cmd(const std::string& dir, const std::string& extra) {
-  return kBin + " train --data synthetic --model resnet20 --image-size 32 --batch-size 8 --threads 2 "
+  return kBin + " train --data synthetic --model resnet20 --image-size 32 --batch-size 8 --threads 1 "
                 "--ckpt-dir " + dir + " " + extra;
 }
 
@@ -146,7 +149,7 @@ TEST(Telemetry, ACpuRunRecordsItWithEveryProgressLineAndTrainsAsUsual) {
       << r.out;
   // bench records the same telemetry.
   auto b = run_command(kBin + " bench --model resnet20 --image-size 32 --batch-size 8 --steps 2 --warmup 1 "
-                              "--threads 2 --device cpu --json " + dir + "/bench.json");
+                              "--threads 1 --device cpu --json " + dir + "/bench.json");
   ASSERT_EQ(b.code, 0) << b.out;
   json bj = json::parse(read_file(dir + "/bench.json"));
   EXPECT_TRUE(bj["telemetry"]["gpu"].is_null()) << bj.dump();
@@ -353,19 +356,58 @@ TEST(Prometheus, ATrainingRunKeepsAWholeFileForAReaderAtEveryMoment) {
   EXPECT_NE(bad_name.out.find("must end in .prom"), std::string::npos) << bad_name.out;
 }
 
-// A short real run with a preemption (SIGTERM at step 30) and a resume, evaluated with
-// eval --json: what the report and the CSV tests read.
+// The run the report, CSV and eval --json tests read: a short real run stopped by SIGTERM at step
+// 30 and resumed to its end (3 epochs, 120 steps), then evaluated with eval --json. Trained once
+// for all of them: ctest runs ReportRunTraining first (a fixture, tests/CMakeLists.txt) into the
+// folder SPOTRAIN_TEST_REPORT_RUN names, and the ReportRun tests, each its own process, read it.
+// Without that variable (the binary run by hand) the run goes to a folder of this process's own,
+// trained by ReportRunTraining or else by the first ReportRun test.
+namespace {
+
+std::string report_run_root() {
+  if (const char* d = std::getenv("SPOTRAIN_TEST_REPORT_RUN"); d && *d) return d;
+  return (fs::temp_directory_path() / ("spotrain_obs_report_" + std::to_string(getpid()))).string();
+}
+
+// Trains the run into ROOT/demo (whatever a previous one left is removed first) and marks it
+// whole with ROOT/trained once every command has exited as it should.
+void train_report_run(const std::string& root) {
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string dir = root + "/demo";
+  const std::string args = "--epochs 3 --train-limit 320 --test-limit 128 --log-every 4 --ckpt-every 15";
+  auto a = run_command("SPOTRAIN_FAULT=term:0:30 " + train_cmd(dir, args));
+  ASSERT_EQ(a.code, 75) << a.out;
+  auto b = run_command(train_cmd(dir, args + " --resume auto"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto e = run_command(kBin + " eval --ckpt " + dir + " --test-limit 128 --json " + dir + "/eval-final.json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  std::ofstream(root + "/trained") << "trained\n";
+}
+
+}  // namespace
+
+TEST(ReportRunTraining, StoppedAtStep30ResumedToTheEndAndEvaluated) {
+  train_report_run(report_run_root());
+  EXPECT_TRUE(fs::exists(report_run_root() + "/trained"));
+}
+
 class ReportRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fresh_dir("report_" + std::to_string(getpid())) + "/demo";  // ctest runs each test alone, maybe at once
-    const std::string args = "--epochs 3 --train-limit 320 --test-limit 128 --log-every 4 --ckpt-every 15";
-    auto a = run_command("SPOTRAIN_FAULT=term:0:30 " + train_cmd(dir_, args));
-    ASSERT_EQ(a.code, 75) << a.out;
-    auto b = run_command(train_cmd(dir_, args + " --resume auto"));
-    ASSERT_EQ(b.code, 0) << b.out;
-    auto e = run_command(kBin + " eval --ckpt " + dir_ + " --test-limit 128 --json " + dir_ + "/eval-final.json");
-    ASSERT_EQ(e.code, 0) << e.out;
+    const std::string root = report_run_root();
+    dir_ = root + "/demo";
+    // Under ctest the fixture trained it (several of these tests may run at once, so none of
+    // them trains); by hand, the first test to need it does.
+    if (!fs::exists(root + "/trained") && !std::getenv("SPOTRAIN_TEST_REPORT_RUN")) train_report_run(root);
+  }
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(fs::path(dir_).parent_path() / "trained"))
+        << "no trained run in " << dir_ << ": ReportRunTraining trains it (ctest runs it first)";
+  }
+  // A folder of the test's own for what it writes, beside no other test's.
+  static std::string out_dir(const std::string& test) {
+    return fresh_dir("report_" + test + "_" + std::to_string(getpid()));
   }
   static std::string dir_;
 };
@@ -381,7 +423,7 @@ TEST_F(ReportRun, EvalJsonHoldsTheResult) {
 }
 
 TEST_F(ReportRun, CsvHasOneRowPerRecordAndAColumnPerField) {
-  const std::string csv = dir_ + "/../metrics.csv";
+  const std::string csv = out_dir("csv") + "/metrics.csv";
   auto r = run_command(kBin + " report " + dir_ + " --csv " + csv);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir_ + "/report.html")) << "--csv alone writes no page";
@@ -400,7 +442,7 @@ TEST_F(ReportRun, BadInputIsOneErrorLine) {
   auto missing = run_command(kBin + " report " + dir_ + "/nowhere");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("error: report: "), std::string::npos) << missing.out;
-  const std::string empty = fresh_dir("report_empty_" + std::to_string(getpid()));
+  const std::string empty = out_dir("empty");
   auto none = run_command(kBin + " report " + empty);
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.out.find("has no metrics.jsonl"), std::string::npos) << none.out;
@@ -412,9 +454,9 @@ TEST_F(ReportRun, ThePageRendersInHeadlessChromiumWithoutTheNetwork) {
     GTEST_SKIP() << "chromium is not installed (Debian package chromium; scripts/install-deps.sh --test adds it)";
   }
   // Two runs side by side: the demo and a second, shorter one.
-  const std::string second = fs::path(dir_).parent_path().string() + "/second";
+  const std::string out = out_dir("page"), second = out + "/second";
   ASSERT_EQ(run_command(train_cmd(second, "--steps 20 --train-limit 320 --test-limit 64 --log-every 4")).code, 0);
-  const std::string page = fs::path(dir_).parent_path().string() + "/report.html";
+  const std::string page = out + "/report.html";
   auto r = run_command(kBin + " report " + dir_ + " " + second + " --price-per-hour 2.5 -o " + page);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string html = read_file(page);

@@ -17,20 +17,27 @@ bool have_fmnist() {
 
 TEST(Train, FashionMnistSubsetReachesAccuracyThreshold) {
   if (!have_fmnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  // 8192 images seen (two epochs of 4096, batch 32, Nesterov), evaluated once at the end. Measured
+  // with 2 threads over seeds 0-3: 76.2-77.5% top-1 on these 2000 test images, in 8.4 s alone;
+  // the former recipe (two epochs of 6144, batch 64, plain momentum, an evaluation after each
+  // epoch) reached 76.2-76.9% over seeds 0-2 in 12.4 s.
   RunConfig cfg;
   cfg.model = "resnet20";
-  cfg.train_limit = 6144;
+  cfg.train_limit = 4096;
   cfg.test_limit = 2000;
   cfg.epochs = 2;
-  cfg.batch_size = 64;
+  cfg.batch_size = 32;
   cfg.lr = 0.05f;
+  cfg.nesterov = true;
+  cfg.eval_each_epoch = false;
+  cfg.threads = 2;  // as ctest schedules it (PROCESSORS 2), and as measured
   cfg.log_every = 1000;
   cfg.device = "cpu";
   cfg.ckpt_dir = "";  // no run folder: only the accuracy matters here
   Trainer t(cfg);
   TrainResult r = t.run();
-  EXPECT_EQ(r.steps, 2 * (6144 / 64));
-  // Chance is 10%; two short epochs on a tenth of the data reach well over 75%.
+  EXPECT_EQ(r.steps, 2 * (4096 / 32));
+  // Chance is 10%; two short epochs on 4096 images (of 60000) clear 75%.
   EXPECT_GT(r.test.top1, 0.75) << "test top-1 " << r.test.top1;
   EXPECT_EQ(r.test.samples, 2000);
 }
