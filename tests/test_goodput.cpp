@@ -179,6 +179,33 @@ TEST(Goodput, LeavingAQuarterSpeedHostPaysOnlyWhenTheRestOfTheRunRepaysTheRestar
   EXPECT_FALSE(decide_leave(c).pays);
 }
 
+// With shares that follow rates the slow host's share has already moved to the others: leaving
+// it saves only what the coarse split still costs, so a quarter-speed host that leaves under even
+// shares stays; one so slow that even the smallest share holds the step up still leaves.
+TEST(Goodput, SharesByRateWeighTheRebalancedStepAgainstTheOthersAlone) {
+  LeaveCase c;
+  c.ranks = 3;
+  c.leaving = 1;
+  c.exposed_s = 0.01;
+  c.restart_s = 20;
+  c.steps_left = 1000000;
+  c.global_batch = 96;
+  c.others_rate = 800;  // two ranks at 400 images/s; the third at 100
+  // The best split of 12 micro-batches of 8 at these rates: 6, 5, 1 (the first rank's 48 images
+  // take 0.12 s; 5, 5, 2 would take 0.16 s on the slow rank).
+  c.step_s = 48.0 / 400 + c.exposed_s;
+  LeaveDecision d = decide_leave(c);
+  EXPECT_NEAR(d.step_without_s, 96.0 / 800 + 0.01, 1e-12);  // 48 each at 400/s
+  EXPECT_FALSE(d.pays);
+  c.others_busy_s = 0.1;  // the same host under even shares: 32 images each, the slow one 0.32 s
+  c.others_rate = 0;
+  c.step_s = 0.32 + c.exposed_s;
+  EXPECT_TRUE(decide_leave(c).pays);
+  c.others_rate = 800;  // a host at 10 images/s, whose smallest share (8) holds every step up
+  c.step_s = 8.0 / 10 + c.exposed_s;
+  EXPECT_TRUE(decide_leave(c).pays);
+}
+
 TEST(Goodput, NoRankLeftMeansNoLeaving) {
   LeaveCase c;
   c.ranks = 2;
