@@ -273,6 +273,14 @@ void Dataset::read_encoded(int64_t index, std::vector<uint8_t>*, int32_t*) const
 
 std::string Dataset::sample_name(int64_t index) const { return str(name(), "[", index, "]"); }
 
+void EncodedDataset::get(int64_t index, uint8_t*, int32_t*) const {
+  SPOTRAIN_THROW(name(), " holds encoded images: read them through the Loader (sample ", index, ")");
+}
+
+void EncodedDataset::check_index(int64_t index) const {
+  SPOTRAIN_CHECK(index >= 0 && index < size(), name(), ": sample index ", index, " out of range");
+}
+
 std::shared_ptr<Dataset> load_idx_dataset(const std::string& dir, const std::string& split,
                                           int num_classes) {
   SPOTRAIN_CHECK(split == "train" || split == "test", "unknown IDX split '", split,

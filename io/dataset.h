@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spotrain {
@@ -36,6 +37,29 @@ class Dataset {  // random-access source of (uint8 HWC image, label)
   virtual std::string sample_name(int64_t index) const;
   // Class names in label order, where the source has them (an ImageFolder's directories).
   virtual std::vector<std::string> class_names() const { return {}; }
+};
+
+// What every encoded source (io/image_folder.h: an ImageFolder, packed shards) is alike in: its
+// name, its class names, an output of out_size x out_size x 3, and get() refused (the Loader
+// decodes the bytes that read_encoded() gives it).
+class EncodedDataset : public Dataset {
+ public:
+  EncodedDataset(std::string name, int out_size) : name_(std::move(name)), out_size_(out_size) {}
+  int num_classes() const override { return int(classes_.size()); }
+  ImageShape image_shape() const override { return {out_size_, out_size_, 3}; }
+  void get(int64_t index, uint8_t* hwc_out, int32_t* label) const override;
+  std::string name() const override { return name_; }
+  bool encoded() const final { return true; }
+  std::vector<std::string> class_names() const override { return classes_; }
+
+ protected:
+  // Throws unless 0 <= index < size().
+  void check_index(int64_t index) const;
+  std::vector<std::string> classes_;  // in label order
+
+ private:
+  std::string name_;
+  int out_size_;
 };
 
 // Where `--data fashion-mnist` looks when no DIR is given (Debian package dataset-fashion-mnist).

@@ -20,35 +20,26 @@ bool image_extension(const fs::path& p) {
   return e == ".jpg" || e == ".jpeg" || e == ".png";
 }
 
-class ImageFolder final : public Dataset {
+class ImageFolder final : public EncodedDataset {
  public:
-  ImageFolder(std::string dir, std::vector<std::string> classes, std::vector<std::string> files,
+  ImageFolder(const std::string& dir, std::vector<std::string> classes, std::vector<std::string> files,
               std::vector<int32_t> labels, int out_size)
-      : dir_(std::move(dir)), classes_(std::move(classes)), files_(std::move(files)),
-        labels_(std::move(labels)), out_size_(out_size) {}
-  int64_t size() const override { return int64_t(files_.size()); }
-  int num_classes() const override { return int(classes_.size()); }
-  ImageShape image_shape() const override { return {out_size_, out_size_, 3}; }
-  void get(int64_t index, uint8_t*, int32_t*) const override {
-    SPOTRAIN_THROW(name(), " holds encoded images: read them through the Loader (sample ", index, ")");
+      : EncodedDataset("imagefolder:" + dir, out_size), files_(std::move(files)), labels_(std::move(labels)) {
+    classes_ = std::move(classes);
   }
-  std::string name() const override { return "imagefolder:" + dir_; }
-  bool encoded() const override { return true; }
+  int64_t size() const override { return int64_t(files_.size()); }
   void read_encoded(int64_t index, std::vector<uint8_t>* bytes, int32_t* label) const override {
-    SPOTRAIN_CHECK(index >= 0 && index < size(), name(), ": sample index ", index, " out of range");
+    check_index(index);
     read_file(files_[size_t(index)], bytes);
     *label = labels_[size_t(index)];
   }
   std::string sample_name(int64_t index) const override {
     return index >= 0 && index < size() ? files_[size_t(index)] : Dataset::sample_name(index);
   }
-  std::vector<std::string> class_names() const override { return classes_; }
 
  private:
-  std::string dir_;
-  std::vector<std::string> classes_, files_;
+  std::vector<std::string> files_;
   std::vector<int32_t> labels_;
-  int out_size_;
 };
 
 }  // namespace

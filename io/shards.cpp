@@ -115,9 +115,9 @@ ShardIndex read_index(const std::string& dir) {
   return idx;
 }
 
-class ShardDataset final : public Dataset {
+class ShardDataset final : public EncodedDataset {
  public:
-  ShardDataset(const std::string& dir, int out_size) : dir_(dir), out_size_(out_size) {
+  ShardDataset(const std::string& dir, int out_size) : EncodedDataset("shards:" + dir, out_size), dir_(dir) {
     ShardIndex idx = read_index(dir);
     entries_ = std::move(idx.entries);
     classes_ = read_lines(dir + "/classes.txt");
@@ -137,15 +137,8 @@ class ShardDataset final : public Dataset {
     }
   }
   int64_t size() const override { return int64_t(entries_.size()); }
-  int num_classes() const override { return int(classes_.size()); }
-  ImageShape image_shape() const override { return {out_size_, out_size_, 3}; }
-  void get(int64_t index, uint8_t*, int32_t*) const override {
-    SPOTRAIN_THROW(name(), " holds encoded images: read them through the Loader (sample ", index, ")");
-  }
-  std::string name() const override { return "shards:" + dir_; }
-  bool encoded() const override { return true; }
   void read_encoded(int64_t index, std::vector<uint8_t>* bytes, int32_t* label) const override {
-    SPOTRAIN_CHECK(index >= 0 && index < size(), name(), ": sample index ", index, " out of range");
+    check_index(index);
     const IndexEntry& e = entries_[size_t(index)];
     const uint8_t* p = shards_[e.shard]->data() + e.offset;
     bytes->assign(p, p + e.length);
@@ -157,13 +150,11 @@ class ShardDataset final : public Dataset {
     if (index >= 0 && size_t(index) < files_.size()) base += " (" + files_[size_t(index)] + ")";
     return base;
   }
-  std::vector<std::string> class_names() const override { return classes_; }
 
  private:
   std::string dir_;
-  int out_size_;
   std::vector<IndexEntry> entries_;
-  std::vector<std::string> classes_, files_;
+  std::vector<std::string> files_;
   std::vector<std::unique_ptr<MappedFile>> shards_;
 };
 

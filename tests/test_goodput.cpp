@@ -158,14 +158,22 @@ TEST(Goodput, APredictionFromARunsOwnCosts) {
 // --straggler-action leave's rule: a host at a quarter of the others' speed leaves when the
 // rest of the run is long enough to repay the restart; one 1.1x slower never does (the others
 // would each take ranks / (ranks - 1) of the work: slower than waiting for it).
-TEST(Goodput, LeavingAQuarterSpeedHostPaysOnlyWhenTheRestOfTheRunRepaysTheRestart) {
+// Three ranks, one on the host weighed; an all-reduce exposed 0.01 s a step; a restart of 20 s.
+namespace {
+LeaveCase three_ranks_one_leaving() {
   LeaveCase c;
   c.ranks = 3;
   c.leaving = 1;
-  c.others_busy_s = 0.1;
   c.exposed_s = 0.01;
-  c.step_s = 0.41;  // the slow rank: 4x the others' 0.1 s, plus the exposed all-reduce
   c.restart_s = 20;
+  return c;
+}
+}  // namespace
+
+TEST(Goodput, LeavingAQuarterSpeedHostPaysOnlyWhenTheRestOfTheRunRepaysTheRestart) {
+  LeaveCase c = three_ranks_one_leaving();
+  c.others_busy_s = 0.1;
+  c.step_s = 0.41;  // the slow rank: 4x the others' 0.1 s, plus the exposed all-reduce
   c.steps_left = 1000;
   LeaveDecision d = decide_leave(c);
   EXPECT_NEAR(d.step_without_s, 0.1 * 1.5 + 0.01, 1e-12);
@@ -183,11 +191,7 @@ TEST(Goodput, LeavingAQuarterSpeedHostPaysOnlyWhenTheRestOfTheRunRepaysTheRestar
 // it saves only what the coarse split still costs, so a quarter-speed host that leaves under even
 // shares stays; one so slow that even the smallest share holds the step up still leaves.
 TEST(Goodput, SharesByRateWeighTheRebalancedStepAgainstTheOthersAlone) {
-  LeaveCase c;
-  c.ranks = 3;
-  c.leaving = 1;
-  c.exposed_s = 0.01;
-  c.restart_s = 20;
+  LeaveCase c = three_ranks_one_leaving();
   c.steps_left = 1000000;
   c.global_batch = 96;
   c.others_rate = 800;  // two ranks at 400 images/s; the third at 100

@@ -1,6 +1,8 @@
 // The files `spotrain report` and `spotrain plan` embed in every page, built into the binary:
-// the page templates (report_page.html, plan_page.html), the style they share (page_style.css) and Chart.js from Debian's libjs-chart.js, found at configure time. A
-// build without Chart.js still writes CSV exports and says what to install for pages.
+// the page templates (report_page.html, plan_page.html), the style and script they share
+// (page_style.css, page_script.js) and Chart.js from Debian's libjs-chart.js, found at
+// configure time. A build without Chart.js still writes CSV exports and says what to install
+// for pages.
 #include "tools/spotrain/report_assets.h"
 
 #include "core/error.h"
@@ -13,6 +15,7 @@
 SPOTRAIN_INCBIN(spotrain_report_page, SPOTRAIN_REPORT_PAGE_PATH)
 SPOTRAIN_INCBIN(spotrain_plan_page, SPOTRAIN_PLAN_PAGE_PATH)
 SPOTRAIN_INCBIN(spotrain_page_style, SPOTRAIN_PAGE_STYLE_PATH)
+SPOTRAIN_INCBIN(spotrain_page_script, SPOTRAIN_PAGE_SCRIPT_PATH)
 #if SPOTRAIN_HAVE_CHARTJS
 SPOTRAIN_INCBIN(spotrain_chartjs, SPOTRAIN_CHARTJS_PATH)
 #endif
@@ -56,7 +59,9 @@ std::string fill_page(std::string_view page_template, const std::string& json_da
     else safe += c;
   }
   std::string page(page_template);
+  // The data last: what it holds cannot be taken for a marker.
   replace_once(page, "/*@STYLE@*/", {spotrain_page_style, size_t(spotrain_page_style_end - spotrain_page_style)});
+  replace_once(page, "/*@SCRIPT@*/", {spotrain_page_script, size_t(spotrain_page_script_end - spotrain_page_script)});
   replace_once(page, "/*@CHARTJS@*/", chartjs_source());
   replace_once(page, "/*@DATA@*/", safe);
   return page;

@@ -11,9 +11,9 @@ std::string_view plan_page_template();
 // Chart.js (minified, with its licence header); empty when the build did not find it.
 std::string_view chartjs_source();
 
-// A page: `page_template` with the shared style (page_style.css), Chart.js and `json_data` (a
-// JSON text) put in at its /*@STYLE@*/, /*@CHARTJS@*/ and /*@DATA@*/ markers, the data made safe
-// to stand inside <script>.
+// A page: `page_template` with the shared style (page_style.css) and script (page_script.js),
+// Chart.js and `json_data` (a JSON text) put in at its /*@STYLE@*/, /*@SCRIPT@*/, /*@CHARTJS@*/
+// and /*@DATA@*/ markers, the data made safe to stand inside <script>.
 std::string fill_page(std::string_view page_template, const std::string& json_data);
 
 }  // namespace spotrain::cli
