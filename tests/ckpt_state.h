@@ -1,7 +1,10 @@
 // Helpers shared by the resume tests: a checkpoint's flat parameters and momentum, and the
 // sample ids a run consumed (SPOTRAIN_SAMPLE_LOG files: "step id id ..." per line).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -31,6 +34,16 @@ inline CkptState load_ckpt_state(const std::string& path, const std::string& arc
   const Tensor& b = model.flat_buffers();
   if (b.defined()) s.buffers.assign(b.data<float>(), b.data<float>() + b.numel());
   return s;
+}
+
+// The checkpoints at `a` and `b` hold bitwise the same weights and momentum: the verdict on a
+// run stopped and resumed against one never stopped.
+inline void expect_same_weights_and_momentum(const std::string& a, const std::string& b) {
+  CkptState sa = load_ckpt_state(a), sb = load_ckpt_state(b);
+  ASSERT_EQ(sa.params.size(), sb.params.size()) << a << " vs " << b;
+  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0) << a << " vs " << b;
+  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0)
+      << a << " vs " << b;
 }
 
 // step -> each time that step was trained, the ids of its batch. With one file per rank

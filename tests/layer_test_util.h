@@ -256,6 +256,16 @@ inline std::vector<int64_t> pick(int64_t n, int count, uint32_t stream) {
   return out;
 }
 
+// The input gradient `dx` (in logical order) agrees with central differences of `loss` (steps of
+// 1e-3, within 1e-2) at `count` elements of the input `xt`, drawn from `stream`.
+inline void expect_input_grad_as_finite_diffs(const std::function<double()>& loss, Tensor& xt, const Vec& dx,
+                                              int count, uint32_t stream) {
+  for (int64_t i : pick(xt.numel(), count, stream)) {
+    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
+    EXPECT_TRUE(fd_agrees(fd.central, dx[size_t(i)], 1e-2, rms(dx))) << "x[" << i << "]";
+  }
+}
+
 // ---- float64 references ---------------------------------------------------------------------
 
 struct ConvGeom {

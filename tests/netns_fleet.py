@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +88,20 @@ def open_fleet(prefix, n, work, spotrain):
     except SystemExit:
         print("skipped: network namespaces cannot be made here")
         return None
+
+
+def start_fleet_test(name, prefix, n, spotrain, root_for):
+    """A fleet test's start as root: (its work folder, its Checks, its Fleet of n hosts), or None
+    with a line saying why it skips (not root, for `root_for`; or no namespaces here)."""
+    if os.geteuid() != 0:
+        print("skipped: needs root for " + root_for)
+        return None
+    work = tempfile.mkdtemp(prefix=name + ".")
+    fleet = open_fleet(prefix, n, work, spotrain)
+    if fleet is None:
+        shutil.rmtree(work, ignore_errors=True)
+        return None
+    return work, Checks(), fleet
 
 
 class Checks:

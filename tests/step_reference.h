@@ -99,4 +99,21 @@ inline MixedTargets reversed_mix(const std::vector<int32_t>& labels) {
   return m;
 }
 
+// Runs `steps` steps on `runner`, queued back to back (lr 0.05, weight decay 0.1), on batches of
+// 16 from seeds seed, seed + 1, ... (with `mixed`, their reversed_mix targets), and returns the
+// steps' figures in order.
+inline std::vector<StepResult> queued_steps(StepRunner& runner, int steps, uint64_t seed, bool mixed) {
+  std::vector<StepResult> out;
+  for (int i = 0; i < steps; ++i) {
+    StepBatch b = fmnist_like_batch(16, seed + uint64_t(i));
+    const MixedTargets targets = reversed_mix(b.labels);
+    const LabelMix mix = targets.mix();
+    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f, nullptr, mixed ? &mix : nullptr);
+    for (const StepResult& r : runner.take_results()) out.push_back(r);
+  }
+  runner.settle();
+  for (const StepResult& r : runner.take_results()) out.push_back(r);
+  return out;
+}
+
 }  // namespace spotrain

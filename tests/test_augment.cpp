@@ -26,6 +26,7 @@
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "kernels/ops.h"
+#include "fmnist_resnet.h"
 #include "layers/resnet.h"
 #include "run_command.h"
 
@@ -278,11 +279,7 @@ TEST(Mixing, AugmentedBatchesDoNotDependOnThreadsOrRanks) {
 
 TEST(WeightEma, FollowsTheHandComputationAndSwapsBack) {
   auto be = make_backend("cpu", BackendOptions{1, true});
-  ResNetOptions ro;
-  ro.arch = "resnet20";
-  ro.in_channels = 1;
-  ro.num_classes = 10;
-  Model m(build_resnet(ro), *be);
+  Model m(build_resnet(fmnist_resnet20()), *be);
   m.initialize(3);
   const double decay = 0.75;
   WeightEma ema(m, decay);

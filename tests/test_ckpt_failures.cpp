@@ -12,20 +12,11 @@
 #include <string>
 
 #include "run_command.h"
+#include "text_search.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
-
-int count(const std::string& s, const std::string& needle) {
-  int n = 0;
-  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
-  return n;
-}
 
 class CkptFailures : public ::testing::Test {
  protected:

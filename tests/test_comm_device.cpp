@@ -21,6 +21,7 @@
 #include "engine/session.h"
 #include "core/philox.h"
 #include "kernels/ops.h"
+#include "fmnist_resnet.h"
 #include "layers/resnet.h"
 
 namespace spotrain {
@@ -62,11 +63,7 @@ class RecordingComm final : public Communicator {
 
 // A ResNet-20 for 1-channel images, initialized from `seed`: several gradient buckets.
 std::unique_ptr<Model> small_resnet(Backend& be, uint64_t seed) {
-  ResNetOptions ro;
-  ro.arch = "resnet20";
-  ro.in_channels = 1;
-  ro.num_classes = 10;
-  auto m = std::make_unique<Model>(build_resnet(ro), be);
+  auto m = std::make_unique<Model>(build_resnet(fmnist_resnet20()), be);
   m->initialize(seed);
   return m;
 }

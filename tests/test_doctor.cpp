@@ -33,6 +33,15 @@ bool has_line(const std::vector<std::string>& lines, const std::string& a, const
   return false;
 }
 
+// A quick doctor on the CPU (2 threads, fp32, one resnet20 step), `env` set before it and `more`
+// options after; it prints what the doctor printed and returns it.
+CommandResult quick_cpu_doctor(const std::string& env, const std::string& more = "") {
+  CommandResult r = run_command(env + " " + kBin +
+                                " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1" + more);
+  std::printf("%s", r.out.c_str());
+  return r;
+}
+
 }  // namespace
 
 // The whole default pass on the CPU (ResNet-50 steps included), with a checkpoint folder.
@@ -70,25 +79,21 @@ TEST(Doctor, AHealthyCpuNodePassesEveryCheck) {
 // A wrong kernel (its output doubled) fails the op checks that use it, each line naming the
 // op, and the node is not healthy; the ops it does not touch still pass.
 TEST(Doctor, APlantedWrongOpFailsNamingIt) {
-  CommandResult r = run_command("SPOTRAIN_WRONG_OP=conv2d_forward " + kBin +
-                                " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1");
-  std::printf("%s", r.out.c_str());
+  CommandResult r = quick_cpu_doctor("SPOTRAIN_WRONG_OP=conv2d_forward");
   EXPECT_EQ(r.code, 1) << r.out;
   const auto fail = lines_of(r.out, "fail");
   ASSERT_FALSE(fail.empty()) << r.out;
   EXPECT_TRUE(has_line(fail, "ops cpu blocked_fp32", "conv2d_forward")) << r.out;
   EXPECT_TRUE(has_line(fail, "ops cpu nhwc_fp32", "conv2d_forward")) << r.out;
   EXPECT_NE(r.out.find("doctor: NOT healthy"), std::string::npos);
-  CommandResult control = run_command(kBin + " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1");
+  CommandResult control = quick_cpu_doctor("");
   EXPECT_EQ(control.code, 0) << control.out;
 }
 
 // A wrong 8-bit upload fails the op suite's upload_pixels check and, in the training steps,
 // the 8-bit upload's first-use check, whose verdict the doctor prints.
 TEST(Doctor, AWrongEightBitUploadFailsItsOpAndItsFirstUseCheck) {
-  CommandResult r = run_command("SPOTRAIN_WRONG_OP=upload_pixels " + kBin +
-                                " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1");
-  std::printf("%s", r.out.c_str());
+  CommandResult r = quick_cpu_doctor("SPOTRAIN_WRONG_OP=upload_pixels");
   EXPECT_EQ(r.code, 1) << r.out;
   const auto fail = lines_of(r.out, "fail");
   EXPECT_TRUE(has_line(fail, "ops cpu blocked_fp32", "upload_pixels")) << r.out;
@@ -101,10 +106,8 @@ TEST(Doctor, AWrongEightBitUploadFailsItsOpAndItsFirstUseCheck) {
 TEST(Doctor, AFullCheckpointDiskFailsNamingIt) {
   const auto dir = fresh_dir("spotrain_doctor_full");
   const std::string json = (dir / "doctor.json").string();
-  CommandResult r = run_command("SPOTRAIN_FREE_BYTES=1048576 " + kBin +
-                                " doctor --device cpu --threads 2 --precision fp32 --model resnet20 --steps 1"
-                                " --keep 3 --ckpt-dir " + (dir / "ckpt").string() + " --json " + json);
-  std::printf("%s", r.out.c_str());
+  CommandResult r = quick_cpu_doctor("SPOTRAIN_FREE_BYTES=1048576",
+                                     " --keep 3 --ckpt-dir " + (dir / "ckpt").string() + " --json " + json);
   EXPECT_EQ(r.code, 1) << r.out;
   const auto fail = lines_of(r.out, "fail");
   EXPECT_TRUE(has_line(fail, "ckpt-dir space", "1.0 MiB free")) << r.out;

@@ -31,6 +31,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
+#include "fmnist_resnet.h"
 #include "layers/resnet.h"
 #include "step_reference.h"
 
@@ -127,11 +128,8 @@ struct TrainRun {
 TrainRun make_run(std::unique_ptr<Backend> be, const char* fusion = "none") {
   TrainRun r;
   r.be = std::move(be);
-  ResNetOptions o;
-  o.arch = "resnet20";
+  ResNetOptions o = fmnist_resnet20();
   o.fusion_links = o.fusion_on = std::string(fusion) == "bn";
-  o.in_channels = 1;
-  o.num_classes = 10;
   r.model = std::make_unique<Model>(build_resnet(o), *r.be);
   r.model->initialize(2024);
   r.sgd = std::make_unique<Sgd>(*r.model, SgdOptions{});
@@ -310,21 +308,6 @@ TEST(GpuTraining, QueuedFp16StepsEqualStepsReadAtOnce) {
 
 // ---- captured steps (--cuda-graph) -----------------------------------------------------------
 
-// Runs kSteps steps on `runner` (queued back to back) and returns their figures in order.
-std::vector<StepResult> queued_steps(StepRunner& runner, int steps, uint64_t seed, bool mixed) {
-  std::vector<StepResult> out;
-  for (int i = 0; i < steps; ++i) {
-    Batch b = batch(16, seed + uint64_t(i));
-    const MixedTargets targets = reversed_mix(b.labels);
-    const LabelMix mix = targets.mix();
-    runner.queue(b.images, b.labels.data(), 0.05f, 0.1f, nullptr, mixed ? &mix : nullptr);
-    for (const StepResult& r : runner.take_results()) out.push_back(r);
-  }
-  runner.settle();
-  for (const StepResult& r : runner.take_results()) out.push_back(r);
-  return out;
-}
-
 // Bitwise the same weights and momentum, update count and loss scale in runs e and c.
 void expect_same_training_state(const TrainRun& e, const TrainRun& c, const LossScaler& se,
                                 const LossScaler& sc) {
@@ -334,6 +317,21 @@ void expect_same_training_state(const TrainRun& e, const TrainRun& c, const Loss
   EXPECT_EQ(std::memcmp(me.data(), mc.data(), me.size() * 4), 0) << "momentum differs";
   EXPECT_EQ(c.sgd->steps(), e.sgd->steps());
   EXPECT_EQ(sc.scale(), se.scale());
+}
+
+// Settles the eager runner `re` and the capturing one `rc`, adds their last figures to `ge` and
+// `gc`, and checks that `rc` ran its `steps` steps captured, with no failure, giving the eager
+// run's figures.
+void settle_and_expect_captured_as_eager(StepRunner& re, StepRunner& rc, std::vector<StepResult>& ge,
+                                         std::vector<StepResult>& gc, size_t steps) {
+  re.settle();
+  rc.settle();
+  for (const StepResult& r : re.take_results()) ge.push_back(r);
+  for (const StepResult& r : rc.take_results()) gc.push_back(r);
+  ASSERT_EQ(gc.size(), steps);
+  EXPECT_TRUE(rc.captured());
+  EXPECT_EQ(rc.capture_failure(), "");
+  expect_same_results(gc, ge);
 }
 
 // Two deterministic GPU runs of the same steps, one eager and one replaying a captured step:
@@ -408,14 +406,7 @@ void expect_captured_lars_equals_eager(const Prec& pr) {
     for (const StepResult& r : re.take_results()) ge.push_back(r);
     for (const StepResult& r : rc.take_results()) gc.push_back(r);
   }
-  re.settle();
-  rc.settle();
-  for (const StepResult& r : re.take_results()) ge.push_back(r);
-  for (const StepResult& r : rc.take_results()) gc.push_back(r);
-  ASSERT_EQ(gc.size(), size_t(kSteps));
-  EXPECT_TRUE(rc.captured());
-  EXPECT_EQ(rc.capture_failure(), "");
-  expect_same_results(gc, ge);
+  ASSERT_NO_FATAL_FAILURE(settle_and_expect_captured_as_eager(re, rc, ge, gc, size_t(kSteps)));
   expect_same_training_state(e, c, se, sc);
   EXPECT_NE(gc.back().loss.loss, gc[StepRunner::kEagerBeforeCapture + 1].loss.loss);
 }
@@ -456,14 +447,7 @@ void expect_another_size_runs_as_it_comes(const Prec& pr) {
     for (const StepResult& r : re.take_results()) ge.push_back(r);
     for (const StepResult& r : rc.take_results()) gc.push_back(r);
   }
-  re.settle();
-  rc.settle();
-  for (const StepResult& r : re.take_results()) ge.push_back(r);
-  for (const StepResult& r : rc.take_results()) gc.push_back(r);
-  ASSERT_EQ(gc.size(), std::size(sizes));
-  EXPECT_TRUE(rc.captured());
-  EXPECT_EQ(rc.capture_failure(), "");
-  expect_same_results(gc, ge);
+  ASSERT_NO_FATAL_FAILURE(settle_and_expect_captured_as_eager(re, rc, ge, gc, std::size(sizes)));
   expect_same_training_state(e, c, se, sc);
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "run_command.h"
+#include "text_search.h"
 
 namespace fs = std::filesystem;
 
@@ -29,8 +30,6 @@ namespace {
 
 const std::string kHosts = std::string(SPOTRAIN_SOURCE_DIR) + "/tests/netns_hosts.sh";
 const std::string kRoot = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 class HealthGate : public ::testing::Test {
  protected:

@@ -54,6 +54,18 @@ double mean_abs_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& 
   return s / double(a.size());
 }
 
+// `pixels` (w x h, `channels` a pixel) through the codec at `quality`: the JPEG's header says
+// `channels`, and `rgb` is what decode_jpeg_rgb makes of it at full size.
+void jpeg_round_trip_to_rgb(const std::vector<uint8_t>& pixels, int w, int h, int channels, int quality,
+                            std::vector<uint8_t>* rgb) {
+  auto jpg = encode_jpeg(pixels.data(), w, h, channels, quality);
+  JpegInfo info;
+  ASSERT_TRUE(jpeg_info(jpg.data(), jpg.size(), &info));
+  EXPECT_EQ(info.channels, channels);
+  int ow = 0, oh = 0;
+  decode_jpeg_rgb(jpg.data(), jpg.size(), 1, false, rgb, &ow, &oh);
+}
+
 }  // namespace
 
 TEST(Jpeg, RgbRoundTripAndHeader) {
@@ -132,13 +144,8 @@ TEST(Jpeg, RegionDecodeMatchesFullDecode) {
 TEST(Jpeg, GrayscaleBecomesThreeEqualChannels) {
   std::vector<uint8_t> g(40 * 30);
   for (size_t i = 0; i < g.size(); ++i) g[i] = uint8_t(40 + (i % 40) * 4);
-  auto jpg = encode_jpeg(g.data(), 40, 30, 1, 95);
-  JpegInfo info;
-  ASSERT_TRUE(jpeg_info(jpg.data(), jpg.size(), &info));
-  EXPECT_EQ(info.channels, 1);
   std::vector<uint8_t> out;
-  int w = 0, h = 0;
-  decode_jpeg_rgb(jpg.data(), jpg.size(), 1, false, &out, &w, &h);
+  ASSERT_NO_FATAL_FAILURE(jpeg_round_trip_to_rgb(g, 40, 30, 1, 95, &out));
   double err = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     ASSERT_EQ(out[3 * i], out[3 * i + 1]);
@@ -157,13 +164,8 @@ TEST(Jpeg, CmykConvertsAsPil) {
     cmyk[size_t(4 * i + 2)] = 120;
     cmyk[size_t(4 * i + 3)] = 30;
   }
-  auto jpg = encode_jpeg(cmyk.data(), w, h, 4, 100);
-  JpegInfo info;
-  ASSERT_TRUE(jpeg_info(jpg.data(), jpg.size(), &info));
-  EXPECT_EQ(info.channels, 4);
   std::vector<uint8_t> out;
-  int ow = 0, oh = 0;
-  decode_jpeg_rgb(jpg.data(), jpg.size(), 1, false, &out, &ow, &oh);
+  ASSERT_NO_FATAL_FAILURE(jpeg_round_trip_to_rgb(cmyk, w, h, 4, 100, &out));
   // Pixel (2, 2) lies in the left region: R = (255-C)(255-K)/255 (PIL's CMYK -> RGB).
   const size_t p = (size_t(2) * size_t(w) + 2) * 3;
   EXPECT_NEAR(out[p], (255 - 40) * (255 - 30) / 255.0, 3.0);

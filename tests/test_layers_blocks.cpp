@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_cache.h"
 #include "kernels/wrong_op_backend.h"
+#include "fmnist_resnet.h"
 #include "layer_test_util.h"
 #include "layers/fusion_chain.h"
 
@@ -50,6 +51,21 @@ void randomize_params(Layer& l, uint32_t stream) {
         break;
     }
   }
+}
+
+// A blocked-layout input of shape `s`, normal values from `stream`.
+Tensor random_input(const Shape& s, uint32_t stream) {
+  return make_tensor(normals(shape_numel(s), stream), s, Layout::blocked);
+}
+
+// The gradients a backward left on `block`'s parameters, then its input gradient `dx`.
+std::vector<Vec> grads_of(Backend& be, Layer& block, const Tensor& dx) {
+  std::vector<Param*> ps;
+  block.collect_params(ps);
+  std::vector<Vec> grads;
+  for (Param* p : ps) grads.push_back(to_vec(p->grad));
+  grads.push_back(values(be, dx));
+  return grads;
 }
 
 // --fusion as the engine builds the model with it (fusion_mode, on the CPU at fp32): none, bn
@@ -113,7 +129,7 @@ TEST_P(ResidualBlockTest, FiniteDifferencesOfInputAndParameters) {
   std::vector<Param*> ps;
   block->collect_params(ps);
   Shape s{bc.n, bc.c, bc.h, bc.w};
-  Tensor xt = make_tensor(normals(shape_numel(s), 141), s, Layout::blocked);
+  Tensor xt = random_input(s, 141);
   Context ctx = train_ctx(*be);
   Tensor y = block->forward(xt, ctx);
   Floats r = normals(y.numel(), 142);
@@ -172,16 +188,12 @@ TEST(ResidualBlock, TailBatchNormAddsTheShortcutInOneOpAndTheProfileCountsEveryO
   auto run = [](Backend& be, std::vector<Vec>* grads) {
     std::unique_ptr<Layer> block = bottleneck(8, 4, 2);
     randomize_params(*block, 150);
-    Shape s{2, 8, 7, 7};
-    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::blocked);
+    Tensor x = random_input({2, 8, 7, 7}, 151);
     Context ctx = train_ctx(be);
     Tensor y = block->forward(x, ctx);
     Vec out = values(be, y);
     Tensor dx = block->backward(make_like(normals(y.numel(), 152), y), ctx);
-    std::vector<Param*> ps;
-    block->collect_params(ps);
-    for (Param* p : ps) grads->push_back(to_vec(p->grad));
-    grads->push_back(values(be, dx));
+    *grads = grads_of(be, *block, dx);
     return out;
   };
   auto plain = cpu_backend();
@@ -235,8 +247,7 @@ TEST(ConvBnFusion, BottleneckMatchesThePlainBlockThroughTheFusedOps) {
     auto be = cpu_backend();
     std::unique_ptr<Layer> block = bottleneck(8, 4, 2, fused);
     randomize_params(*block, 150);
-    Shape s{2, 8, 7, 7};
-    Tensor x = make_tensor(normals(shape_numel(s), 151), s, Layout::blocked);
+    Tensor x = random_input({2, 8, 7, 7}, 151);
     Outcome o;
     OpProfiler prof(*be);
     Context ctx = train_ctx(*be);
@@ -245,10 +256,7 @@ TEST(ConvBnFusion, BottleneckMatchesThePlainBlockThroughTheFusedOps) {
     prof.collect(true);
     for (const auto& r : prof.by_op()) o.calls[r.name] = r.calls_per_step;
     o.y = values(*be, y);
-    std::vector<Param*> ps;
-    block->collect_params(ps);
-    for (Param* p : ps) o.grads.push_back(to_vec(p->grad));
-    o.grads.push_back(values(*be, dx));
+    o.grads = grads_of(*be, *block, dx);
     std::vector<Buffer*> bs;
     block->collect_buffers(bs);
     for (Buffer* b : bs) o.buffers.push_back(to_vec(b->value));
@@ -295,8 +303,7 @@ TEST(RemadeBnReluInputs, GiveTheKeptGradientsWithTwoActivationsLessAlive) {
     EXPECT_EQ(be->remakes_bn_relu_inputs(), !keep);
     std::unique_ptr<Layer> block = bottleneck(32, 32, 1, false);
     randomize_params(*block, 160);
-    Shape s{4, 32, 14, 14};
-    Tensor x = make_tensor(normals(shape_numel(s), 161), s, Layout::blocked);
+    Tensor x = random_input({4, 32, 14, 14}, 161);
     Outcome o;
     OpProfiler prof(*be);
     Context ctx = train_ctx(*be);
@@ -308,10 +315,7 @@ TEST(RemadeBnReluInputs, GiveTheKeptGradientsWithTwoActivationsLessAlive) {
     for (const auto& r : prof.by_op())
       if (r.name == "batchnorm_infer") o.infer_calls = r.calls_per_step;
     o.y = values(*be, y);
-    std::vector<Param*> ps;
-    block->collect_params(ps);
-    for (Param* p : ps) o.grads.push_back(to_vec(p->grad));
-    o.grads.push_back(values(*be, dx));
+    o.grads = grads_of(*be, *block, dx);
     return o;
   };
   Outcome kept = run(true), remade = run(false);
@@ -348,11 +352,8 @@ Floats host_floats(Backend& be, const Tensor& t) {
 StepOutcome resnet20_steps(Backend& be, const std::string& mode,
                            const std::string& fusion = "none", double* convs = nullptr,
                            const std::function<void(Model&)>& prepare = nullptr) {
-  ResNetOptions o;
-  o.arch = "resnet20";
+  ResNetOptions o = fmnist_resnet20();
   set_fusion_option(o, fusion);
-  o.in_channels = 1;
-  o.num_classes = 10;
   o.grad_checkpoint = mode;
   Model m(build_resnet(o), be);
   m.initialize(4242);
@@ -394,6 +395,17 @@ StepOutcome resnet20_steps(Backend& be, const std::string& mode,
 
 bool bitwise_equal(const Floats& a, const Floats& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// `got` trained as `want` bit for bit: each step's logits and gradients, and the running
+// statistics after the last step.
+void expect_bitwise_same_steps(const StepOutcome& got, const StepOutcome& want) {
+  for (size_t s = 0; s < want.grads.size(); ++s) {
+    EXPECT_TRUE(bitwise_equal(got.logits[s], want.logits[s])) << "logits, step " << s;
+    EXPECT_TRUE(bitwise_equal(got.grads[s], want.grads[s])) << "gradients, step " << s;
+  }
+  for (size_t b = 0; b < want.buffers.size(); ++b)
+    EXPECT_TRUE(bitwise_equal(got.buffers[b], want.buffers[b])) << "buffer " << b;
 }
 
 class Checkpointing : public ::testing::TestWithParam<int> {};  // compute threads
@@ -452,12 +464,7 @@ TEST(ConvBnFusion, ResNet20StepsMatchThePlainModelAndCheckpointingReplaysThemExa
   EXPECT_LT(rel_diff(to_vec(fused.eval_logits), to_vec(plain.eval_logits)), 1e-3);
 
   StepOutcome replayed = resnet20_steps(*be, "block", "bn");
-  for (size_t s = 0; s < fused.grads.size(); ++s) {
-    EXPECT_TRUE(bitwise_equal(replayed.logits[s], fused.logits[s])) << "logits, step " << s;
-    EXPECT_TRUE(bitwise_equal(replayed.grads[s], fused.grads[s])) << "gradients, step " << s;
-  }
-  for (size_t b = 0; b < fused.buffers.size(); ++b)
-    EXPECT_TRUE(bitwise_equal(replayed.buffers[b], fused.buffers[b])) << "buffer " << b;
+  expect_bitwise_same_steps(replayed, fused);
 }
 
 // --grad-checkpoint selective replays batch norm, ReLU and Add but hands the kept convolution
@@ -478,12 +485,7 @@ TEST(SelectiveCheckpointing, ReplaysConvolveOnlyTheCheapConvolutionsAgain) {
   StepOutcome fused_none = resnet20_steps(*be, "none", "bn");
   StepOutcome fused_sel = resnet20_steps(*be, "selective", "bn", &fused);
   EXPECT_EQ(fused, none + 2);
-  for (size_t s = 0; s < fused_none.grads.size(); ++s) {
-    EXPECT_TRUE(bitwise_equal(fused_sel.logits[s], fused_none.logits[s])) << "logits, step " << s;
-    EXPECT_TRUE(bitwise_equal(fused_sel.grads[s], fused_none.grads[s])) << "gradients, step " << s;
-  }
-  for (size_t b = 0; b < fused_none.buffers.size(); ++b)
-    EXPECT_TRUE(bitwise_equal(fused_sel.buffers[b], fused_none.buffers[b])) << "buffer " << b;
+  expect_bitwise_same_steps(fused_sel, fused_none);
 }
 
 // --fusion auto links the chains as bn does and switches each on or off: all off is the plain

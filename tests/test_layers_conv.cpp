@@ -141,10 +141,7 @@ TEST_P(ConvFiniteDiff, InputAndWeightGradients) {
     conv.weight().value.mark_written();  // finite_diff moved an input or a weight
     return dot(values(*be, conv.forward(xt, ctx)), r);
   };
-  for (int64_t i : pick(int64_t(x.size()), 8, 43)) {
-    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
-    EXPECT_TRUE(fd_agrees(fd.central, dx[size_t(i)], 1e-2, rms(dx))) << "x[" << i << "]";
-  }
+  expect_input_grad_as_finite_diffs(loss, xt, dx, 8, 43);
   float* wv = conv.weight().value.data<float>();
   for (int64_t i : pick(int64_t(w.size()), 8, 44)) {
     Fd fd = finite_diff(loss, wv[i], 1e-3);

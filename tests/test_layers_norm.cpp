@@ -51,6 +51,19 @@ Floats beta_between_values(const BnSetup& s, const Floats& x, const Floats& gamm
   return beta;
 }
 
+// `dx`, bn's backward of `dy` after a training forward on `x`, and the gradients it left on gamma
+// and beta equal the float64 reference's within 1e-4.
+void expect_backward_as_float64(Backend& be, BatchNorm2d& bn, const Tensor& dx, const BnSetup& s,
+                                const Floats& x, const Floats& dy, const Floats& gamma,
+                                const Floats& beta, bool relu) {
+  Vec rdx, rdg, rdb;
+  bn_bwd_ref(to_vec(x), to_vec(dy), s.N, s.C, s.hw(), to_vec(gamma), to_vec(beta), 1e-5, relu, rdx,
+             rdg, rdb);
+  EXPECT_TRUE(close(values(be, dx), rdx, 1e-4)) << "dx";
+  EXPECT_TRUE(close(to_vec(bn.gamma().grad), rdg, 1e-4)) << "dgamma";
+  EXPECT_TRUE(close(to_vec(bn.beta().grad), rdb, 1e-4)) << "dbeta";
+}
+
 class BatchNormTest : public ::testing::TestWithParam<bool> {};  // fused ReLU
 
 TEST_P(BatchNormTest, TrainingForwardAndBackwardMatchFloat64) {
@@ -75,12 +88,7 @@ TEST_P(BatchNormTest, TrainingForwardAndBackwardMatchFloat64) {
   poison_pool({xt.storage_elems()});
   Tensor dx = bn.backward(make_like(r, y), ctx);
   EXPECT_TRUE(zero_padding(dx));
-  Vec rdx, rdg, rdb;
-  bn_bwd_ref(to_vec(x), to_vec(r), s.N, s.C, s.hw(), to_vec(gamma), to_vec(beta), 1e-5, relu, rdx,
-             rdg, rdb);
-  EXPECT_TRUE(close(values(*be, dx), rdx, 1e-4)) << "dx";
-  EXPECT_TRUE(close(to_vec(bn.gamma().grad), rdg, 1e-4)) << "dgamma";
-  EXPECT_TRUE(close(to_vec(bn.beta().grad), rdb, 1e-4)) << "dbeta";
+  expect_backward_as_float64(*be, bn, dx, s, x, r, gamma, beta, relu);
 }
 
 TEST_P(BatchNormTest, NhwcInputMatchesFloat64) {
@@ -100,12 +108,7 @@ TEST_P(BatchNormTest, NhwcInputMatchesFloat64) {
                     1e-4));
   Floats r = normals(s.numel(), 63);
   Tensor dx = bn.backward(make_like(r, y), ctx);
-  Vec rdx, rdg, rdb;
-  bn_bwd_ref(to_vec(x), to_vec(r), s.N, s.C, s.hw(), to_vec(gamma), to_vec(beta), 1e-5, relu, rdx,
-             rdg, rdb);
-  EXPECT_TRUE(close(values(*be, dx), rdx, 1e-4)) << "dx";
-  EXPECT_TRUE(close(to_vec(bn.gamma().grad), rdg, 1e-4)) << "dgamma";
-  EXPECT_TRUE(close(to_vec(bn.beta().grad), rdb, 1e-4)) << "dbeta";
+  expect_backward_as_float64(*be, bn, dx, s, x, r, gamma, beta, relu);
 }
 
 TEST_P(BatchNormTest, RunningStatisticsAndEvalMode) {
@@ -177,10 +180,7 @@ TEST_P(BatchNormTest, FiniteDifferences) {
   Vec dx = values(*be, bn.backward(make_like(r, y), ctx));
   Vec dg = to_vec(bn.gamma().grad), db = to_vec(bn.beta().grad);
   auto loss = [&] { return dot(values(*be, bn.forward(xt, ctx)), r); };
-  for (int64_t i : pick(s.numel(), 8, 94)) {
-    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
-    EXPECT_TRUE(fd_agrees(fd.central, dx[size_t(i)], 1e-2, rms(dx))) << "x[" << i << "]";
-  }
+  expect_input_grad_as_finite_diffs(loss, xt, dx, 8, 94);
   for (int c = 0; c < s.C; ++c) {
     Fd fg = finite_diff(loss, bn.gamma().value.data<float>()[c], 1e-3);
     EXPECT_TRUE(fd_agrees(fg.central, dg[size_t(c)], 1e-2, rms(dg))) << "gamma[" << c << "]";

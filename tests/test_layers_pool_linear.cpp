@@ -33,10 +33,7 @@ TEST(ReLU, ForwardBackwardAndFiniteDifferences) {
   Vec got = values(*be, dx);
   EXPECT_TRUE(close(got, dwant, 0.0));
   auto loss = [&] { return dot(values(*be, relu.forward(xt, ctx)), r); };
-  for (int64_t i : pick(shape_numel(s), 8, 102)) {
-    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
-    EXPECT_TRUE(fd_agrees(fd.central, got[size_t(i)], 1e-2, rms(got))) << "x[" << i << "]";
-  }
+  expect_input_grad_as_finite_diffs(loss, xt, got, 8, 102);
 }
 
 struct PoolCase {
@@ -75,10 +72,7 @@ TEST_P(MaxPoolTest, ForwardBackwardAndFiniteDifferences) {
   EXPECT_TRUE(close(got, dwant, 1e-6)) << "dx";
 
   auto loss = [&] { return dot(values(*be, pool.forward(xt, ctx)), r); };
-  for (int64_t i : pick(shape_numel(s), 10, 112)) {
-    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
-    EXPECT_TRUE(fd_agrees(fd.central, got[size_t(i)], 1e-2, rms(got))) << "x[" << i << "]";
-  }
+  expect_input_grad_as_finite_diffs(loss, xt, got, 10, 112);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -117,10 +111,7 @@ TEST_P(GlobalAvgPoolTest, ForwardBackwardAndFiniteDifferences) {
   Vec got = values(*be, dx);
   EXPECT_TRUE(close(got, dwant, 1e-6)) << "dx";
   auto loss = [&] { return dot(values(*be, gap.forward(xt, ctx)), r); };
-  for (int64_t i : pick(shape_numel(s), 6, 122)) {
-    Fd fd = finite_diff(loss, xt.data<float>()[offset_of(xt, i)], 1e-3);
-    EXPECT_TRUE(fd_agrees(fd.central, got[size_t(i)], 1e-2, rms(got))) << "x[" << i << "]";
-  }
+  expect_input_grad_as_finite_diffs(loss, xt, got, 6, 122);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GlobalAvgPoolTest,

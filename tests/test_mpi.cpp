@@ -29,6 +29,7 @@
 #include "run/trainer.h"
 #include "kernels/elementwise.h"
 #include "kernels/ops.h"
+#include "fmnist_resnet.h"
 #include "layers/resnet.h"
 
 using namespace spotrain;
@@ -302,6 +303,19 @@ void make_shard(int s, int B, int H, Tensor& x, std::vector<int32_t>& labels) {
   }
 }
 
+// Forward (training) and backward of shard `s` on `m`, its gradients first set to NaN so that
+// backward (and `listener`, a reducer, when given) must write every element.
+void shard_backward(Model& m, Backend& be, int s, int B, int H, GradListener* listener = nullptr) {
+  Tensor x;
+  std::vector<int32_t> labels;
+  make_shard(s, B, H, x, labels);
+  Tensor logits = m.forward(be.upload_images(x), /*training=*/true);
+  Tensor dl;
+  be.softmax_xent(logits, labels.data(), 0.f, 1.f, &dl);
+  be.fill(m.flat_grads(), std::numeric_limits<float>::quiet_NaN());
+  m.backward(dl, listener);
+}
+
 struct GradCase {
   const char* name;
   std::string compression;
@@ -322,11 +336,7 @@ TEST_P(ReducedGradients, EqualAverageOfPerShardGradients) {
   const int W = c.size(), R = c.rank();
   const int B = 4, H = 12;
   auto be = make_backend("cpu", BackendOptions{1, false});
-  ResNetOptions ro;
-  ro.arch = "resnet20";
-  ro.in_channels = 1;
-  ro.num_classes = 10;
-  Model m(build_resnet(ro), *be);
+  Model m(build_resnet(fmnist_resnet20()), *be);
   m.initialize(2024);
   const int64_t P = m.num_params();
   // Same seed, same weights on every rank.
@@ -334,16 +344,8 @@ TEST_P(ReducedGradients, EqualAverageOfPerShardGradients) {
 
   // Reference: each shard's forward/backward in turn, in this process.
   std::vector<double> ref(size_t(P), 0.0), abs_sum(size_t(P), 0.0);
-  const float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (int s = 0; s < W; ++s) {
-    Tensor x;
-    std::vector<int32_t> labels;
-    make_shard(s, B, H, x, labels);
-    Tensor logits = m.forward(be->upload_images(x), /*training=*/true);
-    Tensor dl;
-    be->softmax_xent(logits, labels.data(), 0.f, 1.f, &dl);
-    be->fill(m.flat_grads(), kNaN);
-    m.backward(dl);
+    shard_backward(m, *be, s, B, H);
     auto g = to_floats(*be, m.flat_grads());
     for (int64_t i = 0; i < P; ++i) {
       ref[size_t(i)] += double(g[size_t(i)]) / W;
@@ -361,14 +363,7 @@ TEST_P(ReducedGradients, EqualAverageOfPerShardGradients) {
   GradSync red(m, worker, opt);
   std::vector<std::vector<float>> got(2);
   for (int it = 0; it < 2; ++it) {
-    Tensor x;
-    std::vector<int32_t> labels;
-    make_shard(R, B, H, x, labels);
-    Tensor logits = m.forward(be->upload_images(x), /*training=*/true);
-    Tensor dl;
-    be->softmax_xent(logits, labels.data(), 0.f, 1.f, &dl);
-    be->fill(m.flat_grads(), kNaN);  // every element must be written by backward + reduce
-    m.backward(dl, &red);
+    shard_backward(m, *be, R, B, H, &red);
     red.finish();
     got[size_t(it)] = to_floats(*be, m.flat_grads());
     for (auto& v : got[size_t(it)]) v /= float(W);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 
 #include "ckpt_state.h"
 #include "scratch_dir.h"
+#include "text_search.h"
 
 namespace {
 
@@ -65,16 +67,6 @@ std::string train_args(const std::string& more = "") {
          " train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --steps 8"
          " --threads 1 --ckpt-dir '' --log-every 1 " +
          more;
-}
-
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
-
-int count(const std::string& s, const std::string& needle) {
-  int n = 0;
-  for (size_t pos = s.find(needle); pos != std::string::npos; pos = s.find(needle, pos + 1)) ++n;
-  return n;
 }
 
 TEST(MpiFaults, HealthyTwoRankRunFinishes) {
@@ -165,6 +157,31 @@ std::vector<std::string> rank_files(const fs::path& prefix, int world) {
   return v;
 }
 
+// step -> the ids each time it was trained (read_sample_log).
+using SampleLog = std::map<int64_t, std::vector<std::vector<int64_t>>>;
+
+// The start of the elastic tests: on `ranks` ranks with `batch` (such as "--batch-size 16"), the
+// job straight through (d/a, its samples logged to d/a.ids.<rank>, read into `ids_a`) and the
+// job stopped by SIGTERM after step 4 (d/s, exit 75).
+void run_straight_and_stopped_after_4(const fs::path& d, int ranks, const std::string& batch, SampleLog& ids_a) {
+  Launch a = run(mpirun(ranks, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " + resume_args(d / "a", batch));
+  ASSERT_EQ(a.code, 0) << a.out;
+  Launch s = run(mpirun(ranks, "SPOTRAIN_FAULT=term:0:4") + " " + resume_args(d / "s", batch));
+  ASSERT_EQ(s.code, 75) << s.out;
+  ids_a = read_sample_log(rank_files(d / "a.ids", ranks));
+}
+
+// A job resumed from the stop after step 4 trained steps 5..16 once each, each on the 32
+// samples the straight job trained at that step (`ids_a`).
+void expect_steps_5_to_16_as_straight(const SampleLog& ids, const SampleLog& ids_a) {
+  ASSERT_EQ(ids.size(), 12u) << "steps 5..16 after the stop after step 4";
+  for (auto& [step, runs] : ids) {
+    ASSERT_EQ(runs.size(), 1u);
+    ASSERT_EQ(runs[0].size(), 32u);
+    EXPECT_EQ(runs[0], ids_a.at(step)[0]) << "step " << step;
+  }
+}
+
 TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
   fs::path d = fresh_dir("spotrain_mpi_resume");
   // 256 samples, global batch 32: 8 steps per epoch, 16 in all.
@@ -182,11 +199,8 @@ TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
   Launch b2 = run(mpirun(2, log_b) + " " + resume_args(d / "b", "--batch-size 16 --resume auto"));
   ASSERT_EQ(b2.code, 0) << b2.out;
   EXPECT_TRUE(contains(b2.out, "step 5, 0 epochs and 5 batches done")) << b2.out;
-  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000016.h5").string());
-  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000016.h5").string());
-  ASSERT_EQ(sa.params.size(), sb.params.size());
-  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  expect_same_weights_and_momentum((d / "a" / "ckpt-00000016.h5").string(),
+                                   (d / "b" / "ckpt-00000016.h5").string());
   auto ids_a = read_sample_log(rank_files(d / "a.ids", 2));
   auto ids_b = read_sample_log(rank_files(d / "b.ids", 2));
   ASSERT_EQ(ids_a.size(), 16u);
@@ -203,13 +217,10 @@ TEST(MpiResume, SignalOnOneRankStopsAllAndResumesBitwise) {
 // ranks' batches), and training finishes.
 TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
   fs::path d = fresh_dir("spotrain_mpi_elastic");
-  Launch a = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
-                 resume_args(d / "a", "--batch-size 16"));
-  ASSERT_EQ(a.code, 0) << a.out;
-  Launch s = run(mpirun(2, "SPOTRAIN_FAULT=term:0:4") + " " + resume_args(d / "s", "--batch-size 16"));
-  ASSERT_EQ(s.code, 75) << s.out;
-  auto ids_a = read_sample_log(rank_files(d / "a.ids", 2));
+  SampleLog ids_a;
+  ASSERT_NO_FATAL_FAILURE(run_straight_and_stopped_after_4(d, 2, "--batch-size 16", ids_a));
   for (int world : {1, 4}) {
+    SCOPED_TRACE(std::to_string(world) + " rank(s)");
     fs::path w = d / ("w" + std::to_string(world));
     fs::copy(d / "s", w);
     std::string log = "SPOTRAIN_SAMPLE_LOG=" + (d / ("w" + std::to_string(world) + ".ids")).string();
@@ -222,12 +233,7 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
     EXPECT_TRUE(contains(r.out, "step 16/16")) << r.out;
     auto ids = world == 1 ? read_sample_log({(d / "w1.ids").string()})
                           : read_sample_log(rank_files(d / "w4.ids", 4));
-    ASSERT_EQ(ids.size(), 12u) << "steps 5..16 after the stop after step 4";
-    for (auto& [step, runs] : ids) {
-      ASSERT_EQ(runs.size(), 1u);
-      ASSERT_EQ(runs[0].size(), 32u);
-      EXPECT_EQ(runs[0], ids_a[step][0]) << world << " rank(s), step " << step;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_steps_5_to_16_as_straight(ids, ids_a));
   }
   // A rank count that does not divide the global batch is refused clearly, naming those that do.
   fs::copy(d / "s", d / "w3");
@@ -242,11 +248,8 @@ TEST(MpiResume, TwoRankCheckpointResumesOnOneAndFourRanks) {
 // global batches in the uninterrupted job's order.
 TEST(MpiResume, FourRanksShrunkToTwoKeepTheirBatchAndDoubleTheMicroBatches) {
   fs::path d = fresh_dir("spotrain_mpi_shrink");
-  Launch a = run(mpirun(4, "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string()) + " " +
-                 resume_args(d / "a", "--batch-size 8"));
-  ASSERT_EQ(a.code, 0) << a.out;
-  Launch s = run(mpirun(4, "SPOTRAIN_FAULT=term:0:4") + " " + resume_args(d / "s", "--batch-size 8"));
-  ASSERT_EQ(s.code, 75) << s.out;
+  SampleLog ids_a;
+  ASSERT_NO_FATAL_FAILURE(run_straight_and_stopped_after_4(d, 4, "--batch-size 8", ids_a));
   Launch r = run(mpirun(2, "SPOTRAIN_SAMPLE_LOG=" + (d / "r.ids").string()) + " " +
                  resume_args(d / "s", "--batch-size 8 --resume auto"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -254,14 +257,7 @@ TEST(MpiResume, FourRanksShrunkToTwoKeepTheirBatchAndDoubleTheMicroBatches) {
       << r.out;
   EXPECT_TRUE(contains(r.out, "batch 8 x 2 micro-batches per step")) << r.out;
   EXPECT_TRUE(contains(r.out, "step 16/16")) << r.out;
-  auto ids_a = read_sample_log(rank_files(d / "a.ids", 4));
-  auto ids_r = read_sample_log(rank_files(d / "r.ids", 2));
-  ASSERT_EQ(ids_r.size(), 12u) << "steps 5..16 after the stop after step 4";
-  for (auto& [step, runs] : ids_r) {
-    ASSERT_EQ(runs.size(), 1u);
-    ASSERT_EQ(runs[0].size(), 32u);
-    EXPECT_EQ(runs[0], ids_a[step][0]) << "step " << step;
-  }
+  expect_steps_5_to_16_as_straight(read_sample_log(rank_files(d / "r.ids", 2)), ids_a);
 }
 
 // Gradient accumulation: one rank with 2 micro-batches of 8 per step trains as 2 ranks with
@@ -357,11 +353,8 @@ void expect_resumes_bitwise(const fs::path& d, const fs::path& stopped, const La
   EXPECT_TRUE(contains(ref.out, "a stop takes about")) << "the stop's cost is logged:\n" << ref.out;
   Launch res = run(launcher(d) + launcher_args(stopped, "--resume auto"));
   ASSERT_EQ(res.code, 0) << res.out;
-  CkptState a = load_ckpt_state((d / "ref" / "ckpt-00000006.h5").string());
-  CkptState b = load_ckpt_state((stopped / "ckpt-00000006.h5").string());
-  ASSERT_EQ(a.params.size(), b.params.size());
-  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.momentum.data(), b.momentum.data(), a.momentum.size() * 4), 0);
+  expect_same_weights_and_momentum((d / "ref" / "ckpt-00000006.h5").string(),
+                                   (stopped / "ckpt-00000006.h5").string());
 }
 
 TEST(LauncherStop, SigtermToTheLauncherMidStepGivesTheAgreedStop) {

@@ -20,14 +20,32 @@ using namespace spotrain;
 
 namespace {
 
+// The front of the optimizer tests' models: a BN over 2 channels ("bn"), then a global average
+// pool; the caller adds its Linears.
+std::unique_ptr<Sequential> bn_then_pool() {
+  auto net = std::make_unique<Sequential>("");
+  net->emplace<BatchNorm2d>("bn", 2, false);
+  net->emplace<GlobalAvgPool>("pool");
+  return net;
+}
+
+// A `kind` learning-rate schedule peaking at `base_lr`, over `total` steps of which the first
+// `warmup` warm up.
+LrSchedule warmed_up_schedule(const std::string& kind, float base_lr, int64_t warmup, int64_t total) {
+  LrSchedule s;
+  s.kind = kind;
+  s.base_lr = base_lr;
+  s.warmup_steps = warmup;
+  s.total_steps = total;
+  return s;
+}
+
 // A model with one Linear (weight decays) and one BN (excluded by default).
 struct Tiny {
   std::unique_ptr<Backend> be = make_backend("cpu", BackendOptions{1, true});  // 1 thread
   std::unique_ptr<Model> model;
   Tiny() {
-    auto net = std::make_unique<Sequential>("");
-    net->emplace<BatchNorm2d>("bn", 2, false);
-    net->emplace<GlobalAvgPool>("pool");
+    auto net = bn_then_pool();
     net->emplace<Linear>("fc", 2, 1);
     model = std::make_unique<Model>(std::move(net), *be);
   }
@@ -98,9 +116,7 @@ struct TwoLayers {
   std::unique_ptr<Backend> be = make_backend("cpu", BackendOptions{2, true});
   std::unique_ptr<Model> model;
   TwoLayers() {
-    auto net = std::make_unique<Sequential>("");
-    net->emplace<BatchNorm2d>("bn", 2, false);
-    net->emplace<GlobalAvgPool>("pool");
+    auto net = bn_then_pool();
     net->emplace<Linear>("fc1", 2, 3);
     net->emplace<Linear>("fc2", 3, 2);
     model = std::make_unique<Model>(std::move(net), *be);
@@ -262,11 +278,7 @@ TEST(Model, FlatBufferHoldsParametersInReverseLayerOrder) {
 }
 
 TEST(LrSchedule, WarmupThenCosineToZero) {
-  LrSchedule s;
-  s.kind = "cosine";
-  s.base_lr = 0.4f;
-  s.warmup_steps = 4;
-  s.total_steps = 104;
+  LrSchedule s = warmed_up_schedule("cosine", 0.4f, 4, 104);
   EXPECT_FLOAT_EQ(s.at(0), 0.1f);
   EXPECT_FLOAT_EQ(s.at(3), 0.4f);
   EXPECT_FLOAT_EQ(s.at(4), 0.4f);
@@ -287,13 +299,9 @@ TEST(LrSchedule, StepDecaysAtMilestones) {
 // MLPerf's PolynomialDecayWithWarmup (lars_util.py) after spotrain's linear warm-up:
 // (base - end) * (1 - progress)^power + end, progress over the steps after the warm-up.
 TEST(LrSchedule, PolyDecaysFromThePeakToTheEndRateAfterWarmup) {
-  LrSchedule s;
-  s.kind = "poly";
-  s.base_lr = 1.0f;
+  LrSchedule s = warmed_up_schedule("poly", 1.0f, 10, 110);
   s.end_lr = 0.0001f;
   s.poly_power = 2.f;
-  s.warmup_steps = 10;
-  s.total_steps = 110;
   s.validate();
   EXPECT_FLOAT_EQ(s.at(0), 0.1f);    // warm-up
   EXPECT_FLOAT_EQ(s.at(4), 0.5f);

@@ -30,6 +30,8 @@ namespace {
 
 const std::string kBin = SPOTRAIN_BIN;
 const std::string kSrc = SPOTRAIN_SOURCE_DIR;
+// The H200 run's own `bench --json` (fp16, 6825.83 images/s per GPU).
+const std::string kH200Bench = kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json";
 
 std::string scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("spotrain_plan_" + name + "_" + std::to_string(getpid()));
@@ -48,6 +50,15 @@ std::string read_file(const std::string& path) {
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
+}
+
+// A bench file for an offer the project never measured, at DIR/a100.json: the H200's, its GPU
+// an A100 and its speed 2500 images/s.
+void write_a100_bench(const std::string& dir) {
+  json a100 = json::parse(read_file(kH200Bench));
+  a100["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB";
+  a100["images_per_sec"] = 2500.0;
+  write_file(dir + "/a100.json", a100.dump());
 }
 
 std::vector<std::string> lines(const std::string& text) {
@@ -174,12 +185,9 @@ TEST(Plan, TheLaunchLineIsOneTheLauncherTakes) {
 TEST(Plan, AMixOfTwoOffersIsPricedAndItsLaunchLineRuns) {
   const std::string d = scratch("mix");
   write_file(d + "/offers.toml", offer("a100", "A100", 1, 3.2, 0.95) + offer("h200", "H200", 1, 9, 4.0));
-  json a100 = json::parse(read_file(kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json"));
-  a100["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB";
-  a100["images_per_sec"] = 2500.0;
-  write_file(d + "/a100.json", a100.dump());
+  write_a100_bench(d);
   const std::string args = " plan --catalog offers.toml --epochs 90 --data synthetic --max-hosts 2 --deadline 4h --bench " +
-                           kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench a100.json --json plan.json";
+                           kH200Bench + " --bench a100.json --json plan.json";
   auto plain = run_command("cd " + d + " && " + kBin + args);
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out.find(" + "), std::string::npos) << "no mix without --mix:\n" << plain.out;
@@ -323,12 +331,9 @@ TEST(Plan, BadCatalogsAreOneErrorLine) {
 TEST(Plan, BenchFilesGiveTheSpeed) {
   const std::string d = scratch("bench");
   write_file(d + "/offers.toml", offer("h200", "H200", 1, 8, 2.4) + offer("a100", "A100", 1, 3.2, 1.0));
-  json a100 = json::parse(read_file(kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json"));
-  a100["machine"]["gpu"] = "NVIDIA A100-SXM4-80GB";
-  a100["images_per_sec"] = 2500.0;
-  write_file(d + "/a100.json", a100.dump());
+  write_a100_bench(d);
   auto r = run_command(kBin + " plan --catalog " + d + "/offers.toml --epochs 1 --max-hosts 1 --data synthetic --json " + d +
-                       "/plan.json --bench " + kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench " + d + "/a100.json");
+                       "/plan.json --bench " + kH200Bench + " --bench " + d + "/a100.json");
   ASSERT_EQ(r.code, 0) << r.out;
   json p = json::parse(read_file(d + "/plan.json"));
   ASSERT_EQ(p["speeds"].size(), 2u) << p["speeds"].dump();
@@ -348,7 +353,7 @@ TEST(Plan, BenchFilesGiveTheSpeed) {
   // A run that reads files: the H200 at the rate measured end to end from files (this project's),
   // the A100, with no rate from files, at its compute-only bench, said so.
   auto files = run_command(kBin + " plan --catalog " + d + "/offers.toml --epochs 1 --max-hosts 1 --json " + d +
-                           "/files.json --bench " + kSrc + "/tests/data/bench-h200-fp16-2026-12-04.json --bench " + d + "/a100.json");
+                           "/files.json --bench " + kH200Bench + " --bench " + d + "/a100.json");
   ASSERT_EQ(files.code, 0) << files.out;
   json f = json::parse(read_file(d + "/files.json"));
   for (const json& s : f["speeds"]) {

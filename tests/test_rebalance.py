@@ -26,10 +26,9 @@ machine's speed. Exit 77 (skipped) where network namespaces or CPU cgroups canno
 """
 import os
 import sys
-import tempfile
 import time
 
-from netns_fleet import Checks, open_fleet, records, same_weights
+from netns_fleet import records, same_weights, start_fleet_test
 
 PREFIX = "rebal"
 TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--accum-steps", "4",
@@ -96,14 +95,10 @@ def last_step(run):
 
 def main():
     spotrain = sys.argv[1]
-    if os.geteuid() != 0:
-        print("skipped: needs root for network namespaces and CPU cgroups")
+    started = start_fleet_test("rebalance", PREFIX, 3, spotrain, "network namespaces and CPU cgroups")
+    if started is None:
         return 77
-    work = tempfile.mkdtemp(prefix="rebalance.")
-    check = Checks()
-    fleet = open_fleet(PREFIX, 3, work, spotrain)
-    if fleet is None:
-        return 77
+    work, check, fleet = started
     try:
         try:
             for i in (1, 2, 3):

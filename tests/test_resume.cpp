@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "run/resume.h"
 #include "run_command.h"
+#include "scratch_dir.h"
 #include <hdf5.h>
 #include <signal.h>
 #include <thread>
@@ -57,11 +58,7 @@ std::map<int64_t, std::string> step_losses(const fs::path& metrics) {
 // samples in the same order (SPOTRAIN_SAMPLE_LOG d/a.ids and d/b.ids): `steps` steps of
 // `per_step` samples each, none trained twice, none skipped.
 void expect_same_end_and_samples(const fs::path& d, const std::string& last, size_t steps, size_t per_step) {
-  CkptState sa = load_ckpt_state((d / "a" / last).string());
-  CkptState sb = load_ckpt_state((d / "b" / last).string());
-  ASSERT_EQ(sa.params.size(), sb.params.size());
-  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  expect_same_weights_and_momentum((d / "a" / last).string(), (d / "b" / last).string());
   auto ids_a = read_sample_log({(d / "a.ids").string()});
   auto ids_b = read_sample_log({(d / "b.ids").string()});
   ASSERT_EQ(ids_a.size(), steps);
@@ -73,31 +70,69 @@ void expect_same_end_and_samples(const fs::path& d, const std::string& last, siz
   }
 }
 
+// The three runs of a resume check under `d`, each `common` with its --ckpt-dir: a straight one
+// (d/a, metrics d/a.jsonl), one stopped by SIGTERM after step `stop` (d/b, exit 75, its stop
+// checkpoint written; metrics d/b1.jsonl) and its --resume auto continuation (d/b, metrics
+// d/b2.jsonl). With `sample_logs`, the runs into d/a and d/b log their samples to d/a.ids and
+// d/b.ids (SPOTRAIN_SAMPLE_LOG).
+struct ResumeRuns {
+  Out a, b1, b2;
+};
+void run_straight_stopped_and_resumed(const fs::path& d, const std::string& common, int stop,
+                                      ResumeRuns& out, bool sample_logs = false) {
+  const std::string env_a = sample_logs ? "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string() : "";
+  const std::string env_b = sample_logs ? "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string() : "";
+  const std::string into_b = common + "--ckpt-dir " + (d / "b").string() + " --metrics ";
+  out.a = run(env_a, common + "--ckpt-dir " + (d / "a").string() + " --metrics " + (d / "a.jsonl").string());
+  ASSERT_EQ(out.a.code, 0) << out.a.text;
+  out.b1 = run(env_b + " SPOTRAIN_FAULT=term:0:" + std::to_string(stop), into_b + (d / "b1.jsonl").string());
+  ASSERT_EQ(out.b1.code, 75) << out.b1.text;
+  char stop_ckpt[32];
+  std::snprintf(stop_ckpt, sizeof stop_ckpt, "ckpt-%08d.h5", stop);
+  ASSERT_TRUE(fs::exists(d / "b" / stop_ckpt)) << out.b1.text;
+  out.b2 = run(env_b, into_b + (d / "b2.jsonl").string() + " --resume auto");
+  ASSERT_EQ(out.b2.code, 0) << out.b2.text;
+}
+
+// The continuation (d/b2.jsonl) logged `steps` steps, each with the very loss the straight run
+// (d/a.jsonl) logged for it.
+void expect_resumed_losses_as_straight(const fs::path& d, size_t steps) {
+  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
+  ASSERT_EQ(lb.size(), steps);
+  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+}
+
+// `common` (which names the --ckpt-dir) run to `steps` with --resume auto finishes, saying
+// `note`, resumed from the checkpoint `from`.
+void expect_resumes_from(const std::string& common, int steps, const std::string& note, const fs::path& from) {
+  Out r = run("", common + " --steps " + std::to_string(steps) + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_NE(r.text.find(note), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("resumed from " + from.string()), std::string::npos) << r.text;
+}
+
+// The checkpoint name that the folder's `latest` file holds.
+std::string latest_in(const fs::path& d) {
+  std::ifstream latest(d / "latest");
+  std::string name;
+  latest >> name;
+  return name;
+}
+
 }  // namespace
 
 TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  fs::path d = fs::temp_directory_path() / "spotrain_resume";
-  fs::remove_all(d);
+  const fs::path d = fresh_dir("spotrain_resume");
   std::string common =
       "train --model resnet20 --data fashion-mnist --train-limit 1024 --test-limit 500 "
       "--batch-size 32 --epochs 2 --log-every 4 --threads 2 --deterministic ";
-  std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
-  std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
-  Out a = run(log_a, common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
-                         (d / "a.jsonl").string());
-  ASSERT_EQ(a.code, 0) << a.text;
   // 32 steps per epoch: step 40 is mid-way through the second epoch.
-  Out b1 = run(log_b + " SPOTRAIN_FAULT=term:0:40", common + "--ckpt-dir " + (d / "b").string() +
-                                                       " --metrics " + (d / "b1.jsonl").string());
-  ASSERT_EQ(b1.code, 75) << b1.text;
-  ASSERT_TRUE(fs::exists(d / "b" / "ckpt-00000040.h5")) << b1.text;
-  Out b2 = run(log_b, common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
-                          (d / "b2.jsonl").string() + " --resume auto");
-  ASSERT_EQ(b2.code, 0) << b2.text;
-  EXPECT_NE(b2.text.find("resumed from"), std::string::npos) << b2.text;
-  EXPECT_NE(b2.text.find("step 40, 1 epoch and 8 batches done"), std::string::npos) << b2.text;
+  ResumeRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_straight_stopped_and_resumed(d, common, 40, r, /*sample_logs=*/true));
+  EXPECT_NE(r.b2.text.find("resumed from"), std::string::npos) << r.b2.text;
+  EXPECT_NE(r.b2.text.find("step 40, 1 epoch and 8 batches done"), std::string::npos) << r.b2.text;
 
   auto la = step_losses(d / "a.jsonl"), lb1 = step_losses(d / "b1.jsonl"),
        lb2 = step_losses(d / "b2.jsonl");
@@ -115,23 +150,14 @@ TEST(Resume, InterruptedRunContinuesBitwiseIdentically) {
 // The same with fp16 dynamic loss scaling on a small synthetic run: the scaler state
 // (scale, good/skipped step counts) comes back exactly, so the continuation is bitwise.
 TEST(Resume, Fp16LossScalerStateResumesBitwise) {
-  fs::path d = fs::temp_directory_path() / "spotrain_resume_fp16";
-  fs::remove_all(d);
+  const fs::path d = fresh_dir("spotrain_resume_fp16");
   std::string common =
       "train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --batch-size 16 "
       "--epochs 2 --precision fp16 --log-every 1 --threads 1 --deterministic --keep 100 ";
-  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
-                      (d / "a.jsonl").string());
-  ASSERT_EQ(a.code, 0) << a.text;
-  Out b1 = run("SPOTRAIN_FAULT=term:0:11", common + "--ckpt-dir " + (d / "b").string());
-  ASSERT_EQ(b1.code, 75) << b1.text;
-  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
-                       (d / "b2.jsonl").string() + " --resume auto");
-  ASSERT_EQ(b2.code, 0) << b2.text;
-  EXPECT_NE(b2.text.find("step 11, 0 epochs and 11 batches done"), std::string::npos) << b2.text;
-  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
-  ASSERT_EQ(lb.size(), 21u);
-  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  ResumeRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_straight_stopped_and_resumed(d, common, 11, r));
+  EXPECT_NE(r.b2.text.find("step 11, 0 epochs and 11 batches done"), std::string::npos) << r.b2.text;
+  expect_resumed_losses_as_straight(d, 21);
   CheckpointInfo ia = read_checkpoint_info((d / "a" / "ckpt-00000032.h5").string());
   CheckpointInfo ib = read_checkpoint_info((d / "b" / "ckpt-00000032.h5").string());
   CheckpointInfo i11 = read_checkpoint_info((d / "b" / "ckpt-00000011.h5").string());
@@ -139,10 +165,8 @@ TEST(Resume, Fp16LossScalerStateResumesBitwise) {
   EXPECT_EQ(ia.scaler.good_steps, ib.scaler.good_steps);
   EXPECT_EQ(ia.scaler.skipped_steps, ib.scaler.skipped_steps);
   EXPECT_GT(i11.scaler.good_steps + i11.scaler.skipped_steps, 0) << "the scaler state was saved";
-  CkptState sa = load_ckpt_state((d / "a" / "ckpt-00000032.h5").string());
-  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000032.h5").string());
-  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  expect_same_weights_and_momentum((d / "a" / "ckpt-00000032.h5").string(),
+                                   (d / "b" / "ckpt-00000032.h5").string());
 }
 
 // LARS with the poly schedule (a warm-up, then the decay to --lr-end) resumes bitwise: the
@@ -150,30 +174,18 @@ TEST(Resume, Fp16LossScalerStateResumesBitwise) {
 // place come back exactly. The checkpoint records the optimizer, in its config and its
 // optimizer group.
 TEST(Resume, LarsWithPolyScheduleResumesBitwise) {
-  fs::path d = fs::temp_directory_path() / "spotrain_resume_lars";
-  fs::remove_all(d);
+  const fs::path d = fresh_dir("spotrain_resume_lars");
   std::string common =
       "train --model resnet20 --data synthetic --train-limit 256 --test-limit 64 --batch-size 16 "
       "--epochs 2 --optimizer lars --lars-trust 0.002 --lr 1.5 --lr-schedule poly --warmup-epochs 0.5 "
       "--lr-end 0.001 --log-every 1 --threads 1 --deterministic --keep 100 ";
-  Out a = run("", common + "--ckpt-dir " + (d / "a").string() + " --metrics " +
-                      (d / "a.jsonl").string());
-  ASSERT_EQ(a.code, 0) << a.text;
-  EXPECT_NE(a.text.find("optimizer LARS"), std::string::npos) << a.text;
-  Out b1 = run("SPOTRAIN_FAULT=term:0:11", common + "--ckpt-dir " + (d / "b").string());
-  ASSERT_EQ(b1.code, 75) << b1.text;
-  Out b2 = run("", common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
-                       (d / "b2.jsonl").string() + " --resume auto");
-  ASSERT_EQ(b2.code, 0) << b2.text;
-  EXPECT_NE(b2.text.find("step 11, 0 epochs and 11 batches done"), std::string::npos) << b2.text;
-  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
-  ASSERT_EQ(lb.size(), 21u);
-  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  ResumeRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_straight_stopped_and_resumed(d, common, 11, r));
+  EXPECT_NE(r.a.text.find("optimizer LARS"), std::string::npos) << r.a.text;
+  EXPECT_NE(r.b2.text.find("step 11, 0 epochs and 11 batches done"), std::string::npos) << r.b2.text;
+  expect_resumed_losses_as_straight(d, 21);
   const std::string last = (d / "a" / "ckpt-00000032.h5").string();
-  CkptState sa = load_ckpt_state(last);
-  CkptState sb = load_ckpt_state((d / "b" / "ckpt-00000032.h5").string());
-  EXPECT_EQ(std::memcmp(sa.params.data(), sb.params.data(), sa.params.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(sa.momentum.data(), sb.momentum.data(), sa.momentum.size() * 4), 0);
+  expect_same_weights_and_momentum(last, (d / "b" / "ckpt-00000032.h5").string());
   const CheckpointInfo info = read_checkpoint_info(last);
   EXPECT_EQ(info.optimizer_kind, "lars");
   const auto config = nlohmann::json::parse(info.config_json);
@@ -210,28 +222,18 @@ TEST(Resume, AnotherOptimizerIsRefused) {
 // --resume auto, continues bitwise: the same losses after the stop, the same weights and momentum
 // at the end, and each step's 16 samples (both micro-batches, in one line) trained once.
 TEST(Resume, AccumulatedStepsResumeBitwise) {
-  fs::path d = fs::temp_directory_path() / "spotrain_resume_accum";
-  fs::remove_all(d);
+  const fs::path d = fresh_dir("spotrain_resume_accum");
   std::string common =
       "train --model resnet20 --data synthetic --train-limit 128 --test-limit 32 --batch-size 8 "
       "--accum-steps 2 --epochs 2 --log-every 1 --threads 1 --deterministic --keep 100 ";
-  std::string log_a = "SPOTRAIN_SAMPLE_LOG=" + (d / "a.ids").string();
-  std::string log_b = "SPOTRAIN_SAMPLE_LOG=" + (d / "b.ids").string();
-  Out a = run(log_a, common + "--ckpt-dir " + (d / "a").string() + " --metrics " + (d / "a.jsonl").string());
-  ASSERT_EQ(a.code, 0) << a.text;
-  EXPECT_NE(a.text.find("batch 8 x 2 micro-batches per step (--accum-steps; global batch 16)"),
-            std::string::npos) << a.text;
   // 8 steps of 16 images per epoch: step 5 is mid-way through the first.
-  Out b1 = run(log_b + " SPOTRAIN_FAULT=term:0:5", common + "--ckpt-dir " + (d / "b").string());
-  ASSERT_EQ(b1.code, 75) << b1.text;
-  Out b2 = run(log_b, common + "--ckpt-dir " + (d / "b").string() + " --metrics " +
-                          (d / "b2.jsonl").string() + " --resume auto");
-  ASSERT_EQ(b2.code, 0) << b2.text;
-  EXPECT_NE(b2.text.find("step 5, 0 epochs and 5 batches done"), std::string::npos) << b2.text;
-  EXPECT_EQ(b2.text.find("overridden"), std::string::npos) << "same ranks, same split:\n" << b2.text;
-  auto la = step_losses(d / "a.jsonl"), lb = step_losses(d / "b2.jsonl");
-  ASSERT_EQ(lb.size(), 11u);
-  for (auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  ResumeRuns r;
+  ASSERT_NO_FATAL_FAILURE(run_straight_stopped_and_resumed(d, common, 5, r, /*sample_logs=*/true));
+  EXPECT_NE(r.a.text.find("batch 8 x 2 micro-batches per step (--accum-steps; global batch 16)"),
+            std::string::npos) << r.a.text;
+  EXPECT_NE(r.b2.text.find("step 5, 0 epochs and 5 batches done"), std::string::npos) << r.b2.text;
+  EXPECT_EQ(r.b2.text.find("overridden"), std::string::npos) << "same ranks, same split:\n" << r.b2.text;
+  expect_resumed_losses_as_straight(d, 11);
   EXPECT_EQ(read_checkpoint_info((d / "b" / "ckpt-00000005.h5").string()).global_batch, 16);
   expect_same_end_and_samples(d, "ckpt-00000016.h5", 16, 16);
 }
@@ -240,9 +242,7 @@ TEST(Resume, AccumulatedStepsResumeBitwise) {
 // step 4 half way): the previous checkpoint and `latest` stay intact, and --resume auto
 // continues from it, removing the half-written file.
 TEST(Resume, KillDuringWriteKeepsThePreviousCheckpoint) {
-  fs::path d = fs::temp_directory_path() / "spotrain_resume_kill";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = fresh_dir("spotrain_resume_kill");
   std::string common = "train --data synthetic --train-limit 128 --batch-size 16 --threads 1 "
                        "--ckpt-every 2 --ckpt-dir " + d.string();
   std::string pidfile = (d / "pid").string();
@@ -262,16 +262,10 @@ TEST(Resume, KillDuringWriteKeepsThePreviousCheckpoint) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(fs::exists(d / "ckpt-00000004.h5"));
   ASSERT_TRUE(fs::exists(d / "ckpt-00000002.h5"));
-  std::ifstream latest(d / "latest");
-  std::string name;
-  latest >> name;
-  EXPECT_EQ(name, "ckpt-00000002.h5");
+  EXPECT_EQ(latest_in(d), "ckpt-00000002.h5");
   EXPECT_EQ(run("", "ckpt verify " + (d / "ckpt-00000002.h5").string()).code, 0);
-  Out r = run("", common + " --steps 6 --resume auto");
-  ASSERT_EQ(r.code, 0) << r.text;
-  EXPECT_NE(r.text.find("removing the unfinished checkpoint"), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000002.h5").string()), std::string::npos)
-      << r.text;
+  ASSERT_NO_FATAL_FAILURE(
+      expect_resumes_from(common, 6, "removing the unfinished checkpoint", d / "ckpt-00000002.h5"));
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_TRUE(fs::exists(d / "ckpt-00000006.h5"));
 }
@@ -297,11 +291,7 @@ TEST(Resume, WrongFormatVersionIsRefused) {
   Out v = run("", "ckpt verify " + (d / "ckpt-00000004.h5").string());
   EXPECT_NE(v.code, 0);
   EXPECT_NE(v.text.find("format version 99"), std::string::npos) << v.text;
-  Out r = run("", common + " --steps 6 --resume auto");
-  ASSERT_EQ(r.code, 0) << r.text;
-  EXPECT_NE(r.text.find("skipping unusable checkpoint"), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000002.h5").string()), std::string::npos)
-      << r.text;
+  expect_resumes_from(common, 6, "skipping unusable checkpoint", d / "ckpt-00000002.h5");
 }
 
 // Too little free space for a checkpoint is refused at start (the SPOTRAIN_FREE_BYTES hook
@@ -362,10 +352,7 @@ TEST(Resume, CorruptNewestCheckpointIsReportedAndThePreviousOneUsed) {
                        "--ckpt-every 2 --keep 5 --ckpt-dir " + d.string();
   ASSERT_EQ(run("", common + " --steps 6").code, 0);
   ASSERT_TRUE(fs::exists(d / "ckpt-00000004.h5"));
-  std::ifstream latest(d / "latest");
-  std::string name;
-  latest >> name;
-  EXPECT_EQ(name, "ckpt-00000006.h5");
+  EXPECT_EQ(latest_in(d), "ckpt-00000006.h5");
   EXPECT_EQ(run("", "ckpt verify " + (d / "ckpt-00000006.h5").string()).code, 0);
 
   flip_bytes(d / "ckpt-00000006.h5", 0.6);  // inside the tensor data
@@ -376,11 +363,7 @@ TEST(Resume, CorruptNewestCheckpointIsReportedAndThePreviousOneUsed) {
   fs::copy_file(d / "ckpt-00000004.h5", d / "ckpt-00000007.h5");
   fs::resize_file(d / "ckpt-00000007.h5", fs::file_size(d / "ckpt-00000007.h5") / 2);
   std::ofstream(d / "ckpt-00000009.h5") << "not a checkpoint";
-  Out r = run("", common + " --steps 8 --resume auto");
-  ASSERT_EQ(r.code, 0) << r.text;
-  EXPECT_NE(r.text.find("warning: skipping unusable checkpoint"), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("resumed from " + (d / "ckpt-00000004.h5").string()), std::string::npos)
-      << r.text;
+  expect_resumes_from(common, 8, "warning: skipping unusable checkpoint", d / "ckpt-00000004.h5");
 }
 
 TEST(Resume, VerifyRejectsNonCheckpoints) {
@@ -405,9 +388,7 @@ TEST(Resume, MaxWallTimeStopsInTimeWithACheckpoint) {
   // Without the limit this would train for minutes; allow start-up and exit on a loaded machine.
   EXPECT_LT(secs, 10.0 + 3.0) << r.text;
   EXPECT_NE(r.text.find("stopped by --max-wall-time"), std::string::npos) << r.text;
-  std::ifstream latest(d / "latest");
-  std::string name;
-  latest >> name;
+  const std::string name = latest_in(d);
   ASSERT_FALSE(name.empty());
   EXPECT_EQ(run("", "ckpt verify " + (d / name).string()).code, 0);
 }

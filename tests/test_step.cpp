@@ -26,6 +26,7 @@
 #include "kernels/ops.h"
 #include "kernels/step_capture.h"
 #include "layers/fusion_chain.h"
+#include "fmnist_resnet.h"
 #include "layers/resnet.h"
 #include "run/trainer.h"
 #include "step_reference.h"
@@ -46,7 +47,9 @@ std::vector<float> host_copy(Backend& be, const Tensor& t) {
 
 namespace {
 
-RunConfig small_fp16_config() {
+// One step of resnet20 on 64 synthetic images in batches of 16 on the CPU at `precision`
+// ("fp16", "fp32"), quiet and without a run folder.
+RunConfig small_config(const std::string& precision) {
   RunConfig cfg;
   cfg.model = "resnet20";
   cfg.data = "synthetic";
@@ -54,7 +57,7 @@ RunConfig small_fp16_config() {
   cfg.test_limit = 32;
   cfg.batch_size = 16;
   cfg.steps = 1;
-  cfg.precision = "fp16";
+  cfg.precision = precision;
   cfg.ckpt_dir = "";
   cfg.device = "cpu";
   cfg.log_every = 1000;
@@ -87,7 +90,7 @@ LossScaler make_scaler(double init_scale) {
 }  // namespace
 
 TEST(Fp16Step, OverflowSkipsTheUpdateAndHalvesTheScale) {
-  Trainer t(small_fp16_config());
+  Trainer t(small_config("fp16"));
   Model& model = t.model();
   Sgd& sgd = t.optimizer();
   Backend& be = t.backend();
@@ -142,7 +145,7 @@ TEST(Fp16Step, OverflowSkipsTheUpdateAndHalvesTheScale) {
 // the same losses, verdicts and scales, and bitwise the same weights, momentum and counts,
 // through a run that both skips and applies steps.
 TEST(Fp16Step, QueuedStepsEqualStepsReadAtOnce) {
-  Trainer a(small_fp16_config()), q(small_fp16_config());
+  Trainer a(small_config("fp16")), q(small_config("fp16"));
   ASSERT_EQ(host_copy(a.backend(), a.model().flat_params()),
             host_copy(q.backend(), q.model().flat_params()));
   LossScaler sa = bouncing_scaler(), sq = bouncing_scaler();
@@ -194,27 +197,14 @@ TEST(Fp16Step, TheBouncingScaleBothSkipsAndAppliesWithinFourteenSteps) {
     BackendOptions bo;
     bo.threads = 2;
     std::unique_ptr<Backend> be = make_backend("cpu", bo);
-    ResNetOptions o;
-    o.arch = "resnet20";
-    o.in_channels = 1;
-    o.num_classes = 10;
-    Model model(build_resnet(o), *be);
+    Model model(build_resnet(fmnist_resnet20()), *be);
     model.initialize(2024);
     Sgd sgd(model, SgdOptions{});
     LossScaler s = bouncing_scaler();
     StepRunner runner(model, sgd, s, Precision::fp16);
     runner.defer_read_back(true);
     const int kSteps = 14;
-    std::vector<StepResult> got;
-    for (int i = 0; i < kSteps; ++i) {
-      StepBatch b = fmnist_like_batch(16, 1400 + uint64_t(i));
-      const MixedTargets targets = reversed_mix(b.labels);
-      const LabelMix mix = targets.mix();
-      runner.queue(b.images, b.labels.data(), 0.05f, 0.1f, nullptr, mixed ? &mix : nullptr);
-      for (const StepResult& r : runner.take_results()) got.push_back(r);
-    }
-    runner.settle();
-    for (const StepResult& r : runner.take_results()) got.push_back(r);
+    const std::vector<StepResult> got = queued_steps(runner, kSteps, 1400, mixed);
     ASSERT_EQ(got.size(), size_t(kSteps));
     int overflows = 0;
     for (const StepResult& r : got) {
@@ -230,8 +220,7 @@ TEST(Fp16Step, TheBouncingScaleBothSkipsAndAppliesWithinFourteenSteps) {
 // A loss that is not finite outside an fp16 overflow stops the run when it is read back: at
 // the next step or at settle(), before a checkpoint could save the weights it left.
 TEST(Fp16Step, NonFiniteLossStopsAtTheReadBack) {
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   Trainer t(cfg);
   LossScaler off{LossScalerOptions{}};
   StepRunner runner(t.model(), t.optimizer(), off, Precision::fp32);
@@ -255,7 +244,7 @@ TEST(Fp16Step, NonFiniteLossStopsAtTheReadBack) {
 // On the CPU (which computes each op at once) a step's figures are read at the end of its own
 // queue(): the progress line is not a step late.
 TEST(Fp16Step, TheCpuReadsEachStepBackAtOnce) {
-  Trainer t(small_fp16_config());
+  Trainer t(small_config("fp16"));
   LossScaler s = bouncing_scaler();
   StepRunner runner(t.model(), t.optimizer(), s, Precision::fp16);
   for (int i = 0; i < 3; ++i) {
@@ -266,7 +255,7 @@ TEST(Fp16Step, TheCpuReadsEachStepBackAtOnce) {
 }
 
 TEST(Fp16Step, StaticLossScaleIsHonouredEndToEnd) {
-  RunConfig cfg = small_fp16_config();
+  RunConfig cfg = small_config("fp16");
   cfg.loss_scale = 128;
   cfg.steps = 4;
   Trainer t(cfg);
@@ -283,7 +272,7 @@ TEST(Fp16Step, StaticLossScaleIsHonouredEndToEnd) {
 }
 
 TEST(Fp16Step, StaticScaleThatAlwaysOverflowsStopsTraining) {
-  RunConfig cfg = small_fp16_config();
+  RunConfig cfg = small_config("fp16");
   cfg.loss_scale = std::ldexp(1.0, 40);
   cfg.max_overflow_steps = 3;
   cfg.steps = 10;
@@ -304,8 +293,7 @@ TEST(Fp16Step, StaticScaleThatAlwaysOverflowsStopsTraining) {
 
 TEST(Fp16Step, SameScaleDoesNotOverflowInFp32) {
   // The control for the overflow above: it comes from fp16's range, not from the scaler.
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   Trainer t(cfg);
   Batch b = random_batch(16, 21);
   LossScaler huge = make_scaler(std::ldexp(1.0, 40));
@@ -404,6 +392,24 @@ struct RecorderRun {
 
 using Calls = std::vector<std::string>;
 
+// Asks captured steps of `r`, then runs four steps of 8 images (seeds `seed` on) on `r`, none
+// throwing, and on `eager` beside it; returns what the steps printed.
+std::string four_steps_beside_eager(RecorderRun& r, RecorderRun& eager, uint64_t seed) {
+  EXPECT_EQ(r.runner.use_captured_steps(), "");
+  testing::internal::CaptureStdout();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NO_THROW(r.step(8, seed + uint64_t(i))) << "step " << i;
+    eager.step(8, seed + uint64_t(i));
+  }
+  return testing::internal::GetCapturedStdout();
+}
+
+// `r` ends with the weights and momentum of `eager`, bit for bit.
+void expect_same_weights_and_momentum(RecorderRun& r, RecorderRun& eager) {
+  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
+  EXPECT_EQ(host_copy(r.be, r.sgd.momentum()), host_copy(eager.be, eager.sgd.momentum()));
+}
+
 }  // namespace
 
 TEST(CapturedSteps, EagerStepsThenOneRecordingThenReplaysAndAnotherBatchRunsAsItComes) {
@@ -465,7 +471,7 @@ TEST(CapturedSteps, ABackendWithoutARecorderOrSeveralRanksSayWhyNot) {
   StepRunner two(r.model, r.sgd, r.scaler, Precision::fp32, nullptr, /*world=*/2);
   EXPECT_NE(two.use_captured_steps().find("2 ranks"), std::string::npos);
   EXPECT_FALSE(two.capturing());
-  Trainer t(small_fp16_config());
+  Trainer t(small_config("fp16"));
   StepRunner cpu(t.model(), t.optimizer(), r.scaler, Precision::fp32);
   EXPECT_NE(cpu.use_captured_steps().find("runs steps as they come"), std::string::npos);
   EXPECT_FALSE(cpu.capturing());
@@ -561,7 +567,7 @@ TEST(Accumulation, AStepOfTwoMicroBatchesAppliesTheirSumOverTwo) {
 // skipped (weights and momentum bit for bit as before, the scale halved once, one skipped step),
 // where the same micro-batch with a finite pixel leaves the step applied.
 TEST(Accumulation, Fp16OverflowInOneMicroBatchSkipsTheWholeStep) {
-  Trainer t(small_fp16_config());
+  Trainer t(small_config("fp16"));
   Model& model = t.model();
   Sgd& sgd = t.optimizer();
   Backend& be = t.backend();
@@ -599,8 +605,7 @@ TEST(Accumulation, Fp16OverflowInOneMicroBatchSkipsTheWholeStep) {
 // a StepRunner told to choose times the chains on its first batch, before the first forward,
 // and says so in one line.
 TEST(FusionAutoStep, TheCpuRunsTheLayersApartAndAFirstStepCanChoose) {
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   ASSERT_EQ(cfg.fusion, "auto");
   Trainer t(cfg);
   const std::vector<FusionChain> chains = fusion_chains(t.model().net());
@@ -642,26 +647,39 @@ Tensor pixels_of(Batch& b, const PixelNorm& norm, int64_t mult, int64_t add) {
   return px;
 }
 
+// Fashion-MNIST's normalization of its one channel.
+PixelNorm fmnist_norm() {
+  PixelNorm norm;
+  norm.mean[0] = 0.2860f;
+  norm.std[0] = 0.3530f;
+  return norm;
+}
+
+// Two steps of 8 images (seeds `seed` and `seed` + 1): `floats` on the images normalized on the
+// host, `pixels` on them as 8-bit pixels (pixels_of with `mult` and step * `add`) normalized by
+// the upload with `norm`; each step's loss is the same both ways.
+void expect_pixel_steps_as_float_steps(StepRunner& floats, StepRunner& pixels, const PixelNorm& norm,
+                                       uint64_t seed, int64_t mult, int64_t add) {
+  for (int step = 0; step < 2; ++step) {
+    Batch b = random_batch(8, seed + uint64_t(step));
+    Tensor px = pixels_of(b, norm, mult, step * add);
+    StepResult want = floats.run(b.images, b.labels.data(), 0.05f, 0.f);
+    StepResult got = pixels.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
+    EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
+  }
+}
+
 }  // namespace
 
 // A batch of 8-bit pixels with its normalization trains exactly as the same batch normalized
 // on the host (the CPU's upload_pixels normalizes as fma(pixel, scale, shift) per channel).
 TEST(PixelBatches, EightBitPixelsTrainAsTheirNormalizedFloats) {
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   Trainer a(cfg), u(cfg);
   LossScaler sa{LossScalerOptions{}}, su{LossScalerOptions{}};
   StepRunner ra(a.model(), a.optimizer(), sa, Precision::fp32), ru(u.model(), u.optimizer(), su, Precision::fp32);
-  PixelNorm norm;
-  norm.mean[0] = 0.2860f;
-  norm.std[0] = 0.3530f;
-  for (int step = 0; step < 2; ++step) {
-    Batch b = random_batch(8, 70 + uint64_t(step));
-    Tensor px = pixels_of(b, norm, 13, step * 29);
-    StepResult want = ra.run(b.images, b.labels.data(), 0.05f, 0.f);
-    StepResult got = ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
-    EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
-  }
+  const PixelNorm norm = fmnist_norm();
+  expect_pixel_steps_as_float_steps(ra, ru, norm, 70, 13, 29);
   EXPECT_EQ(host_copy(u.backend(), u.model().flat_params()), host_copy(a.backend(), a.model().flat_params()));
   Batch b = random_batch(8, 80);
   Tensor px = Tensor::host(b.images.shape(), DType::u8, Layout::nhwc);
@@ -720,8 +738,7 @@ TEST(FastPathChecks, ACapturedStepLikeItsEagerStepStaysOn) {
   EXPECT_FALSE(r.runner.fast_path_checks().off(kFastPathCapture));
   EXPECT_TRUE(r.runner.captured());
   EXPECT_EQ(r.sgd.steps(), 3);
-  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
-  EXPECT_EQ(host_copy(r.be, r.sgd.momentum()), host_copy(eager.be, eager.sgd.momentum()));
+  expect_same_weights_and_momentum(r, eager);
 }
 
 // A captured step that computes something else is caught on its first use: captured steps go
@@ -793,24 +810,15 @@ TEST(FastPathChecks, AFailedVerdictIsKeptForARestartOnTheSameDevice) {
 // host: a wrong upload goes off with one warning, and the batches are then normalized on the
 // host, so the run trains as on the normalized floats.
 TEST(FastPathChecks, AnEightBitUploadThatDiffersIsTurnedOff) {
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   Trainer a(cfg);
   PlantedWrongOp wrong("upload_pixels");  // u's session is made with the op planted: wrapped
   Trainer u(cfg);
   LossScaler sa{LossScalerOptions{}}, su{LossScalerOptions{}};
   StepRunner ra(a.model(), a.optimizer(), sa, Precision::fp32), ru(u.model(), u.optimizer(), su, Precision::fp32);
-  PixelNorm norm;
-  norm.mean[0] = 0.2860f;
-  norm.std[0] = 0.3530f;
+  const PixelNorm norm = fmnist_norm();
   testing::internal::CaptureStdout();
-  for (int step = 0; step < 2; ++step) {
-    Batch b = random_batch(8, 170 + uint64_t(step));
-    Tensor px = pixels_of(b, norm, 17, step * 31);
-    StepResult want = ra.run(b.images, b.labels.data(), 0.05f, 0.f);
-    StepResult got = ru.run(px, b.labels.data(), 0.05f, 0.f, nullptr, nullptr, &norm);
-    EXPECT_EQ(got.loss.loss, want.loss.loss) << "step " << step;
-  }
+  expect_pixel_steps_as_float_steps(ra, ru, norm, 170, 17, 31);
   const std::string out = testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("warning: 8-bit-upload turned off"), std::string::npos) << out;
   EXPECT_TRUE(ru.fast_path_checks().off(kFastPathPixels));
@@ -819,8 +827,7 @@ TEST(FastPathChecks, AnEightBitUploadThatDiffersIsTurnedOff) {
 
 // Without a planted fault the 8-bit upload passes its check and stays on.
 TEST(FastPathChecks, AnEightBitUploadThatMatchesStaysOn) {
-  RunConfig cfg = small_fp16_config();
-  cfg.precision = "fp32";
+  RunConfig cfg = small_config("fp32");
   Trainer u(cfg);
   LossScaler su{LossScalerOptions{}};
   StepRunner ru(u.model(), u.optimizer(), su, Precision::fp32);
@@ -844,21 +851,14 @@ TEST(FastPathChecks, AnEightBitUploadThatMatchesStaysOn) {
 TEST(CaptureCheck, AReplayWhoseLossIsNotFiniteRunsEagerlyAndTheRunGoesOn) {
   RecorderRun r, eager;
   r.be.nan_at_replay = true;
-  EXPECT_EQ(r.runner.use_captured_steps(), "");
-  testing::internal::CaptureStdout();
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_NO_THROW(r.step(8, 300 + uint64_t(i))) << "step " << i;
-    eager.step(8, 300 + uint64_t(i));
-  }
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string out = four_steps_beside_eager(r, eager, 300);
   EXPECT_NE(out.find("warning: captured-steps turned off"), std::string::npos) << out;
   EXPECT_NE(out.find("captured nan"), std::string::npos) << out;
   EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop"}));
   EXPECT_TRUE(r.runner.fast_path_checks().off(kFastPathCapture));
   EXPECT_FALSE(r.runner.capturing());
   EXPECT_EQ(r.sgd.steps(), 4);
-  EXPECT_EQ(host_copy(r.be, r.model.flat_params()), host_copy(eager.be, eager.model.flat_params()));
-  EXPECT_EQ(host_copy(r.be, r.sgd.momentum()), host_copy(eager.be, eager.sgd.momentum()));
+  expect_same_weights_and_momentum(r, eager);
 }
 
 // A replay that throws (a launch error, out of memory) is caught by the check: the step runs
@@ -867,13 +867,7 @@ TEST(CaptureCheck, AReplayWhoseLossIsNotFiniteRunsEagerlyAndTheRunGoesOn) {
 TEST(CaptureCheck, AReplayThatFailsRunsEagerlyAndIsNotKeptAsAVerdict) {
   RecorderRun r, eager;
   r.be.fail_replay = true;
-  EXPECT_EQ(r.runner.use_captured_steps(), "");
-  testing::internal::CaptureStdout();
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_NO_THROW(r.step(8, 310 + uint64_t(i))) << "step " << i;
-    eager.step(8, 310 + uint64_t(i));
-  }
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string out = four_steps_beside_eager(r, eager, 310);
   EXPECT_NE(out.find("first replay failed (this recorder's replay fails)"), std::string::npos) << out;
   EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop"}));
   EXPECT_FALSE(r.runner.capturing());
@@ -892,13 +886,7 @@ TEST(CaptureCheck, AnFp16StepThatOverflowedBothWaysIsCheckedAgainAtTheNextStep) 
   // run again) overflow; the eager run's three steps alike.
   r.be.forced_overflows = StepRunner::kEagerBeforeCapture + 3;
   eager.be.forced_overflows = StepRunner::kEagerBeforeCapture + 1;
-  EXPECT_EQ(r.runner.use_captured_steps(), "");
-  testing::internal::CaptureStdout();
-  for (int i = 0; i < 4; ++i) {
-    r.step(8, 320 + uint64_t(i));
-    eager.step(8, 320 + uint64_t(i));
-  }
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string out = four_steps_beside_eager(r, eager, 320);
   EXPECT_NE(out.find("overflowed both ways"), std::string::npos) << out;
   EXPECT_EQ(out.find("turned off"), std::string::npos) << out;
   EXPECT_EQ(r.be.calls, (Calls{"begin 8", "end", "replay 8", "drop", "begin 8", "end", "replay 8"}));

@@ -30,11 +30,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-from netns_fleet import HOSTS, Checks, open_fleet, records, same_weights
+from netns_fleet import HOSTS, records, same_weights, start_fleet_test
 
 PREFIX = "strag"
 TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--log-every", "10",
@@ -85,17 +84,13 @@ class DutyCycle:
 def main():
     global SPOTRAIN
     SPOTRAIN = sys.argv[1]
-    if os.geteuid() != 0:
-        print("skipped: needs root for network namespaces")
-        return 77
     if shutil.which("h5diff") is None:
         print("skipped: no h5diff (Debian: hdf5-tools)")
         return 77
-    work = tempfile.mkdtemp(prefix="stragglers.")
-    check = Checks()
-    fleet = open_fleet(PREFIX, 3, work, SPOTRAIN)
-    if fleet is None:
+    started = start_fleet_test("stragglers", PREFIX, 3, SPOTRAIN, "network namespaces")
+    if started is None:
         return 77
+    work, check, fleet = started
     try:
         slow_host = "%s.3" % fleet.net
         # 1. warn: the quarter-speed rank named within two windows, the job trains on.

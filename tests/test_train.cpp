@@ -13,6 +13,22 @@ namespace {
 bool have_fmnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
 }
+
+// ResNet-20 on the CPU in batches of 32 over the first `train_limit` training and `test_limit`
+// test samples, evaluated only at the end, silent, and without a run folder (the tests here
+// want figures, not files; two Trainers at once would share one).
+RunConfig quiet_resnet20_config(int64_t train_limit, int64_t test_limit) {
+  RunConfig cfg;
+  cfg.model = "resnet20";
+  cfg.device = "cpu";
+  cfg.train_limit = train_limit;
+  cfg.test_limit = test_limit;
+  cfg.batch_size = 32;
+  cfg.eval_each_epoch = false;
+  cfg.log_every = 1000;
+  cfg.ckpt_dir = "";
+  return cfg;
+}
 }  // namespace
 
 TEST(Train, FashionMnistSubsetReachesAccuracyThreshold) {
@@ -21,19 +37,11 @@ TEST(Train, FashionMnistSubsetReachesAccuracyThreshold) {
   // with 2 threads over seeds 0-3: 76.2-77.5% top-1 on these 2000 test images, in 8.4 s alone;
   // the former recipe (two epochs of 6144, batch 64, plain momentum, an evaluation after each
   // epoch) reached 76.2-76.9% over seeds 0-2 in 12.4 s.
-  RunConfig cfg;
-  cfg.model = "resnet20";
-  cfg.train_limit = 4096;
-  cfg.test_limit = 2000;
+  RunConfig cfg = quiet_resnet20_config(4096, 2000);
   cfg.epochs = 2;
-  cfg.batch_size = 32;
   cfg.lr = 0.05f;
   cfg.nesterov = true;
-  cfg.eval_each_epoch = false;
   cfg.threads = 2;  // as ctest schedules it (PROCESSORS 2), and as measured
-  cfg.log_every = 1000;
-  cfg.device = "cpu";
-  cfg.ckpt_dir = "";  // no run folder: only the accuracy matters here
   Trainer t(cfg);
   TrainResult r = t.run();
   EXPECT_EQ(r.steps, 2 * (4096 / 32));
@@ -43,18 +51,10 @@ TEST(Train, FashionMnistSubsetReachesAccuracyThreshold) {
 }
 
 TEST(Train, SameSeedGivesBitwiseIdenticalRuns) {
-  RunConfig cfg;
-  cfg.model = "resnet20";
+  RunConfig cfg = quiet_resnet20_config(256, 64);
   cfg.data = "synthetic";
-  cfg.train_limit = 256;
-  cfg.test_limit = 64;
   cfg.steps = 6;
-  cfg.batch_size = 32;
-  cfg.log_every = 1000;
-  cfg.device = "cpu";
   cfg.deterministic = true;
-  cfg.eval_each_epoch = false;
-  cfg.ckpt_dir = "";  // two Trainers at once: no shared run folder
   Trainer a(cfg), b(cfg);
   TrainResult ra = a.run(), rb = b.run();
   EXPECT_EQ(std::memcmp(&ra.final_loss, &rb.final_loss, sizeof(double)), 0);
