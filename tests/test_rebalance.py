@@ -15,7 +15,10 @@ speeds they are given, not the machine's, and one can be made exactly half as fa
 - a stop of the uneven fleet (SPOTRAIN_FAULT term at step 30) resumes on two hosts: the steps
   after it train the global batches of the even run, in order, sample for sample;
 - a host slowed mid-run (its quota halved once the run is under way) gets a smaller share within
-  four progress windows, and once restored its share comes back to even within six;
+  four progress windows, and once restored its share comes back to even within eight (the
+  rebalancer's own pace: a window that straddles a change is not weighed, a rate is smoothed over
+  windows and a change is confirmed by two in a row, so a way back by an intermediate split takes
+  six at the least);
 - with mpirun.sh's health gate (HEALTH_CHECK=1) the doctors' measured rates seed the first
   shares: the half-speed host takes fewer micro-batches from the first step.
 
@@ -33,7 +36,7 @@ from netns_fleet import records, same_weights, start_fleet_test
 PREFIX = "rebal"
 TRAIN = ["--model", "resnet20", "--data", "synthetic", "--batch-size", "16", "--accum-steps", "4",
          "--log-every", "5", "--threads", "1", "--eval-every", "0", "--keep", "20"]
-EVEN = [4, 4, 4]
+EVEN = [64, 64, 64]  # images a step per rank: 4 micro-batches of 16 each
 
 
 def step_records(run):
@@ -41,7 +44,10 @@ def step_records(run):
 
 
 def share_changes(run):
-    return [(r["step"], r["micro_batches"]) for r in records(run) if r.get("type") == "shares"]
+    """Each change of shares: (its step, each rank's images a step). Images, not micro-batches: a
+    change may also halve the micro-batch (10, 9, 5 of 8 is the share of 5, 4.5, 2.5 of 16)."""
+    return [(r["step"], [k * r["micro_batch"] for k in r["micro_batches"]])
+            for r in records(run) if r.get("type") == "shares"]
 
 
 def images_per_sec(run, after):
@@ -124,8 +130,8 @@ def main():
         print(out[-2500:])
         check(rc == 75, "uneven: stopped with a checkpoint at step 30 (exit %d, %.0f s)" % (rc, secs))
         moved = share_changes(uneven)
-        check(len(moved) >= 1 and moved[0][0] <= 20 and moved[0][1][2] < 4 and sum(moved[0][1]) == 12,
-              "uneven: by step 20 the third host takes fewer of the 12 micro-batches (%s)" % moved)
+        check(len(moved) >= 1 and moved[0][0] <= 20 and moved[0][1][2] < 64 and sum(moved[0][1]) == 192,
+              "uneven: by step 20 the third host takes fewer of the 192 images (%s)" % moved)
         check("shares of the global batch follow the ranks' rates: micro-batches of 16 per rank" in out,
               "uneven: the change is one log line")
         # Each over the second half of its run: the even fleet's steps 21-40, the uneven one's
@@ -133,7 +139,7 @@ def main():
         ratio = images_per_sec(uneven, 15) / max(1e-9, images_per_sec(even, 20))
         check(ratio >= 0.75, "uneven: %.2f of the even fleet's images/s over the second half (at least 0.75)" % ratio)
         ranks = [r["ranks"] for r in step_records(uneven) if r["step"] > 20 and "ranks" in r]
-        check(ranks and all(k[2].get("micro_batches", 4) < 4 for k in ranks[-1:]),
+        check(ranks and all(k[2].get("micro_batches", 0) < k[0].get("micro_batches", 0) for k in ranks[-1:]),
               "uneven: the step records hold each rank's share (%s)" % [k.get("micro_batches") for k in ranks[-1]]
               if ranks else "uneven: no step record with the ranks")
         ck = lambda run, s: os.path.join(run, "ckpt-%08d.h5" % s)
@@ -163,7 +169,7 @@ def main():
             wait_for(job, mid, lambda: last_step(mid) >= 10 or None, "step 10")
             fleet.quota(3, 0.2)
             slowed = last_step(mid)
-            down = wait_for(job, mid, lambda: next((c for c in share_changes(mid) if c[1][2] < 4), None),
+            down = wait_for(job, mid, lambda: next((c for c in share_changes(mid) if c[1][2] < 64), None),
                             "a smaller share for the slowed host")
             fleet.quota(3, 0.4)
             restored = last_step(mid)
@@ -178,7 +184,7 @@ def main():
         check(job.returncode == 0, "mid-run: the job ran to its end (exit %s)" % job.returncode)
         check(down[0] - slowed <= 20, "mid-run: slowed after step %d, a smaller share at step %d (%s)" %
               (slowed, down[0], down[1]))
-        check(back[0] - restored <= 30, "mid-run: restored after step %d, even again at step %d" % (restored, back[0]))
+        check(back[0] - restored <= 40, "mid-run: restored after step %d, even again at step %d" % (restored, back[0]))
 
         # 4. Seeded by the health gate: its doctors measure the third host at half speed, and the
         # job's first step already gives it fewer micro-batches. (Hosts of 0.8 and 0.4 of a core,
